@@ -1,0 +1,28 @@
+# Finds idemkafka's dependencies. Used by the build and by the installed
+# idemkafkaConfig.cmake, so a consumer of the package finds them the same way.
+# Debian ships only pkg-config files for librdkafka and libpqxx; a CMake config
+# package is preferred where one exists (libpqxx 7.x installs one).
+include(CMakeFindDependencyMacro)
+
+find_dependency(Threads)
+find_dependency(fmt CONFIG)
+
+if(NOT TARGET idemkafka_dep::pqxx)
+  find_package(libpqxx CONFIG QUIET)
+  if(TARGET libpqxx::pqxx)
+    add_library(idemkafka_dep::pqxx INTERFACE IMPORTED)
+    set_target_properties(idemkafka_dep::pqxx PROPERTIES INTERFACE_LINK_LIBRARIES libpqxx::pqxx)
+  else()
+    find_package(PkgConfig REQUIRED)
+    pkg_check_modules(IDEMKAFKA_PQXX REQUIRED IMPORTED_TARGET libpqxx)
+    add_library(idemkafka_dep::pqxx INTERFACE IMPORTED)
+    set_target_properties(idemkafka_dep::pqxx PROPERTIES INTERFACE_LINK_LIBRARIES PkgConfig::IDEMKAFKA_PQXX)
+  endif()
+endif()
+
+if(NOT TARGET idemkafka_dep::rdkafka)
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(IDEMKAFKA_RDKAFKA REQUIRED IMPORTED_TARGET rdkafka>=1.9)
+  add_library(idemkafka_dep::rdkafka INTERFACE IMPORTED)
+  set_target_properties(idemkafka_dep::rdkafka PROPERTIES INTERFACE_LINK_LIBRARIES PkgConfig::IDEMKAFKA_RDKAFKA)
+endif()

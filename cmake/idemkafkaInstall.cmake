@@ -1,0 +1,26 @@
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(IDEMKAFKA_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/idemkafka)
+
+install(TARGETS idemkafka EXPORT idemkafkaTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/idemkafka DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT idemkafkaTargets NAMESPACE idemkafka:: DESTINATION ${IDEMKAFKA_CMAKE_DIR})
+
+configure_package_config_file(cmake/idemkafkaConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/idemkafkaConfig.cmake
+  INSTALL_DESTINATION ${IDEMKAFKA_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/idemkafkaConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES
+  ${PROJECT_BINARY_DIR}/idemkafkaConfig.cmake
+  ${PROJECT_BINARY_DIR}/idemkafkaConfigVersion.cmake
+  cmake/idemkafkaDependencies.cmake
+  DESTINATION ${IDEMKAFKA_CMAKE_DIR})
+
+configure_file(cmake/idemkafka.pc.in ${PROJECT_BINARY_DIR}/idemkafka.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/idemkafka.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,71 @@
+#pragma once
+/// \file
+/// Record (a consumed Kafka record, as the decoder sees it) and Context (what
+/// the handler is told about the record it is processing).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idemkafka/event_id.hpp"
+
+namespace idemkafka {
+
+/// One Kafka record header. A header may have a null value.
+struct Header {
+    std::string name;
+    std::optional<std::string> value;
+};
+
+/// A consumed record. Views stay valid while the record's batch is processed
+/// (during decode and handler calls); copy what must outlive them.
+struct Record {
+    std::string_view topic;
+    std::int32_t partition = 0;
+    std::int64_t offset = 0;
+    /// Broker or producer timestamp in Unix milliseconds, -1 if unknown.
+    std::int64_t timestamp_ms = -1;
+    /// Null key and null value are distinct from empty ones.
+    std::optional<std::string_view> key;
+    std::optional<std::string_view> value;
+    std::vector<Header> headers;
+};
+
+/// Per-record context handed to the handler.
+class Context {
+public:
+    Context(const Record& record, const EventId& id, int attempt) noexcept
+        : record_(&record), id_(id), attempt_(attempt)
+    {
+    }
+
+    /// The record's event id (the dedup key).
+    const EventId& event_id() const noexcept { return id_; }
+    /// The event id in canonical text form: pass it as the `Idempotency-Key` of a
+    /// downstream call, so a call repeated after a rolled-back transaction is
+    /// recognised by the callee.
+    std::string idempotency_key() const { return id_.to_string(); }
+    std::string_view topic() const noexcept { return record_->topic; }
+    std::int32_t partition() const noexcept { return record_->partition; }
+    std::int64_t offset() const noexcept { return record_->offset; }
+    std::int64_t timestamp_ms() const noexcept { return record_->timestamp_ms; }
+    std::optional<std::string_view> key() const noexcept { return record_->key; }
+    const std::vector<Header>& headers() const noexcept { return record_->headers; }
+    /// Returns the value of the first header called `name`, if any (a header with
+    /// a null value reads as empty).
+    std::optional<std::string_view> header(std::string_view name) const noexcept;
+    /// 1 on the first delivery to the handler in this process, 2 on the first
+    /// retry after the handler threw, and so on.
+    int attempt() const noexcept { return attempt_; }
+    /// The whole record.
+    const Record& record() const noexcept { return *record_; }
+
+private:
+    const Record* record_;
+    EventId id_;
+    int attempt_;
+};
+
+} // namespace idemkafka

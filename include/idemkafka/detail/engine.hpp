@@ -1,0 +1,47 @@
+#pragma once
+// Internal: the non-template half of IdempotentConsumer. Not part of the API.
+
+#include <cstddef>
+#include <memory>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/config.hpp"
+#include "idemkafka/context.hpp"
+#include "idemkafka/event_id.hpp"
+#include "idemkafka/metrics.hpp"
+
+namespace idemkafka::detail {
+
+/// The typed half: decodes records into slots and runs the handler on them.
+class Stage {
+public:
+    virtual ~Stage() = default;
+    /// Makes room for `n` decoded events; called once per batch.
+    virtual void prepare(std::size_t n) = 0;
+    /// Decodes `record` into slot `i` and returns its event id. Throws
+    /// DecodeError (or anything else) for an undecodable record and
+    /// InvalidEventId for a record without a usable id.
+    virtual EventId decode(std::size_t i, const Record& record) = 0;
+    /// Runs the user's handler on slot `i`.
+    virtual void handle(std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
+};
+
+class Engine {
+public:
+    Engine(ConsumerConfig config, Stage& stage);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    void run();
+    void stop() noexcept;
+    const Metrics& metrics() const noexcept;
+    const ConsumerConfig& config() const noexcept;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+} // namespace idemkafka::detail

@@ -1,0 +1,48 @@
+#pragma once
+/// \file
+/// The exception hierarchy. A duplicate is a normal outcome, never an exception.
+
+#include <stdexcept>
+#include <string>
+
+namespace idemkafka {
+
+/// Base of every exception the library throws.
+class Error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// A configuration value is missing, malformed or not allowed (the message names it).
+class ConfigError : public Error {
+public:
+    using Error::Error;
+};
+
+/// Text or bytes that are not a valid event id.
+class InvalidEventId : public Error {
+public:
+    using Error::Error;
+};
+
+/// A record's payload cannot be decoded. Decoders may throw this (or any other
+/// exception) to mark a record as poison; the library never hands it to the handler.
+class DecodeError : public Error {
+public:
+    using Error::Error;
+};
+
+/// Kafka client failure that the library cannot recover from (client creation,
+/// subscription, fatal client errors).
+class KafkaError : public Error {
+public:
+    using Error::Error;
+};
+
+/// Schema creation or a statement of the library's own failed in PostgreSQL.
+class DatabaseError : public Error {
+public:
+    using Error::Error;
+};
+
+} // namespace idemkafka

@@ -1,0 +1,49 @@
+#pragma once
+/// \file
+/// Counters of one consumer. Every failure path increments one of them.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace idemkafka {
+
+/// A point-in-time copy of a consumer's counters.
+struct MetricsSnapshot {
+    std::uint64_t consumed = 0;          ///< records polled from Kafka
+    std::uint64_t claimed = 0;           ///< records whose handler ran and committed
+    std::uint64_t duplicates = 0;        ///< records skipped: event id already claimed
+    std::uint64_t decode_errors = 0;     ///< records the decoder rejected (skipped, logged)
+    std::uint64_t invalid_event_ids = 0; ///< records without a usable event id (skipped, logged)
+    std::uint64_t handler_failures = 0;  ///< handler exceptions (the record is retried)
+    std::uint64_t db_commits = 0;        ///< PostgreSQL transactions committed
+    std::uint64_t db_failures = 0;       ///< PostgreSQL errors outside the handler (batch retried)
+    std::uint64_t db_reconnects = 0;     ///< new PostgreSQL connections after a failure
+    std::uint64_t offset_commits = 0;    ///< successful Kafka offset commits
+    std::uint64_t offset_commit_failures = 0; ///< failed Kafka offset commits (logged, not fatal)
+    std::uint64_t rebalances = 0;        ///< assignments and revocations
+    std::uint64_t kafka_errors = 0;      ///< consumer error events from librdkafka
+
+    /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
+    /// `group` label).
+    std::string to_prometheus(const std::string& group) const;
+};
+
+/// Live counters, updated by the consumer thread and readable from any thread.
+class Metrics {
+public:
+    struct Counter {
+        std::atomic<std::uint64_t> value{0};
+        void add(std::uint64_t n = 1) noexcept { value.fetch_add(n, std::memory_order_relaxed); }
+        std::uint64_t get() const noexcept { return value.load(std::memory_order_relaxed); }
+    };
+
+    Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
+        db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
+        rebalances, kafka_errors;
+
+    /// Copies every counter.
+    MetricsSnapshot snapshot() const noexcept;
+};
+
+} // namespace idemkafka

@@ -1,0 +1,78 @@
+#pragma once
+/// \file
+/// Publisher: an idempotent Kafka producer (enable.idempotence=true, acks=all)
+/// for events that carry an EventId in their payload.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idemkafka/context.hpp"
+#include "idemkafka/log.hpp"
+
+namespace idemkafka {
+
+/// Configuration of a Publisher.
+struct PublisherConfig {
+    /// Kafka bootstrap servers. Required.
+    std::string brokers;
+    /// Extra librdkafka producer properties (linger.ms, compression.type,
+    /// security settings, ...). Turning off enable.idempotence or setting acks
+    /// to anything but all/-1 is a ConfigError.
+    std::map<std::string, std::string> kafka;
+    /// Where log lines go. Default: stderr, level info and above.
+    LogSink log;
+
+    /// Throws ConfigError naming the first invalid field.
+    void validate() const;
+};
+
+/// Counters of a Publisher.
+struct PublisherStats {
+    std::uint64_t delivered = 0;
+    std::uint64_t failed = 0;
+};
+
+/// Idempotent producer. Thread-safe. The message key should be the entity id,
+/// so one entity's events stay in one partition and in order.
+class Publisher {
+public:
+    /// Throws ConfigError for invalid configuration, KafkaError if the client
+    /// cannot be created.
+    explicit Publisher(PublisherConfig config);
+    /// Waits up to 10 s for outstanding deliveries (failures are logged).
+    ~Publisher();
+    Publisher(const Publisher&) = delete;
+    Publisher& operator=(const Publisher&) = delete;
+
+    /// Enqueues a record without waiting. Throws KafkaError if it cannot even
+    /// be enqueued (queue full beyond `queue_wait`, unknown topic, too large);
+    /// delivery failures surface in flush().
+    void publish_async(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
+                       const std::vector<Header>& headers = {});
+
+    /// Publishes and waits for the broker's acknowledgement (or `timeout`).
+    /// Throws KafkaError naming the reason if the record was not acknowledged.
+    void publish(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
+                 const std::vector<Header>& headers = {},
+                 std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+    /// Waits until every enqueued record is acknowledged or failed. Throws
+    /// KafkaError if records are still outstanding after `timeout`, or if any
+    /// delivery failed since the previous flush (the message counts them and
+    /// gives the first reason).
+    void flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+    PublisherStats stats() const noexcept;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+} // namespace idemkafka

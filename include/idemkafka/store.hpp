@@ -1,0 +1,61 @@
+#pragma once
+/// \file
+/// ProcessedEventStore: the dedup claims table, `processed_event` by default.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/event_id.hpp"
+
+namespace idemkafka {
+
+/// Quotes `name` as a PostgreSQL identifier: wraps it in double quotes and
+/// doubles any double quote inside, so `a"; drop table x; --` stays one
+/// (odd) name. Throws ConfigError for an empty name, a name with a NUL byte or
+/// one longer than PostgreSQL's 63-byte identifier limit.
+std::string quote_identifier(std::string_view name);
+
+/// The claims table `(event_id uuid, consumer_group text, processed_at
+/// timestamptz, PRIMARY KEY (event_id, consumer_group))`.
+class ProcessedEventStore {
+public:
+    /// Names are quoted, never spliced into SQL as they are. Throws ConfigError
+    /// for a name quote_identifier() refuses.
+    ProcessedEventStore(std::string schema, std::string table);
+
+    /// `"schema"."table"`, quoted.
+    const std::string& qualified_name() const noexcept { return qualified_; }
+
+    /// Creates the schema and table if they do not exist. Safe to run from
+    /// several processes at once (serialised with a transaction-level advisory
+    /// lock). Throws DatabaseError (wrapping the PostgreSQL error) on failure.
+    void ensure_schema(pqxx::work& tx) const;
+    /// Same, in a connection and transaction of its own.
+    void ensure_schema(const std::string& conninfo) const;
+
+    /// The claim statement: `$1` a uuid[] literal, `$2` the consumer group;
+    /// returns the ids that were not claimed before.
+    const std::string& claim_sql() const noexcept { return claim_sql_; }
+
+    /// Claims `ids` for `group` in `tx` with one statement and returns the ones
+    /// that were new (the rest are duplicates). The claims become durable only
+    /// when `tx` commits. Order of the result is unspecified.
+    std::vector<EventId> claim(pqxx::transaction_base& tx, std::string_view group,
+                               const std::vector<EventId>& ids) const;
+
+    /// Builds the `{uuid,uuid,...}` array literal used as `$1` of claim_sql().
+    static std::string array_literal(const std::vector<EventId>& ids);
+    /// Parses the `event_id` column of the claim statement's result.
+    static std::vector<EventId> claimed_ids(const pqxx::result& r);
+
+private:
+    std::string schema_q_;
+    std::string table_q_;
+    std::string qualified_;
+    std::string claim_sql_;
+};
+
+} // namespace idemkafka

@@ -1,0 +1,292 @@
+# shellcheck shell=bash
+# Shared helpers for idemkafka's scripts. Source it from bash:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#
+# Sourcing registers ik_cleanup on EXIT (and turns INT/TERM into an exit), so whatever
+# ik_start_postgres and ik_start_broker started is stopped even when the script fails.
+# Set IK_NO_TRAP=1 before sourcing to manage the traps yourself; then call ik_cleanup.
+#
+# Exports, for the tests:
+#   IDEMKAFKA_TEST_PG          libpq conninfo of the throwaway server (kept if already set)
+#   IDEMKAFKA_TEST_BROKERS     bootstrap servers of the mock cluster (kept if already set)
+#   IDEMKAFKA_MOCK_CONTROL     control FIFO of that mock cluster (only when we started it)
+#   IDEMKAFKA_MOCK_BROKER_BIN  the idemkafka-mock-broker binary, for tests that run their own
+
+IK_ROOT="${IK_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+BUILD_DIR="${BUILD_DIR:-$IK_ROOT/build}"
+case "$BUILD_DIR" in
+    /*) ;;
+    *) BUILD_DIR="$PWD/$BUILD_DIR" ;;
+esac
+
+IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 postgresql cmake g++ pkg-config make)
+
+# State for ik_cleanup.
+_ik_pg_dir=""
+_ik_pg_data=""
+_ik_broker_dir=""
+_ik_broker_pid=""
+
+ik_log() { printf '==> %s\n' "$*"; }
+ik_warn() { printf 'warning: %s\n' "$*" >&2; }
+ik_die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+
+_ik_is_root() { [ "$(id -u)" -eq 0 ]; }
+
+_ik_pkg_installed() {
+    dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q '^install ok installed$'
+}
+
+# Installs the Debian packages the build and the tests need, when any is missing.
+ik_ensure_packages() {
+    if ! command -v dpkg-query >/dev/null 2>&1; then
+        ik_warn "no dpkg here: not checking for ${IK_PACKAGES[*]}"
+        return 0
+    fi
+    local missing=() pkg
+    for pkg in "${IK_PACKAGES[@]}"; do
+        if _ik_pkg_installed "$pkg"; then
+            continue
+        fi
+        # A versioned server package (postgresql-15, ...) serves as well as the metapackage.
+        if [ "$pkg" = postgresql ] &&
+            dpkg-query -W -f='${Status}\n' 'postgresql-[0-9]*' 2>/dev/null | grep -q '^install ok installed$'; then
+            continue
+        fi
+        missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+
+    local install="DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
+    if ! _ik_is_root; then
+        printf 'error: missing packages: %s\ninstall them with:\n  sudo apt-get update && sudo %s\n' \
+            "${missing[*]}" "$install" >&2
+        exit 1
+    fi
+    ik_log "installing ${missing[*]}"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# Prints the directory holding initdb and pg_ctl: PATH first, else the newest
+# /usr/lib/postgresql/*/bin.
+ik_pg_bin() {
+    local initdb
+    if initdb="$(command -v initdb 2>/dev/null)" && command -v pg_ctl >/dev/null 2>&1; then
+        dirname "$(readlink -f "$initdb")"
+        return 0
+    fi
+    local dir
+    dir="$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+    if [ ! -x "$dir/initdb" ]; then
+        ik_die "initdb not found (is the postgresql package installed?)"
+    fi
+    printf '%s\n' "$dir"
+}
+
+# Runs a command as the postgres OS user when we are root (the server refuses to run as root).
+_ik_as_pg() {
+    if _ik_is_root; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+_ik_port_in_use() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+_ik_random_port() {
+    local port
+    while :; do
+        port=$((20000 + RANDOM % 30000))
+        _ik_port_in_use "$port" || break
+    done
+    printf '%s\n' "$port"
+}
+
+# Starts a throwaway PostgreSQL cluster in a temp dir and exports IDEMKAFKA_TEST_PG,
+# unless IDEMKAFKA_TEST_PG already names a server.
+ik_start_postgres() {
+    if [ -n "${IDEMKAFKA_TEST_PG:-}" ]; then
+        ik_log "using PostgreSQL at '$IDEMKAFKA_TEST_PG'"
+        return 0
+    fi
+    local bin base
+    bin="$(ik_pg_bin)" || exit 1
+    base="${TMPDIR:-/tmp}"
+    if _ik_is_root; then
+        id postgres >/dev/null 2>&1 || ik_die "running as root but there is no 'postgres' user to run the server"
+        # The server runs as postgres, which must reach the socket directory.
+        runuser -u postgres -- test -w "$base" -a -x "$base" 2>/dev/null || base=/tmp
+    fi
+    _ik_pg_dir="$(mktemp -d "$base/idemkafka-pg.XXXXXX")"
+    _ik_pg_data="$_ik_pg_dir/data"
+    if _ik_is_root; then
+        chown postgres: "$_ik_pg_dir"
+    fi
+
+    # --no-sync only skips initdb's own flushes; the server runs with fsync on.
+    _ik_as_pg "$bin/initdb" -D "$_ik_pg_data" -U postgres -A trust -E UTF8 --locale=C --no-sync \
+        >"$_ik_pg_dir/initdb.log" 2>&1 || {
+        cat "$_ik_pg_dir/initdb.log" >&2
+        ik_die "initdb failed"
+    }
+
+    local attempt port=""
+    for attempt in 1 2 3 4 5; do
+        port="$(_ik_random_port)"
+        _ik_as_pg tee -a "$_ik_pg_data/postgresql.conf" >/dev/null <<EOF
+
+# idemkafka test cluster (attempt $attempt)
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$_ik_pg_dir'
+max_connections = 200
+fsync = on
+EOF
+        if _ik_as_pg "$bin/pg_ctl" -D "$_ik_pg_data" -l "$_ik_pg_dir/postgres.log" -w -t 60 start >/dev/null; then
+            break
+        fi
+        # A lost race for the port is worth another try; anything else shows in the log.
+        if ! grep -q 'could not bind\|could not create any TCP/IP sockets' "$_ik_pg_dir/postgres.log" 2>/dev/null ||
+            [ "$attempt" -eq 5 ]; then
+            tail -n 30 "$_ik_pg_dir/postgres.log" >&2 || true
+            ik_die "PostgreSQL did not start"
+        fi
+        port=""
+    done
+
+    local conninfo="host=$_ik_pg_dir port=$port dbname=idemkafka_test user=postgres"
+    "$bin/psql" -X -q -v ON_ERROR_STOP=1 -d "host=$_ik_pg_dir port=$port dbname=postgres user=postgres" \
+        -c 'CREATE DATABASE idemkafka_test' || ik_die "could not create database idemkafka_test"
+    export IDEMKAFKA_TEST_PG="$conninfo"
+    ik_log "PostgreSQL ready: $IDEMKAFKA_TEST_PG (also 127.0.0.1:$port)"
+}
+
+# Starts idemkafka-mock-broker in the background (extra arguments go to it, e.g. --brokers 3)
+# and exports IDEMKAFKA_TEST_BROKERS and IDEMKAFKA_MOCK_CONTROL, unless
+# IDEMKAFKA_TEST_BROKERS already names a cluster.
+ik_start_broker() {
+    local bin="${IDEMKAFKA_MOCK_BROKER_BIN:-$BUILD_DIR/tools/idemkafka-mock-broker}"
+    [ -x "$bin" ] && export IDEMKAFKA_MOCK_BROKER_BIN="$bin"
+    if [ -n "${IDEMKAFKA_TEST_BROKERS:-}" ]; then
+        ik_log "using Kafka at '$IDEMKAFKA_TEST_BROKERS'"
+        return 0
+    fi
+    [ -x "$bin" ] || ik_die "$bin not found: build first (or set IDEMKAFKA_TEST_BROKERS)"
+
+    _ik_broker_dir="$(mktemp -d "${TMPDIR:-/tmp}/idemkafka-broker.XXXXXX")"
+    local bootstrap_file="$_ik_broker_dir/bootstrap" control="$_ik_broker_dir/control"
+    # --watch-pid: the cluster goes away even when this script is killed with SIGKILL.
+    "$bin" --bootstrap-file "$bootstrap_file" --control "$control" --watch-pid "$$" "$@" \
+        </dev/null >"$_ik_broker_dir/broker.log" 2>&1 &
+    _ik_broker_pid=$!
+
+    local waited=0
+    while [ ! -s "$bootstrap_file" ]; do
+        if ! kill -0 "$_ik_broker_pid" 2>/dev/null; then
+            wait "$_ik_broker_pid" 2>/dev/null || true
+            _ik_broker_pid=""
+            cat "$_ik_broker_dir/broker.log" >&2 || true
+            ik_die "idemkafka-mock-broker exited during startup"
+        fi
+        if [ "$waited" -ge 200 ]; then
+            cat "$_ik_broker_dir/broker.log" >&2 || true
+            ik_die "idemkafka-mock-broker did not write $bootstrap_file within 20 s"
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+
+    IDEMKAFKA_TEST_BROKERS="$(head -n 1 "$bootstrap_file")"
+    export IDEMKAFKA_TEST_BROKERS
+    export IDEMKAFKA_MOCK_CONTROL="$control"
+    ik_log "mock broker ready: $IDEMKAFKA_TEST_BROKERS (pid $_ik_broker_pid, control $control)"
+}
+
+# Sends one command to the mock cluster's control FIFO and waits until it has been applied.
+# Prints the result; returns 0 on "ok", 1 on an error. One writer at a time: the
+# acknowledgement file only carries the latest result.
+#   ik_mock_control broker-down 1
+ik_mock_control() {
+    local fifo="${IDEMKAFKA_MOCK_CONTROL:-}"
+    [ -p "$fifo" ] || ik_die "IDEMKAFKA_MOCK_CONTROL does not name a control FIFO"
+    local ack="$fifo.ack" before=0 line count
+    if [ -f "$ack" ]; then
+        read -r before _ <"$ack" || before=0
+    fi
+    # Opening a FIFO with no reader blocks, so a dead broker must not hang us.
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    timeout 5 bash -c 'printf "%s\n" "$1" >"$2"' _ "$*" "$fifo" ||
+        ik_die "could not write to $fifo (is the mock broker running?)"
+    local polls=0
+    while [ "$polls" -lt 200 ]; do
+        if [ -f "$ack" ] && read -r line <"$ack" && count="${line%% *}" && [ "$count" -gt "$before" ]; then
+            printf '%s\n' "${line#* }"
+            [ "${line#* }" = ok ]
+            return
+        fi
+        sleep 0.05
+        polls=$((polls + 1))
+    done
+    ik_die "no answer from the mock broker to '$*' within 10 s"
+}
+
+# Stops what ik_start_postgres and ik_start_broker started and removes their temp dirs.
+# Safe to call more than once.
+ik_cleanup() {
+    local status=$?
+    if [ -n "$_ik_broker_pid" ]; then
+        if kill -TERM "$_ik_broker_pid" 2>/dev/null; then
+            local tries=0
+            while kill -0 "$_ik_broker_pid" 2>/dev/null && [ "$tries" -lt 100 ]; do
+                sleep 0.1
+                tries=$((tries + 1))
+            done
+            kill -KILL "$_ik_broker_pid" 2>/dev/null || true
+        fi
+        wait "$_ik_broker_pid" 2>/dev/null || true
+        _ik_broker_pid=""
+    fi
+    if [ -n "$_ik_pg_data" ] && [ -f "$_ik_pg_data/postmaster.pid" ]; then
+        local bin
+        if ! bin="$(ik_pg_bin 2>/dev/null)" ||
+            ! _ik_as_pg "$bin/pg_ctl" -D "$_ik_pg_data" -m fast -w -t 60 stop >/dev/null 2>&1; then
+            ik_warn "could not stop PostgreSQL in $_ik_pg_data"
+        fi
+    fi
+    if [ -n "$_ik_broker_dir" ]; then
+        rm -rf "$_ik_broker_dir"
+        _ik_broker_dir=""
+    fi
+    if [ -n "$_ik_pg_dir" ] && [ ! -f "$_ik_pg_data/postmaster.pid" ]; then
+        rm -rf "$_ik_pg_dir"
+        _ik_pg_dir=""
+        _ik_pg_data=""
+    fi
+    return "$status"
+}
+
+# Prints the tail of the service logs, for a failed run.
+ik_show_logs() {
+    if [ -n "$_ik_broker_dir" ] && [ -f "$_ik_broker_dir/broker.log" ]; then
+        printf -- '--- mock broker log (last 40 lines) ---\n' >&2
+        tail -n 40 "$_ik_broker_dir/broker.log" >&2
+    fi
+    if [ -n "$_ik_pg_dir" ] && [ -f "$_ik_pg_dir/postgres.log" ]; then
+        printf -- '--- PostgreSQL log (last 40 lines) ---\n' >&2
+        tail -n 40 "$_ik_pg_dir/postgres.log" >&2
+    fi
+}
+
+if [ -z "${IK_NO_TRAP:-}" ]; then
+    trap ik_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+fi

@@ -1,0 +1,60 @@
+#include "idemkafka/config.hpp"
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+#include "idemkafka/store.hpp"
+
+namespace idemkafka {
+namespace {
+
+bool is_true(const std::string& v)
+{
+    std::string s;
+    for (char c : v)
+        s.push_back(static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c));
+    return s == "true" || s == "1" || s == "yes" || s == "on";
+}
+
+void require(bool ok, const char* what)
+{
+    if (!ok)
+        throw ConfigError(what);
+}
+
+} // namespace
+
+void ConsumerConfig::validate() const
+{
+    require(!brokers.empty(), "brokers: must name at least one bootstrap server");
+    require(!group_id.empty(), "group_id: must not be empty");
+    require(!topics.empty(), "topics: must name at least one topic");
+    for (const auto& t : topics)
+        require(!t.empty(), "topics: a topic name is empty");
+    require(!postgres.empty(), "postgres: must be a libpq connection string");
+    require(max_batch >= 1, "max_batch: must be at least 1");
+    require(max_batch <= 100000, "max_batch: must be at most 100000");
+    require(max_batch_wait.count() >= 0, "max_batch_wait: must not be negative");
+    require(retry_backoff.count() >= 0, "retry_backoff: must not be negative");
+    require(retry_backoff_max >= retry_backoff, "retry_backoff_max: must not be below retry_backoff");
+    require(shutdown_timeout.count() > 0, "shutdown_timeout: must be positive");
+    // The table names are quoted, not checked against a pattern; this only
+    // refuses what cannot be quoted.
+    ProcessedEventStore(schema, table);
+
+    for (const auto& [key, value] : kafka) {
+        if ((key == "enable.auto.commit" || key == "enable.auto.offset.store") && is_true(value))
+            throw ConfigError(fmt::format(
+                "kafka[\"{}\"]={}: refused, offsets are committed only after the PostgreSQL "
+                "transaction that holds the event's effects has committed",
+                key, value));
+        if (key == "bootstrap.servers" || key == "metadata.broker.list")
+            throw ConfigError(fmt::format("kafka[\"{}\"]: set ConsumerConfig::brokers instead", key));
+        if (key == "group.id")
+            throw ConfigError("kafka[\"group.id\"]: set ConsumerConfig::group_id instead");
+        if (key == "enable.partition.eof" && is_true(value))
+            throw ConfigError("kafka[\"enable.partition.eof\"]: not supported by the consumer loop");
+    }
+}
+
+} // namespace idemkafka

@@ -1,0 +1,781 @@
+#include "idemkafka/detail/engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+#include "idemkafka/store.hpp"
+#include "kafka/client.hpp"
+
+namespace idemkafka::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* claim_statement = "idemkafka_claim";
+constexpr milliseconds idle_poll{100};
+constexpr milliseconds db_backoff_min{100};
+constexpr milliseconds db_backoff_max{5000};
+
+struct TopicPartition {
+    std::string topic;
+    std::int32_t partition;
+    friend bool operator<(const TopicPartition& a, const TopicPartition& b)
+    {
+        return a.partition != b.partition ? a.partition < b.partition : a.topic < b.topic;
+    }
+};
+
+std::string coords(std::string_view topic, std::int32_t partition, std::int64_t offset)
+{
+    return fmt::format("{}/{}@{}", topic, partition, offset);
+}
+
+milliseconds backoff_for(int failures, milliseconds base, milliseconds cap)
+{
+    auto d = base;
+    for (int i = 1; i < failures && d < cap; ++i)
+        d *= 2;
+    return std::min(d, cap);
+}
+
+// Thrown inside the batch transaction to abandon it on a forced stop.
+struct Abandon {};
+
+} // namespace
+
+struct Engine::Impl {
+    enum class State { pending, poison, done };
+
+    struct PartitionState {
+        std::int64_t processed_next = -1;  // next offset after the last processed record
+        std::int64_t committed_next = -1;  // last next-offset handed to an offset commit
+        std::int64_t resume_from = -1;     // after a rewind, drop records until this offset
+        bool needs_seek = false;
+        bool retry_paused = false;
+        Clock::time_point resume_at{};
+        std::map<std::int64_t, int> failures;  // handler failures by offset
+    };
+
+    struct Item {
+        kafka::MessagePtr msg;
+        Record record;
+        EventId id;
+        State state = State::pending;
+        PartitionState* part = nullptr;
+    };
+
+    ConsumerConfig cfg;
+    Stage& stage;
+    LogSink log;
+    Metrics metrics;
+    ProcessedEventStore store;
+    std::atomic<int> stop_requests{0};
+    static_assert(std::atomic<int>::is_always_lock_free, "stop() must be async-signal-safe");
+
+    kafka::HandlePtr rk;
+    bool cooperative = false;
+    std::map<TopicPartition, PartitionState> parts;
+    std::vector<Item> batch;
+
+    std::unique_ptr<pqxx::connection> db;
+    Clock::time_point db_retry_at{};
+    milliseconds db_backoff = db_backoff_min;
+    bool db_pause = false;
+
+    Impl(ConsumerConfig c, Stage& s)
+        : cfg(std::move(c)), stage(s), log(cfg.log ? cfg.log : stderr_sink()), store(cfg.schema, cfg.table)
+    {
+    }
+
+    template <class... Args>
+    void say(LogLevel level, fmt::format_string<Args...> f, Args&&... args) noexcept
+    {
+        try {
+            log(level, fmt::format(f, std::forward<Args>(args)...));
+        } catch (...) {
+        }
+    }
+
+    Clock::time_point stop_seen{};
+    bool no_commit = false;  // set when run() leaves by an exception: commit nothing more
+
+    // A second stop(), or a first one older than shutdown_timeout, abandons
+    // the current transaction.
+    bool forced() noexcept
+    {
+        const int stops = stop_requests.load();
+        if (stops >= 2)
+            return true;
+        if (stops == 0)
+            return false;
+        const auto now = Clock::now();
+        if (stop_seen == Clock::time_point{})
+            stop_seen = now;
+        return now - stop_seen >= cfg.shutdown_timeout;
+    }
+
+    ~Impl()
+    {
+        batch.clear();
+        if (rk) {
+            // run() left by an exception: leave the group without committing
+            // anything, as a crash would (but without the session timeout).
+            no_commit = true;
+            rd_kafka_consumer_close(rk.get());
+            rk.reset();
+        }
+    }
+
+    // ---- PostgreSQL -------------------------------------------------------
+
+    void connect_db()
+    {
+        db = std::make_unique<pqxx::connection>(cfg.postgres);
+        if (cfg.create_schema) {
+            pqxx::work tx(*db);
+            store.ensure_schema(tx);
+            tx.commit();
+        }
+        db->prepare(claim_statement, store.claim_sql());
+    }
+
+    // Returns true when PostgreSQL can take a transaction now; otherwise the
+    // assignment stays paused until the backoff has passed (and, after a lost
+    // connection, a reconnect succeeded).
+    bool ensure_db()
+    {
+        if (Clock::now() < db_retry_at)
+            return false;
+        if (!db) {
+            try {
+                connect_db();
+                metrics.db_reconnects.add();
+                say(LogLevel::info, "reconnected to PostgreSQL");
+            } catch (const std::exception& e) {
+                db.reset();
+                say(LogLevel::warning, "PostgreSQL reconnect failed, next attempt in {} ms: {}",
+                    db_backoff.count(), e.what());
+                db_hold();
+                return false;
+            }
+        }
+        db_backoff = db_backoff_min;
+        if (db_pause)
+            set_db_pause(false);
+        return true;
+    }
+
+    // Pauses the whole assignment for the current backoff, then doubles it.
+    void db_hold()
+    {
+        db_retry_at = Clock::now() + db_backoff;
+        db_backoff = std::min(db_backoff * 2, db_backoff_max);
+        if (!db_pause)
+            set_db_pause(true);
+    }
+
+    void drop_db(const char* why)
+    {
+        say(LogLevel::error, "PostgreSQL connection lost ({}); offsets of the batch are not committed, "
+                             "records will be redelivered", why);
+        db.reset();
+        db_hold();
+    }
+
+    // ---- Kafka ------------------------------------------------------------
+
+    static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
+                             void* opaque)
+    {
+        static_cast<Impl*>(opaque)->on_rebalance(rk, err, parts);
+    }
+
+    static void commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
+                          void* opaque)
+    {
+        static_cast<Impl*>(opaque)->on_commit(err, offsets);
+    }
+
+    static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque)
+    {
+        auto* self = static_cast<Impl*>(opaque);
+        self->metrics.kafka_errors.add();
+        const auto code = static_cast<rd_kafka_resp_err_t>(err);
+        const bool fatal = code == RD_KAFKA_RESP_ERR__FATAL;
+        self->say(fatal ? LogLevel::error : LogLevel::warning, "kafka: {}: {}", rd_kafka_err2name(code), reason);
+        (void)rk;
+    }
+
+    static void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf)
+    {
+        auto* self = static_cast<Impl*>(rd_kafka_opaque(rk));
+        const LogLevel l = level <= 3 ? LogLevel::error : level == 4 ? LogLevel::warning
+                                                     : level <= 6     ? LogLevel::info
+                                                                      : LogLevel::debug;
+        self->say(l, "rdkafka {}: {}", fac, buf);
+    }
+
+    void create_consumer()
+    {
+        std::map<std::string, std::string> props = {
+            {"isolation.level", "read_committed"},
+            {"auto.offset.reset", "earliest"},
+        };
+        for (const auto& [k, v] : cfg.kafka)
+            props[k] = v;
+        props["bootstrap.servers"] = cfg.brokers;
+        props["group.id"] = cfg.group_id;
+        props["enable.auto.commit"] = "false";
+        props["enable.auto.offset.store"] = "false";
+        props["enable.partition.eof"] = "false";
+        auto conf = kafka::make_conf(props);
+        rd_kafka_conf_set_opaque(conf.get(), this);
+        rd_kafka_conf_set_rebalance_cb(conf.get(), rebalance_cb);
+        rd_kafka_conf_set_offset_commit_cb(conf.get(), commit_cb);
+        rd_kafka_conf_set_error_cb(conf.get(), error_cb);
+        rd_kafka_conf_set_log_cb(conf.get(), log_cb);
+
+        char err[512];
+        rk.reset(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), err, sizeof err));
+        if (!rk)
+            throw KafkaError(fmt::format("cannot create Kafka consumer: {}", err));
+        conf.release(); // owned by rk now
+        rd_kafka_poll_set_consumer(rk.get());
+
+        auto topics = kafka::make_list(static_cast<int>(cfg.topics.size()));
+        for (const auto& t : cfg.topics)
+            rd_kafka_topic_partition_list_add(topics.get(), t.c_str(), RD_KAFKA_PARTITION_UA);
+        if (auto e = rd_kafka_subscribe(rk.get(), topics.get()))
+            throw KafkaError(fmt::format("subscribe failed: {}", rd_kafka_err2str(e)));
+        say(LogLevel::info, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
+    }
+
+    void on_rebalance(rd_kafka_t* handle, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
+    {
+        metrics.rebalances.add();
+        cooperative = std::strcmp(rd_kafka_rebalance_protocol(handle), "COOPERATIVE") == 0;
+        if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+            for (int i = 0; i < list->cnt; ++i)
+                parts[{list->elems[i].topic, list->elems[i].partition}] = PartitionState{};
+            say(LogLevel::info, "assigned {} partition(s) ({})", list->cnt, cooperative ? "cooperative" : "eager");
+            if (cooperative) {
+                kafka::ErrorPtr e(rd_kafka_incremental_assign(handle, list));
+                if (e)
+                    say(LogLevel::error, "incremental assign failed: {}", rd_kafka_error_string(e.get()));
+            } else if (auto e = rd_kafka_assign(handle, list)) {
+                say(LogLevel::error, "assign failed: {}", rd_kafka_err2str(e));
+            }
+            if (db_pause)
+                rd_kafka_pause_partitions(handle, list);
+            return;
+        }
+
+        const bool lost = rd_kafka_assignment_lost(handle);
+        std::set<TopicPartition> revoked;
+        for (int i = 0; i < list->cnt; ++i)
+            revoked.insert({list->elems[i].topic, list->elems[i].partition});
+        // Records polled for revoked partitions but not processed yet are
+        // dropped: their offsets were never committed, so the new owner reads them.
+        batch.erase(std::remove_if(batch.begin(), batch.end(),
+                                   [&](const Item& it) {
+                                       return revoked.count({std::string(it.record.topic), it.record.partition}) > 0;
+                                   }),
+                    batch.end());
+        if (lost) {
+            say(LogLevel::warning, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
+        } else {
+            if (!no_commit)
+                commit_positions(&revoked, false);
+            say(LogLevel::info, "revoked {} partition(s)", list->cnt);
+        }
+        for (const auto& tp : revoked)
+            parts.erase(tp);
+        if (cooperative) {
+            kafka::ErrorPtr e(rd_kafka_incremental_unassign(handle, list));
+            if (e)
+                say(LogLevel::error, "incremental unassign failed: {}", rd_kafka_error_string(e.get()));
+        } else {
+            rd_kafka_assign(handle, nullptr);
+        }
+    }
+
+    void on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets)
+    {
+        if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
+            return;
+        bool failed = err != RD_KAFKA_RESP_ERR_NO_ERROR;
+        for (int i = 0; offsets && i < offsets->cnt; ++i) {
+            const auto& p = offsets->elems[i];
+            if (p.err) {
+                failed = true;
+                say(LogLevel::warning, "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset),
+                    rd_kafka_err2str(p.err));
+            }
+        }
+        if (failed) {
+            metrics.offset_commit_failures.add();
+            if (err)
+                say(LogLevel::warning, "offset commit failed: {} (records already committed in PostgreSQL are "
+                                       "deduplicated on redelivery)", rd_kafka_err2str(err));
+        } else {
+            metrics.offset_commits.add();
+        }
+    }
+
+    // Commits processed positions (all partitions, or `only`) that moved since
+    // the last commit. Explicit offsets, never the consumer's whole position.
+    void commit_positions(const std::set<TopicPartition>* only, bool async)
+    {
+        auto list = kafka::make_list(static_cast<int>(parts.size()));
+        for (auto& [tp, ps] : parts) {
+            if (only && !only->count(tp))
+                continue;
+            if (ps.processed_next < 0 || ps.processed_next == ps.committed_next)
+                continue;
+            rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = ps.processed_next;
+            ps.committed_next = ps.processed_next;
+        }
+        if (list->cnt == 0)
+            return;
+        const auto err = rd_kafka_commit(rk.get(), list.get(), async ? 1 : 0);
+        if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
+            metrics.offset_commit_failures.add();
+            say(LogLevel::warning, "offset commit failed: {}", rd_kafka_err2str(err));
+        }
+    }
+
+    PartitionState* state_of(std::string_view topic, std::int32_t partition)
+    {
+        auto it = parts.find({std::string(topic), partition});
+        return it == parts.end() ? nullptr : &it->second;
+    }
+
+    // Moves the fetch position of a partition back to `offset`, so the records
+    // from there on are delivered again; anything fetched beyond it is dropped.
+    void rewind(PartitionState& ps, const std::string& topic, std::int32_t partition, std::int64_t offset)
+    {
+        ps.resume_from = offset;
+        ps.needs_seek = true;
+        seek(ps, topic, partition);
+    }
+
+    void seek(PartitionState& ps, const std::string& topic, std::int32_t partition)
+    {
+        auto list = kafka::make_list(1);
+        rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), partition)->offset = ps.resume_from;
+        kafka::ErrorPtr e(rd_kafka_seek_partitions(rk.get(), list.get(), 5000));
+        if (e || list->elems[0].err) {
+            say(LogLevel::warning, "seek to {} failed, will retry: {}", coords(topic, partition, ps.resume_from),
+                e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err));
+            return;
+        }
+        ps.needs_seek = false;
+    }
+
+    void pause_one(const std::string& topic, std::int32_t partition, bool pause)
+    {
+        auto list = kafka::make_list(1);
+        rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), partition);
+        if (pause)
+            rd_kafka_pause_partitions(rk.get(), list.get());
+        else
+            rd_kafka_resume_partitions(rk.get(), list.get());
+    }
+
+    void set_db_pause(bool pause)
+    {
+        db_pause = pause;
+        rd_kafka_topic_partition_list_t* raw = nullptr;
+        if (rd_kafka_assignment(rk.get(), &raw) != RD_KAFKA_RESP_ERR_NO_ERROR || !raw)
+            return;
+        kafka::PartitionListPtr list(raw);
+        if (pause) {
+            rd_kafka_pause_partitions(rk.get(), list.get());
+            return;
+        }
+        // Partitions waiting out a retry backoff stay paused.
+        auto resume = kafka::make_list(list->cnt);
+        for (int i = 0; i < list->cnt; ++i) {
+            auto* ps = state_of(list->elems[i].topic, list->elems[i].partition);
+            if (!ps || !ps->retry_paused)
+                rd_kafka_topic_partition_list_add(resume.get(), list->elems[i].topic, list->elems[i].partition);
+        }
+        rd_kafka_resume_partitions(rk.get(), resume.get());
+    }
+
+    void housekeeping()
+    {
+        const auto now = Clock::now();
+        for (auto& [tp, ps] : parts) {
+            if (ps.needs_seek)
+                seek(ps, tp.topic, tp.partition);
+            if (ps.retry_paused && now >= ps.resume_at && !ps.needs_seek) {
+                ps.retry_paused = false;
+                if (!db_pause)
+                    pause_one(tp.topic, tp.partition, false);
+            }
+        }
+    }
+
+    // ---- polling ----------------------------------------------------------
+
+    void fill_batch()
+    {
+        Clock::time_point deadline{};
+        while (batch.size() < cfg.max_batch) {
+            milliseconds timeout = idle_poll;
+            if (!batch.empty()) {
+                timeout = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+                if (timeout.count() <= 0)
+                    timeout = milliseconds(0);
+            }
+            kafka::MessagePtr m(rd_kafka_consumer_poll(rk.get(), static_cast<int>(timeout.count())));
+            if (!m) {
+                if (batch.empty() || Clock::now() >= deadline || stop_requests.load())
+                    return;
+                continue;
+            }
+            if (m->err) {
+                on_consumer_error(*m);
+                if (batch.empty())
+                    return;
+                continue;
+            }
+            const char* topic = rd_kafka_topic_name(m->rkt);
+            auto* ps = state_of(topic, m->partition);
+            if (!ps)
+                continue; // not (or no longer) ours
+            if (ps->resume_from >= 0) {
+                if (m->offset != ps->resume_from)
+                    continue; // fetched before the rewind; it comes again
+                ps->resume_from = -1;
+            }
+            metrics.consumed.add();
+            if (batch.empty())
+                deadline = Clock::now() + cfg.max_batch_wait;
+            add_item(std::move(m), topic, ps);
+            if (stop_requests.load())
+                return;
+        }
+    }
+
+    void on_consumer_error(const rd_kafka_message_t& m)
+    {
+        metrics.kafka_errors.add();
+        const char* topic = m.rkt ? rd_kafka_topic_name(m.rkt) : "";
+        say(LogLevel::warning, "kafka consumer error{}{}: {}", m.rkt ? " on " : "",
+            m.rkt ? coords(topic, m.partition, m.offset) : std::string(), rd_kafka_message_errstr(&m));
+        char reason[512];
+        if (rd_kafka_fatal_error(rk.get(), reason, sizeof reason))
+            throw KafkaError(fmt::format("fatal Kafka error: {}", reason));
+    }
+
+    void add_item(kafka::MessagePtr m, const char* topic, PartitionState* ps)
+    {
+        Item it;
+        it.record.topic = topic;
+        it.record.partition = m->partition;
+        it.record.offset = m->offset;
+        rd_kafka_timestamp_type_t tstype;
+        it.record.timestamp_ms = rd_kafka_message_timestamp(m.get(), &tstype);
+        if (m->key)
+            it.record.key = std::string_view(static_cast<const char*>(m->key), m->key_len);
+        if (m->payload)
+            it.record.value = std::string_view(static_cast<const char*>(m->payload), m->len);
+        rd_kafka_headers_t* hdrs = nullptr;
+        if (rd_kafka_message_headers(m.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
+            const char* name;
+            const void* val;
+            size_t size;
+            for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
+                 ++i) {
+                Header h{name, std::nullopt};
+                if (val)
+                    h.value.emplace(static_cast<const char*>(val), size);
+                it.record.headers.push_back(std::move(h));
+            }
+        }
+        it.part = ps;
+        it.msg = std::move(m);
+        batch.push_back(std::move(it));
+    }
+
+    // ---- processing -------------------------------------------------------
+
+    void decode_all()
+    {
+        stage.prepare(batch.size());
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            auto& it = batch[i];
+            const auto& r = it.record;
+            try {
+                it.id = stage.decode(i, r);
+                if (it.id.is_nil())
+                    throw InvalidEventId("event id is the nil UUID");
+            } catch (const InvalidEventId& e) {
+                it.state = State::poison;
+                metrics.invalid_event_ids.add();
+                say(LogLevel::error, "skipping record {} without a valid event id: {}",
+                    coords(r.topic, r.partition, r.offset), e.what());
+            } catch (const std::exception& e) {
+                it.state = State::poison;
+                metrics.decode_errors.add();
+                say(LogLevel::error, "skipping undecodable record {}: {}", coords(r.topic, r.partition, r.offset),
+                    e.what());
+            } catch (...) {
+                it.state = State::poison;
+                metrics.decode_errors.add();
+                say(LogLevel::error, "skipping undecodable record {}: non-standard exception",
+                    coords(r.topic, r.partition, r.offset));
+            }
+        }
+    }
+
+    int attempt_of(const Item& it) const
+    {
+        auto f = it.part->failures.find(it.record.offset);
+        return f == it.part->failures.end() ? 1 : f->second + 1;
+    }
+
+    struct HandlerFailed {
+        std::size_t index;
+        std::string what;
+    };
+
+    enum class Outcome { committed, handler_failed, db_failed, abandoned };
+
+    // One transaction over the pending records before each partition's cutoff.
+    Outcome try_transaction(const std::map<PartitionState*, std::int64_t>& cutoff, HandlerFailed& failure,
+                            BatchInfo& info)
+    {
+        std::vector<EventId> ids;
+        std::vector<std::size_t> first;  // index of the first pending item per id
+        std::unordered_map<EventId, std::size_t> seen;
+        ids.reserve(batch.size());
+        first.reserve(batch.size());
+        seen.reserve(batch.size());
+        std::size_t active = 0;
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            const auto& it = batch[i];
+            if (it.state != State::pending)
+                continue;
+            auto c = cutoff.find(it.part);
+            if (c != cutoff.end() && it.record.offset >= c->second)
+                continue;
+            ++active;
+            if (seen.emplace(it.id, i).second) {
+                ids.push_back(it.id);
+                first.push_back(i);
+            }
+        }
+        info = BatchInfo{};
+        info.records = active;
+        if (ids.empty())
+            return Outcome::committed;
+
+        try {
+            pqxx::work tx(*db);
+            auto claimed_list =
+                ProcessedEventStore::claimed_ids(tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
+            std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
+            for (std::size_t i : first) {
+                auto& it = batch[i];
+                if (!claimed.count(it.id))
+                    continue;
+                if (forced())
+                    throw Abandon{};
+                try {
+                    stage.handle(i, tx, Context(it.record, it.id, attempt_of(it)));
+                } catch (const pqxx::broken_connection&) {
+                    throw;
+                } catch (const std::exception& e) {
+                    failure = {i, e.what()};
+                    return Outcome::handler_failed;
+                } catch (...) {
+                    failure = {i, "non-standard exception"};
+                    return Outcome::handler_failed;
+                }
+            }
+            tx.commit();
+            info.claimed = claimed.size();
+            info.duplicates = active - claimed.size();
+            return Outcome::committed;
+        } catch (const Abandon&) {
+            return Outcome::abandoned;
+        } catch (const pqxx::in_doubt_error& e) {
+            metrics.db_failures.add();
+            drop_db(e.what());
+            return Outcome::db_failed;
+        } catch (const pqxx::broken_connection& e) {
+            metrics.db_failures.add();
+            drop_db(e.what());
+            return Outcome::db_failed;
+        } catch (const std::exception& e) {
+            metrics.db_failures.add();
+            say(LogLevel::error, "PostgreSQL error outside the handler, batch rolled back and retried: {}", e.what());
+            if (db && !db->is_open())
+                drop_db(e.what());
+            else
+                db_hold(); // live connection: back off, do not reconnect
+            return Outcome::db_failed;
+        }
+    }
+
+    void process_batch()
+    {
+        decode_all();
+        std::map<PartitionState*, std::int64_t> cutoff;
+        BatchInfo info;
+        for (;;) {
+            HandlerFailed failure{};
+            const Outcome out = try_transaction(cutoff, failure, info);
+            if (out == Outcome::committed)
+                break;
+            if (out == Outcome::handler_failed) {
+                on_handler_failure(failure, cutoff);
+                continue; // the rest of the batch, without the failed partition's tail
+            }
+            // DB failure or forced stop: nothing of the batch is committed.
+            rewind_unfinished(cutoff);
+            batch.clear();
+            return;
+        }
+
+        if (info.records) {
+            metrics.db_commits.add();
+            metrics.claimed.add(info.claimed);
+            metrics.duplicates.add(info.duplicates);
+            if (cfg.hooks.after_db_commit)
+                cfg.hooks.after_db_commit(info); // may throw: then nothing below happens
+        }
+        for (auto& it : batch) {
+            auto c = cutoff.find(it.part);
+            if (c != cutoff.end() && it.record.offset >= c->second)
+                continue;
+            it.state = State::done;
+            it.part->processed_next = std::max(it.part->processed_next, it.record.offset + 1);
+            if (!it.part->failures.empty())
+                it.part->failures.erase(it.record.offset);
+        }
+        batch.clear();
+        commit_positions(nullptr, true);
+    }
+
+    void on_handler_failure(const HandlerFailed& f, std::map<PartitionState*, std::int64_t>& cutoff)
+    {
+        auto& it = batch[f.index];
+        auto& ps = *it.part;
+        const int failures = ++ps.failures[it.record.offset];
+        metrics.handler_failures.add();
+        const auto delay = backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max);
+        say(LogLevel::warning, "handler failed on {} (event {}, attempt {}), retrying in {} ms: {}",
+            coords(it.record.topic, it.record.partition, it.record.offset), it.id.to_string(), failures,
+            delay.count(), f.what);
+        cutoff[&ps] = it.record.offset;
+        const std::string topic(it.record.topic);
+        rewind(ps, topic, it.record.partition, it.record.offset);
+        ps.retry_paused = true;
+        ps.resume_at = Clock::now() + delay;
+        pause_one(topic, it.record.partition, true);
+    }
+
+    // After an uncommitted transaction: every partition goes back to its
+    // first record that is not committed.
+    void rewind_unfinished(const std::map<PartitionState*, std::int64_t>& cutoff)
+    {
+        std::map<PartitionState*, const Item*> first;
+        for (const auto& it : batch) {
+            auto c = cutoff.find(it.part);
+            const std::int64_t limit = c == cutoff.end() ? INT64_MAX : c->second;
+            if (it.record.offset < limit && !first.count(it.part))
+                first[it.part] = &it;
+        }
+        for (auto& [ps, it] : first)
+            rewind(*ps, std::string(it->record.topic), it->record.partition, it->record.offset);
+    }
+
+    // ---- lifecycle --------------------------------------------------------
+
+    void run()
+    {
+        try {
+            connect_db();
+        } catch (const DatabaseError&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw DatabaseError(fmt::format("cannot start: PostgreSQL: {}", e.what()));
+        }
+        create_consumer();
+
+        while (stop_requests.load() == 0) {
+            housekeeping();
+            const bool db_ready = ensure_db();
+            fill_batch();
+            if (batch.empty())
+                continue;
+            if (!db_ready) {
+                rewind_unfinished({});
+                batch.clear();
+                continue;
+            }
+            process_batch();
+        }
+        shutdown();
+    }
+
+    void shutdown()
+    {
+        // Positions of batches already committed in PostgreSQL are always safe
+        // to commit, also on a forced stop; unfinished work is not committed.
+        batch.clear();
+        commit_positions(nullptr, false);
+        say(LogLevel::info, "closing consumer{}", forced() ? " (forced)" : "");
+        if (auto e = rd_kafka_consumer_close(rk.get()))
+            say(LogLevel::warning, "consumer close: {}", rd_kafka_err2str(e));
+        rk.reset();
+        db.reset();
+    }
+};
+
+Engine::Engine(ConsumerConfig config, Stage& stage)
+{
+    config.validate();
+    impl_ = std::make_unique<Impl>(std::move(config), stage);
+}
+
+Engine::~Engine() = default;
+
+void Engine::run()
+{
+    impl_->run();
+}
+
+void Engine::stop() noexcept
+{
+    impl_->stop_requests.fetch_add(1);
+}
+
+const Metrics& Engine::metrics() const noexcept
+{
+    return impl_->metrics;
+}
+
+const ConsumerConfig& Engine::config() const noexcept
+{
+    return impl_->cfg;
+}
+
+} // namespace idemkafka::detail

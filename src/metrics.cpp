@@ -1,0 +1,79 @@
+#include "idemkafka/metrics.hpp"
+
+#include <fmt/format.h>
+
+namespace idemkafka {
+namespace {
+
+struct CounterDesc {
+    const char* name;
+    const char* help;
+    std::uint64_t MetricsSnapshot::*field;
+};
+
+constexpr CounterDesc counters[] = {
+    {"consumed", "Records polled from Kafka.", &MetricsSnapshot::consumed},
+    {"claimed", "Records whose handler ran and committed.", &MetricsSnapshot::claimed},
+    {"duplicates", "Records skipped because their event id was already claimed.", &MetricsSnapshot::duplicates},
+    {"decode_errors", "Records the decoder rejected.", &MetricsSnapshot::decode_errors},
+    {"invalid_event_ids", "Records without a usable event id.", &MetricsSnapshot::invalid_event_ids},
+    {"handler_failures", "Handler exceptions.", &MetricsSnapshot::handler_failures},
+    {"db_commits", "PostgreSQL transactions committed.", &MetricsSnapshot::db_commits},
+    {"db_failures", "PostgreSQL errors outside the handler.", &MetricsSnapshot::db_failures},
+    {"db_reconnects", "PostgreSQL reconnections after a failure.", &MetricsSnapshot::db_reconnects},
+    {"offset_commits", "Successful Kafka offset commits.", &MetricsSnapshot::offset_commits},
+    {"offset_commit_failures", "Failed Kafka offset commits.", &MetricsSnapshot::offset_commit_failures},
+    {"rebalances", "Partition assignments and revocations.", &MetricsSnapshot::rebalances},
+    {"kafka_errors", "Consumer error events from the Kafka client.", &MetricsSnapshot::kafka_errors},
+};
+
+std::string escape_label(const std::string& v)
+{
+    std::string out;
+    out.reserve(v.size());
+    for (char c : v) {
+        if (c == '\\' || c == '"')
+            out.push_back('\\');
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out.push_back(c);
+    }
+    return out;
+}
+
+} // namespace
+
+std::string MetricsSnapshot::to_prometheus(const std::string& group) const
+{
+    std::string out;
+    const std::string label = escape_label(group);
+    for (const auto& c : counters) {
+        out += fmt::format("# HELP idemkafka_{}_total {}\n# TYPE idemkafka_{}_total counter\n"
+                           "idemkafka_{}_total{{group=\"{}\"}} {}\n",
+                           c.name, c.help, c.name, c.name, label, this->*c.field);
+    }
+    return out;
+}
+
+MetricsSnapshot Metrics::snapshot() const noexcept
+{
+    MetricsSnapshot s;
+    s.consumed = consumed.get();
+    s.claimed = claimed.get();
+    s.duplicates = duplicates.get();
+    s.decode_errors = decode_errors.get();
+    s.invalid_event_ids = invalid_event_ids.get();
+    s.handler_failures = handler_failures.get();
+    s.db_commits = db_commits.get();
+    s.db_failures = db_failures.get();
+    s.db_reconnects = db_reconnects.get();
+    s.offset_commits = offset_commits.get();
+    s.offset_commit_failures = offset_commit_failures.get();
+    s.rebalances = rebalances.get();
+    s.kafka_errors = kafka_errors.get();
+    return s;
+}
+
+} // namespace idemkafka

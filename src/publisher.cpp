@@ -1,0 +1,192 @@
+#include "idemkafka/publisher.hpp"
+
+#include <atomic>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+#include "kafka/client.hpp"
+
+namespace idemkafka {
+namespace {
+
+constexpr std::chrono::milliseconds queue_wait{10000};
+
+struct Waiter {
+    std::atomic<bool> done{false};
+    rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
+};
+
+} // namespace
+
+void PublisherConfig::validate() const
+{
+    if (brokers.empty())
+        throw ConfigError("brokers: must name at least one bootstrap server");
+    for (const auto& [k, v] : kafka) {
+        if (k == "enable.idempotence" && v != "true")
+            throw ConfigError(fmt::format("kafka[\"enable.idempotence\"]={}: refused, the publisher is always "
+                                          "idempotent so a retried send cannot duplicate a record",
+                                          v));
+        if ((k == "acks" || k == "request.required.acks") && v != "all" && v != "-1")
+            throw ConfigError(fmt::format("kafka[\"{}\"]={}: refused, only acks=all keeps an acknowledged "
+                                          "record through a broker failure",
+                                          k, v));
+        if (k == "bootstrap.servers" || k == "metadata.broker.list")
+            throw ConfigError(fmt::format("kafka[\"{}\"]: set PublisherConfig::brokers instead", k));
+    }
+}
+
+struct Publisher::Impl {
+    LogSink log;
+    detail::kafka::HandlePtr rk;
+    std::atomic<std::uint64_t> delivered{0}, failed{0};
+    std::mutex mu;
+    std::uint64_t failed_since_flush = 0;
+    std::string first_error;
+
+    static void dr_cb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque)
+    {
+        auto* self = static_cast<Impl*>(opaque);
+        if (m->_private) {
+            auto* w = static_cast<Waiter*>(m->_private);
+            w->err = m->err;
+            w->done.store(true, std::memory_order_release);
+        }
+        if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            self->delivered.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        self->failed.fetch_add(1, std::memory_order_relaxed);
+        const std::string reason = fmt::format("delivery to {}/{} failed: {}", rd_kafka_topic_name(m->rkt),
+                                               m->partition, rd_kafka_err2str(m->err));
+        try {
+            self->log(LogLevel::error, reason);
+        } catch (...) {
+        }
+        if (!m->_private) {
+            std::lock_guard<std::mutex> lock(self->mu);
+            if (self->failed_since_flush++ == 0)
+                self->first_error = reason;
+        }
+    }
+
+    void produce(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
+                 const std::vector<Header>& headers, Waiter* waiter)
+    {
+        rd_kafka_headers_t* hdrs = nullptr;
+        if (!headers.empty()) {
+            hdrs = rd_kafka_headers_new(headers.size());
+            for (const auto& h : headers)
+                rd_kafka_header_add(hdrs, h.name.data(), static_cast<ssize_t>(h.name.size()),
+                                    h.value ? h.value->data() : nullptr,
+                                    h.value ? static_cast<ssize_t>(h.value->size()) : 0);
+        }
+        const std::string topic_s(topic);
+        const void* key_ptr = key ? key->data() : nullptr;
+        const std::size_t key_len = key ? key->size() : 0;
+        const auto deadline = std::chrono::steady_clock::now() + queue_wait;
+        for (;;) {
+            const auto err = rd_kafka_producev(
+                rk.get(), RD_KAFKA_V_TOPIC(topic_s.c_str()),
+                RD_KAFKA_V_KEY(key_ptr, key_len),
+                RD_KAFKA_V_VALUE(const_cast<char*>(payload.data()), payload.size()),
+                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(waiter),
+                RD_KAFKA_V_END);
+            if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+                return; // headers now owned by the message
+            if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && std::chrono::steady_clock::now() < deadline) {
+                rd_kafka_poll(rk.get(), 100);
+                continue;
+            }
+            if (hdrs)
+                rd_kafka_headers_destroy(hdrs);
+            throw KafkaError(fmt::format("cannot enqueue record for {}: {}", topic, rd_kafka_err2str(err)));
+        }
+    }
+};
+
+Publisher::Publisher(PublisherConfig config) : impl_(std::make_unique<Impl>())
+{
+    config.validate();
+    impl_->log = config.log ? config.log : stderr_sink();
+    std::map<std::string, std::string> props = {{"linger.ms", "5"}};
+    for (const auto& [k, v] : config.kafka)
+        props[k] = v;
+    props["bootstrap.servers"] = config.brokers;
+    props["enable.idempotence"] = "true";
+    props["acks"] = "all";
+    auto conf = detail::kafka::make_conf(props);
+    rd_kafka_conf_set_opaque(conf.get(), impl_.get());
+    rd_kafka_conf_set_dr_msg_cb(conf.get(), Impl::dr_cb);
+    char err[512];
+    impl_->rk.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), err, sizeof err));
+    if (!impl_->rk)
+        throw KafkaError(fmt::format("cannot create Kafka producer: {}", err));
+    conf.release();
+}
+
+Publisher::~Publisher()
+{
+    if (rd_kafka_flush(impl_->rk.get(), 10000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        try {
+            impl_->log(LogLevel::error, fmt::format("publisher closed with {} record(s) not acknowledged",
+                                                    rd_kafka_outq_len(impl_->rk.get())));
+        } catch (...) {
+        }
+    }
+}
+
+void Publisher::publish_async(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
+                              const std::vector<Header>& headers)
+{
+    impl_->produce(topic, key, payload, headers, nullptr);
+    rd_kafka_poll(impl_->rk.get(), 0);
+}
+
+void Publisher::publish(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
+                        const std::vector<Header>& headers, std::chrono::milliseconds timeout)
+{
+    Waiter w;
+    impl_->produce(topic, key, payload, headers, &w);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!w.done.load(std::memory_order_acquire)) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            // The waiter must outlive the delivery report, which may still come.
+            rd_kafka_flush(impl_->rk.get(), -1);
+            if (w.err == RD_KAFKA_RESP_ERR_NO_ERROR)
+                return;
+            break;
+        }
+        rd_kafka_poll(impl_->rk.get(), 50);
+    }
+    if (w.err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        throw KafkaError(fmt::format("record for {} not acknowledged: {}", topic, rd_kafka_err2str(w.err)));
+}
+
+void Publisher::flush(std::chrono::milliseconds timeout)
+{
+    const auto err = rd_kafka_flush(impl_->rk.get(), static_cast<int>(timeout.count()));
+    std::uint64_t failures;
+    std::string first;
+    {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        failures = impl_->failed_since_flush;
+        first = impl_->first_error;
+        impl_->failed_since_flush = 0;
+        impl_->first_error.clear();
+    }
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        throw KafkaError(fmt::format("flush: {} record(s) still not acknowledged after {} ms",
+                                     rd_kafka_outq_len(impl_->rk.get()), timeout.count()));
+    if (failures)
+        throw KafkaError(fmt::format("{} record(s) failed delivery; first: {}", failures, first));
+}
+
+PublisherStats Publisher::stats() const noexcept
+{
+    return {impl_->delivered.load(), impl_->failed.load()};
+}
+
+} // namespace idemkafka

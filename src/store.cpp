@@ -1,0 +1,117 @@
+#include "idemkafka/store.hpp"
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+
+namespace idemkafka {
+
+std::string quote_identifier(std::string_view name)
+{
+    if (name.empty())
+        throw ConfigError("identifier must not be empty");
+    if (name.find('\0') != std::string_view::npos)
+        throw ConfigError("identifier must not contain a NUL byte");
+    // PostgreSQL would silently truncate a longer name; two configured names
+    // differing only past byte 63 must not end up as the same table.
+    if (name.size() > 63)
+        throw ConfigError(fmt::format("identifier is {} bytes long; PostgreSQL allows at most 63", name.size()));
+    std::string out;
+    out.reserve(name.size() + 2);
+    out.push_back('"');
+    for (char c : name) {
+        if (c == '"')
+            out.push_back('"');
+        out.push_back(c);
+    }
+    out.push_back('"');
+    return out;
+}
+
+ProcessedEventStore::ProcessedEventStore(std::string schema, std::string table)
+{
+    try {
+        schema_q_ = quote_identifier(schema);
+    } catch (const ConfigError& e) {
+        throw ConfigError(std::string("schema: ") + e.what());
+    }
+    try {
+        table_q_ = quote_identifier(table);
+    } catch (const ConfigError& e) {
+        throw ConfigError(std::string("table: ") + e.what());
+    }
+    qualified_ = schema_q_ + "." + table_q_;
+    claim_sql_ = fmt::format(
+        "INSERT INTO {} (event_id, consumer_group) SELECT unnest($1::uuid[]), $2::text "
+        "ON CONFLICT DO NOTHING RETURNING event_id",
+        qualified_);
+}
+
+void ProcessedEventStore::ensure_schema(pqxx::work& tx) const
+{
+    try {
+        // Concurrent CREATE ... IF NOT EXISTS can still fail on the catalog's
+        // unique indexes; one lock makes start-up of many instances safe.
+        tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
+        tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q_));
+        tx.exec(fmt::format(
+            "CREATE TABLE IF NOT EXISTS {} ("
+            " event_id uuid NOT NULL,"
+            " consumer_group text NOT NULL,"
+            " processed_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (event_id, consumer_group))",
+            qualified_));
+    } catch (const pqxx::sql_error& e) {
+        throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
+    }
+}
+
+void ProcessedEventStore::ensure_schema(const std::string& conninfo) const
+{
+    try {
+        pqxx::connection conn(conninfo);
+        pqxx::work tx(conn);
+        ensure_schema(tx);
+        tx.commit();
+    } catch (const pqxx::broken_connection& e) {
+        throw DatabaseError(std::string("cannot connect to PostgreSQL: ") + e.what());
+    }
+}
+
+std::string ProcessedEventStore::array_literal(const std::vector<EventId>& ids)
+{
+    std::string out;
+    out.resize(ids.size() * 37 + 2);
+    char* p = out.data();
+    *p++ = '{';
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i)
+            *p++ = ',';
+        ids[i].format_to(p);
+        p += 36;
+    }
+    *p++ = '}';
+    out.resize(static_cast<std::size_t>(p - out.data()));
+    return out;
+}
+
+std::vector<EventId> ProcessedEventStore::claimed_ids(const pqxx::result& r)
+{
+    std::vector<EventId> out;
+    out.reserve(r.size());
+    for (const auto& row : r) {
+        const auto f = row[0];
+        out.push_back(EventId::parse(std::string_view(f.c_str(), f.size())));
+    }
+    return out;
+}
+
+std::vector<EventId> ProcessedEventStore::claim(pqxx::transaction_base& tx, std::string_view group,
+                                                const std::vector<EventId>& ids) const
+{
+    if (ids.empty())
+        return {};
+    return claimed_ids(tx.exec_params(claim_sql_, array_literal(ids), std::string(group)));
+}
+
+} // namespace idemkafka

@@ -1,0 +1,309 @@
+// End-to-end: IdempotentConsumer against a real PostgreSQL and a
+// Kafka-protocol broker. Every test counts effects in the database.
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+#include <idemkafka/publisher.hpp>
+#include <idemkafka/store.hpp>
+
+#include "catch_compat.hpp"
+#include "test_env.hpp"
+
+using namespace idemkafka;
+using namespace idemkafka::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Consumer = IdempotentConsumer<TestEvent>;
+
+// One effect table per test: the business write each handler call makes.
+std::string make_effect_table(const std::string& name)
+{
+    exec(fmt::format("CREATE TABLE {} (seq bigserial PRIMARY KEY, event_id uuid NOT NULL, entity text NOT NULL,"
+                     " grp text NOT NULL, kafka_partition int NOT NULL, kafka_offset bigint NOT NULL)",
+                     name));
+    return name;
+}
+
+void insert_effect(pqxx::work& tx, const std::string& table, const TestEvent& e, const Context& ctx,
+                   const std::string& group)
+{
+    tx.exec_params(fmt::format("INSERT INTO {} (event_id, entity, grp, kafka_partition, kafka_offset)"
+                               " VALUES ($1::uuid, $2, $3, $4, $5)",
+                               table),
+                   e.id.to_string(), e.entity, group, ctx.partition(), ctx.offset());
+}
+
+std::int64_t claims(const std::string& group)
+{
+    return scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", group));
+}
+
+// Publishes `unique` new events and `resends` re-sends of earlier ones (same
+// payload, so the same event id arrives again at a new offset).
+std::vector<TestEvent> publish_events(const std::string& topic, int unique, int resends, unsigned seed = 7)
+{
+    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    std::vector<TestEvent> events;
+    std::mt19937 rng(seed);
+    for (int i = 0; i < unique; ++i) {
+        TestEvent e{new_event_id(), fmt::format("order-{}", i), 100 + i};
+        events.push_back(e);
+        pub.publish_async(topic, e.entity, encode(e));
+        if (resends > 0 && i > 0 && rng() % static_cast<unsigned>(unique) < static_cast<unsigned>(resends)) {
+            const auto& again = events[rng() % events.size()];
+            pub.publish_async(topic, again.entity, encode(again));
+            --resends;
+        }
+    }
+    while (resends-- > 0) {
+        const auto& again = events[rng() % events.size()];
+        pub.publish_async(topic, again.entity, encode(again));
+    }
+    pub.flush();
+    return events;
+}
+
+} // namespace
+
+TEST_CASE("duplicates with new offsets are skipped by event id", "[integration]")
+{
+    for (std::size_t max_batch : {std::size_t(500), std::size_t(1)}) {
+        INFO("max_batch = " << max_batch);
+        const auto topic = unique_name("dup");
+        const auto group = unique_name("g");
+        create_topic(topic, 3);
+        const auto effects = make_effect_table(unique_name("effect"));
+        const auto events = publish_events(topic, 700, 300);
+
+        auto cfg = consumer_config(group, topic);
+        cfg.max_batch = max_batch;
+        std::atomic<int> calls{0};
+        Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+            insert_effect(tx, effects, e, ctx, group);
+            ++calls;
+        });
+        {
+            Runner<Consumer> run(consumer);
+            REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= 1000; }, 60s));
+            run.join();
+            REQUIRE_FALSE(run.error());
+        }
+        const auto m = consumer.metrics().snapshot();
+        CHECK(m.consumed == 1000);
+        CHECK(m.claimed == 700);
+        CHECK(m.duplicates == 300);
+        CHECK(calls == 700);
+        CHECK(scalar("SELECT count(*) FROM " + effects) == 700);
+        CHECK(scalar("SELECT count(DISTINCT event_id) FROM " + effects) == 700);
+        CHECK(claims(group) == 700);
+        CHECK(m.decode_errors == 0);
+        CHECK(m.handler_failures == 0);
+    }
+}
+
+TEST_CASE("crash after the DB commit and before the offset commit repeats no handler call", "[integration]")
+{
+    const auto topic = unique_name("crash");
+    const auto group = unique_name("g");
+    create_topic(topic, 2);
+    const auto effects = make_effect_table(unique_name("effect"));
+    publish_events(topic, 200, 0);
+
+    struct SimulatedCrash {};
+    std::atomic<int> first_calls{0};
+    BatchInfo crashed_batch;
+    {
+        auto cfg = consumer_config(group, topic);
+        cfg.max_batch = 1000;
+        cfg.max_batch_wait = 3s; // all 200 records in one batch
+        cfg.hooks.after_db_commit = [&](const BatchInfo& info) {
+            crashed_batch = info;
+            throw SimulatedCrash{};
+        };
+        Consumer a(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+            insert_effect(tx, effects, e, ctx, group);
+            ++first_calls;
+        });
+        REQUIRE_THROWS_AS(a.run(), SimulatedCrash);
+    }
+    // The batch is in PostgreSQL, its offsets are not in Kafka.
+    REQUIRE(crashed_batch.claimed > 0);
+    REQUIRE(scalar("SELECT count(*) FROM " + effects) == static_cast<std::int64_t>(crashed_batch.claimed));
+
+    std::atomic<int> second_calls{0};
+    auto cfg = consumer_config(group, topic);
+    Consumer b(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        insert_effect(tx, effects, e, ctx, group);
+        ++second_calls;
+    });
+    {
+        Runner<Consumer> run(b);
+        REQUIRE(wait_until([&] { return b.metrics().snapshot().consumed >= 200; }, 60s));
+        run.join();
+        REQUIRE_FALSE(run.error());
+    }
+    const auto m = b.metrics().snapshot();
+    CHECK(m.consumed == 200);  // every record came again: no offset was committed
+    CHECK(m.duplicates == crashed_batch.claimed); // ... and dedup absorbed the committed ones
+    CHECK(second_calls == 200 - static_cast<int>(crashed_batch.claimed));
+    CHECK(first_calls + second_calls == 200);
+    CHECK(scalar("SELECT count(*) FROM " + effects) == 200);
+    CHECK(scalar("SELECT count(DISTINCT event_id) FROM " + effects) == 200);
+    CHECK(claims(group) == 200);
+}
+
+TEST_CASE("a handler that throws once: rolled back, retried, offset never passes it", "[integration]")
+{
+    const auto topic = unique_name("retry");
+    const auto group = unique_name("g");
+    create_topic(topic, 2);
+    const auto effects = make_effect_table(unique_name("effect"));
+    const auto events = publish_events(topic, 60, 0);
+    const EventId target = events[25].id;
+
+    std::atomic<int> target_attempts{0};
+    std::atomic<int> failed_attempt_number{0};
+    auto cfg = consumer_config(group, topic);
+    Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        insert_effect(tx, effects, e, ctx, group); // written, then rolled back on the throw
+        if (e.id == target) {
+            ++target_attempts;
+            if (ctx.attempt() == 1) {
+                failed_attempt_number = ctx.attempt();
+                throw std::runtime_error("payment provider timed out");
+            }
+        }
+    });
+    {
+        Runner<Consumer> run(consumer);
+        REQUIRE(wait_until([&] { return scalar("SELECT count(*) FROM " + effects) == 60; }, 60s));
+        run.join();
+        REQUIRE_FALSE(run.error());
+    }
+    const auto m = consumer.metrics().snapshot();
+    CHECK(target_attempts == 2);
+    CHECK(failed_attempt_number == 1);
+    CHECK(m.handler_failures == 1);
+    CHECK(m.claimed == 60);
+    CHECK(scalar("SELECT count(*) FROM " + effects) == 60);
+    CHECK(scalar("SELECT count(DISTINCT event_id) FROM " + effects) == 60);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE event_id = '{}'", effects, target.to_string())) == 1);
+    CHECK(claims(group) == 60);
+    // Order within the failed record's partition is kept: nothing after it
+    // committed before it did.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
+                             "WHERE a.kafka_partition = t.kafka_partition AND a.kafka_offset > t.kafka_offset "
+                             "AND a.seq < t.seq",
+                             effects, target.to_string())) == 0);
+}
+
+TEST_CASE("two consumer groups each process every event once", "[integration]")
+{
+    const auto topic = unique_name("groups");
+    create_topic(topic, 2);
+    const auto effects = make_effect_table(unique_name("effect"));
+    publish_events(topic, 300, 60);
+    const auto billing = unique_name("billing");
+    const auto analytics = unique_name("analytics");
+
+    auto make = [&](const std::string& group) {
+        return std::make_unique<Consumer>(consumer_config(group, topic), decode, event_id_of,
+                                          [&effects, group](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+                                              insert_effect(tx, effects, e, ctx, group);
+                                          });
+    };
+    auto a = make(billing);
+    auto b = make(analytics);
+    {
+        Runner<Consumer> ra(*a);
+        Runner<Consumer> rb(*b);
+        REQUIRE(wait_until(
+            [&] { return a->metrics().snapshot().consumed >= 360 && b->metrics().snapshot().consumed >= 360; }, 60s));
+        ra.join();
+        rb.join();
+        REQUIRE_FALSE(ra.error());
+        REQUIRE_FALSE(rb.error());
+    }
+    for (const auto& g : {billing, analytics}) {
+        INFO("group " << g);
+        CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE grp = '{}'", effects, g)) == 300);
+        CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {} WHERE grp = '{}'", effects, g)) == 300);
+        CHECK(claims(g) == 300);
+    }
+    CHECK(a->metrics().snapshot().duplicates == 60);
+    CHECK(b->metrics().snapshot().duplicates == 60);
+}
+
+TEST_CASE("undecodable records and records without a valid event id are logged, counted and passed", "[integration]")
+{
+    const auto topic = unique_name("poison");
+    const auto group = unique_name("g");
+    create_topic(topic, 1);
+    const auto effects = make_effect_table(unique_name("effect"));
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        for (int i = 0; i < 10; ++i)
+            pub.publish_async(topic, "k", encode(TestEvent{new_event_id(), "good", i}));
+        pub.publish_async(topic, "k", "not an event");
+        pub.publish_async(topic, "k", "not-a-uuid,bad,1");
+        pub.publish_async(topic, "k", "00000000-0000-0000-0000-000000000000,nil,1");
+        pub.publish_async(topic, "k", "");
+        for (int i = 10; i < 20; ++i)
+            pub.publish_async(topic, "k", encode(TestEvent{new_event_id(), "good", i}));
+        pub.flush();
+    }
+    std::mutex mu;
+    std::vector<std::string> lines;
+    auto cfg = consumer_config(group, topic);
+    cfg.log = [&](LogLevel level, std::string_view msg) {
+        if (level >= LogLevel::error && msg.find("skipping") != std::string_view::npos) {
+            std::lock_guard<std::mutex> lock(mu);
+            lines.emplace_back(msg);
+        }
+    };
+    Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        insert_effect(tx, effects, e, ctx, group);
+    });
+    {
+        Runner<Consumer> run(consumer);
+        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= 24; }, 60s));
+        run.join();
+        REQUIRE_FALSE(run.error());
+    }
+    const auto m = consumer.metrics().snapshot();
+    CHECK(m.decode_errors == 2);     // "not an event" and the empty payload
+    CHECK(m.invalid_event_ids == 2); // "not-a-uuid" and the nil id
+    CHECK(m.claimed == 20);
+    CHECK(scalar("SELECT count(*) FROM " + effects) == 20);
+    std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(lines.size() == 4);
+    for (const auto& l : lines)
+        CHECK(l.find(topic + "/0@") != std::string::npos); // each line names its coordinates
+}
+
+TEST_CASE("configured table names are quoted, never executed", "[integration]")
+{
+    const auto sentinel = unique_name("sentinel");
+    exec(fmt::format("CREATE TABLE {} (x int)", sentinel));
+    const std::string evil = fmt::format("pe\"; DROP TABLE {}; --", sentinel);
+    ProcessedEventStore store(unique_name("odd schema"), evil);
+    store.ensure_schema(pg());
+    store.ensure_schema(pg()); // twice is fine
+    CHECK(scalar(fmt::format("SELECT count(*) FROM pg_tables WHERE tablename = '{}'", sentinel)) == 1);
+    pqxx::connection c(pg());
+    pqxx::work tx(c);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM pg_tables WHERE tablename = {}", tx.quote(evil))) == 1);
+    const std::vector<EventId> ids{new_event_id(), new_event_id()};
+    CHECK(store.claim(tx, "g", ids).size() == 2);
+    CHECK(store.claim(tx, "g", ids).empty());
+    CHECK(store.claim(tx, "other", ids).size() == 2);
+}

@@ -1,0 +1,192 @@
+#include "test_env.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <librdkafka/rdkafka.h>
+#include <pqxx/pqxx>
+
+namespace idemkafka::test {
+namespace {
+
+std::string required_env(const char* name, const char* what)
+{
+    const char* v = std::getenv(name);
+    if (!v || !*v)
+        throw std::runtime_error(fmt::format(
+            "{} is not set: this test needs {}; run it through scripts/test.sh, which starts one", name, what));
+    return v;
+}
+
+} // namespace
+
+std::string pg()
+{
+    return required_env("IDEMKAFKA_TEST_PG", "a PostgreSQL server (libpq connection string)");
+}
+
+std::string brokers()
+{
+    return required_env("IDEMKAFKA_TEST_BROKERS", "a Kafka-protocol broker (bootstrap servers)");
+}
+
+std::string unique_name(std::string_view prefix)
+{
+    static std::atomic<int> counter{0};
+    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+    return fmt::format("{}_{}_{}_{}", prefix, getpid(), now % 100000000, counter++);
+}
+
+namespace {
+
+// The mock cluster (librdkafka 2.0) does not implement CreateTopics: ask the
+// mock broker process through its control FIFO instead.
+void create_topic_on_mock(const std::string& fifo, const std::string& name, int partitions)
+{
+    const std::string line = fmt::format("create-topic {} {}\n", name, partitions);
+    std::FILE* f = std::fopen(fifo.c_str(), "w");
+    if (!f)
+        throw std::runtime_error("cannot open mock broker control FIFO " + fifo);
+    // One write below PIPE_BUF is atomic, so parallel tests do not interleave.
+    const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size();
+    std::fclose(f);
+    if (!ok)
+        throw std::runtime_error("cannot write to mock broker control FIFO " + fifo);
+}
+
+} // namespace
+
+void create_topic(const std::string& name, int partitions)
+{
+    const char* control = std::getenv("IDEMKAFKA_MOCK_CONTROL");
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
+        throw std::runtime_error(err);
+    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    if (!rk)
+        throw std::runtime_error(err);
+    std::string failure;
+    rd_kafka_NewTopic_t* nt = rd_kafka_NewTopic_new(name.c_str(), partitions, 1, err, sizeof err);
+    rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
+    rd_kafka_event_t* ev = nullptr;
+    if (control && *control) {
+        create_topic_on_mock(control, name, partitions);
+    } else {
+        rd_kafka_CreateTopics(rk, &nt, 1, nullptr, q);
+        ev = rd_kafka_queue_poll(q, 30000);
+        if (!ev)
+            failure = "CreateTopics timed out";
+    }
+    if (ev) {
+        if (rd_kafka_event_error(ev)) {
+            failure = rd_kafka_event_error_string(ev);
+        } else {
+            size_t n = 0;
+            const rd_kafka_topic_result_t** res =
+                rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &n);
+            for (size_t i = 0; i < n; ++i)
+                if (rd_kafka_topic_result_error(res[i]) &&
+                    rd_kafka_topic_result_error(res[i]) != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS)
+                    failure = rd_kafka_topic_result_error_string(res[i]);
+        }
+        rd_kafka_event_destroy(ev);
+    }
+    // Wait until the metadata shows all partitions, so producers and consumers
+    // that start next see the topic whole.
+    // Lists all topics rather than asking for this one: a request naming the
+    // topic could auto-create it with a default partition count.
+    for (int i = 0; failure.empty() && i < 200; ++i) {
+        const rd_kafka_metadata_t* md = nullptr;
+        bool ok = false;
+        if (rd_kafka_metadata(rk, 1, nullptr, &md, 5000) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            for (int t = 0; t < md->topic_cnt; ++t)
+                if (md->topics[t].topic == name && md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR &&
+                    md->topics[t].partition_cnt == partitions)
+                    ok = true;
+        }
+        if (md)
+            rd_kafka_metadata_destroy(md);
+        if (ok)
+            break;
+        if (i == 199)
+            failure = "topic metadata did not show all partitions in time";
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    rd_kafka_NewTopic_destroy(nt);
+    rd_kafka_queue_destroy(q);
+    rd_kafka_destroy(rk);
+    if (!failure.empty())
+        throw std::runtime_error(fmt::format("creating topic {}: {}", name, failure));
+}
+
+std::int64_t scalar(const std::string& sql)
+{
+    pqxx::connection c(pg());
+    pqxx::nontransaction tx(c);
+    return tx.exec(sql)[0][0].as<std::int64_t>();
+}
+
+void exec(const std::string& sql)
+{
+    pqxx::connection c(pg());
+    pqxx::nontransaction tx(c);
+    tx.exec(sql);
+}
+
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout)
+{
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done()) {
+        if (std::chrono::steady_clock::now() >= deadline)
+            return done();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+}
+
+ConsumerConfig consumer_config(const std::string& group, const std::string& topic)
+{
+    ConsumerConfig cfg;
+    cfg.brokers = brokers();
+    cfg.group_id = group;
+    cfg.topics = {topic};
+    cfg.postgres = pg();
+    cfg.kafka["session.timeout.ms"] = "6000";
+    cfg.kafka["heartbeat.interval.ms"] = "500";
+    cfg.retry_backoff = std::chrono::milliseconds(50);
+    if (!std::getenv("IDEMKAFKA_TEST_VERBOSE"))
+        cfg.log = stderr_sink(LogLevel::warning);
+    return cfg;
+}
+
+std::string encode(const TestEvent& e)
+{
+    return fmt::format("{},{},{}", e.id.to_string(), e.entity, e.amount);
+}
+
+TestEvent decode(std::string_view payload)
+{
+    const auto a = payload.find(',');
+    const auto b = payload.find(',', a == std::string_view::npos ? a : a + 1);
+    if (a == std::string_view::npos || b == std::string_view::npos)
+        throw DecodeError(fmt::format("expected \"id,entity,amount\", got {} bytes", payload.size()));
+    TestEvent e;
+    e.id = EventId::parse(payload.substr(0, a));
+    e.entity = std::string(payload.substr(a + 1, b - a - 1));
+    try {
+        e.amount = std::stoll(std::string(payload.substr(b + 1)));
+    } catch (const std::exception&) {
+        throw DecodeError("amount is not a number");
+    }
+    return e;
+}
+
+} // namespace idemkafka::test

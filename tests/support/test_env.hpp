@@ -1,0 +1,87 @@
+#pragma once
+// Services for integration tests: a real PostgreSQL and a Kafka-protocol
+// broker, named by IDEMKAFKA_TEST_PG and IDEMKAFKA_TEST_BROKERS (scripts/test.sh
+// starts both). A missing service fails the test; it never skips it.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <idemkafka/consumer.hpp>
+
+namespace idemkafka::test {
+
+/// libpq connection string of the test database; throws if unset.
+std::string pg();
+/// Bootstrap servers of the test broker; throws if unset.
+std::string brokers();
+/// A name no other test (or earlier run) uses: prefix + pid + counter.
+std::string unique_name(std::string_view prefix);
+/// Creates a topic and waits until its metadata shows every partition.
+void create_topic(const std::string& name, int partitions);
+/// Runs one SQL statement returning one integer.
+std::int64_t scalar(const std::string& sql);
+/// Runs SQL statements.
+void exec(const std::string& sql);
+/// Polls `done` every 20 ms until it is true or `timeout` passes.
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+
+/// Consumer settings for tests: fast group joins on the mock broker.
+ConsumerConfig consumer_config(const std::string& group, const std::string& topic);
+
+/// The test event: payload "event-id,entity,amount".
+struct TestEvent {
+    EventId id;
+    std::string entity;
+    std::int64_t amount = 0;
+};
+std::string encode(const TestEvent& e);
+TestEvent decode(std::string_view payload);
+inline EventId event_id_of(const TestEvent& e) { return e.id; }
+
+/// Runs a consumer's run() on its own thread; stop() and join() on destruction.
+/// The exception run() ended with, if any, is kept in `error`.
+template <class C>
+class Runner {
+public:
+    explicit Runner(C& c) : c_(c), t_([this] {
+        try {
+            c_.run();
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            error_ = std::current_exception();
+        }
+        finished_ = true;
+    })
+    {
+    }
+    ~Runner() { join(); }
+    void join()
+    {
+        if (t_.joinable()) {
+            c_.stop();
+            t_.join();
+        }
+    }
+    bool finished() const { return finished_; }
+    std::exception_ptr error()
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        return error_;
+    }
+
+private:
+    C& c_;
+    std::mutex mu_;
+    std::exception_ptr error_;
+    std::atomic<bool> finished_{false};
+    std::thread t_;
+};
+
+} // namespace idemkafka::test

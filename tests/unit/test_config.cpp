@@ -1,0 +1,129 @@
+#include <string>
+
+#include <idemkafka/config.hpp>
+#include <idemkafka/error.hpp>
+#include <idemkafka/metrics.hpp>
+#include <idemkafka/publisher.hpp>
+#include <idemkafka/store.hpp>
+
+#include "catch_compat.hpp"
+
+using namespace idemkafka;
+
+namespace {
+
+ConsumerConfig valid()
+{
+    ConsumerConfig c;
+    c.brokers = "localhost:9092";
+    c.group_id = "billing";
+    c.topics = {"orders"};
+    c.postgres = "dbname=x";
+    return c;
+}
+
+std::string error_of(const ConsumerConfig& c)
+{
+    try {
+        c.validate();
+    } catch (const ConfigError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+} // namespace
+
+TEST_CASE("a valid configuration passes", "[unit]")
+{
+    REQUIRE_NOTHROW(valid().validate());
+}
+
+TEST_CASE("enable.auto.commit=true is refused, naming the property", "[unit]")
+{
+    for (const char* v : {"true", "TRUE", "1"}) {
+        auto c = valid();
+        c.kafka["enable.auto.commit"] = v;
+        const auto msg = error_of(c);
+        CAPTURE(v, msg);
+        CHECK(msg.find("enable.auto.commit") != std::string::npos);
+    }
+    auto c = valid();
+    c.kafka["enable.auto.offset.store"] = "true";
+    CHECK(error_of(c).find("enable.auto.offset.store") != std::string::npos);
+    c = valid();
+    c.kafka["enable.auto.commit"] = "false"; // saying what the library does anyway is fine
+    CHECK(error_of(c).empty());
+}
+
+TEST_CASE("missing and out-of-range fields name the field", "[unit]")
+{
+    auto c = valid();
+    c.brokers.clear();
+    CHECK(error_of(c).rfind("brokers", 0) == 0);
+    c = valid();
+    c.group_id.clear();
+    CHECK(error_of(c).rfind("group_id", 0) == 0);
+    c = valid();
+    c.topics.clear();
+    CHECK(error_of(c).rfind("topics", 0) == 0);
+    c = valid();
+    c.postgres.clear();
+    CHECK(error_of(c).rfind("postgres", 0) == 0);
+    c = valid();
+    c.max_batch = 0;
+    CHECK(error_of(c).rfind("max_batch", 0) == 0);
+    c = valid();
+    c.table = "";
+    CHECK(error_of(c).rfind("table", 0) == 0);
+    c = valid();
+    c.schema = std::string(64, 's');
+    CHECK(error_of(c).rfind("schema", 0) == 0);
+    c = valid();
+    c.kafka["group.id"] = "other";
+    CHECK(error_of(c).find("group_id") != std::string::npos);
+}
+
+TEST_CASE("identifiers are quoted, quotes doubled", "[unit]")
+{
+    CHECK(quote_identifier("processed_event") == "\"processed_event\"");
+    CHECK(quote_identifier("a\"; DROP TABLE x; --") == "\"a\"\"; DROP TABLE x; --\"");
+    REQUIRE_THROWS_AS(quote_identifier(""), ConfigError);
+    REQUIRE_THROWS_AS(quote_identifier(std::string("a\0b", 3)), ConfigError);
+    ProcessedEventStore s("my schema", "Processed");
+    CHECK(s.qualified_name() == "\"my schema\".\"Processed\"");
+    CHECK(s.claim_sql().find("INSERT INTO \"my schema\".\"Processed\"") == 0);
+    CHECK(s.claim_sql().find("ON CONFLICT DO NOTHING RETURNING event_id") != std::string::npos);
+}
+
+TEST_CASE("claim array literal", "[unit]")
+{
+    const auto a = EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398f");
+    const auto b = EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398e");
+    CHECK(ProcessedEventStore::array_literal({}) == "{}");
+    CHECK(ProcessedEventStore::array_literal({a, b}) ==
+          "{017f22e2-79b0-7cc3-98c4-dc0c0c07398f,017f22e2-79b0-7cc3-98c4-dc0c0c07398e}");
+}
+
+TEST_CASE("publisher refuses a non-idempotent configuration", "[unit]")
+{
+    PublisherConfig p;
+    p.brokers = "localhost:9092";
+    REQUIRE_NOTHROW(p.validate());
+    p.kafka["enable.idempotence"] = "false";
+    REQUIRE_THROWS_AS(p.validate(), ConfigError);
+    p.kafka.clear();
+    p.kafka["acks"] = "1";
+    REQUIRE_THROWS_AS(p.validate(), ConfigError);
+}
+
+TEST_CASE("metrics render as Prometheus text", "[unit]")
+{
+    Metrics m;
+    m.consumed.add(3);
+    m.duplicates.add();
+    const auto text = m.snapshot().to_prometheus("bill\"ing");
+    CHECK(text.find("# TYPE idemkafka_consumed_total counter\n") != std::string::npos);
+    CHECK(text.find("idemkafka_consumed_total{group=\"bill\\\"ing\"} 3\n") != std::string::npos);
+    CHECK(text.find("idemkafka_duplicates_total{group=\"bill\\\"ing\"} 1\n") != std::string::npos);
+}

@@ -1,0 +1,551 @@
+// idemkafka-mock-broker: librdkafka's mock cluster as a standalone process.
+//
+// The mock cluster speaks the real Kafka protocol on loopback (consumer groups, offset commits,
+// idempotent producer), so tests can kill -9 a consumer process and restart it against the same
+// cluster. A control FIFO lets tests inject faults while the cluster runs.
+
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <poll.h>
+#include <sstream>
+#include <string>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr const char* program_name = "idemkafka-mock-broker";
+constexpr int exit_usage = 2;
+constexpr int exit_failure = 1;
+
+const char* const usage_text = R"(usage: idemkafka-mock-broker [options]
+
+Runs librdkafka's mock Kafka cluster on loopback until SIGTERM or SIGINT.
+
+options:
+  --brokers N              number of mock brokers, ids 1..N (default 1)
+  --topic NAME:PARTITIONS  create a topic (replication 1); repeatable
+  --bootstrap-file PATH    write the bootstrap servers there (atomically, via rename)
+  --control PATH           create a FIFO at PATH and read control commands from it
+  --watch-pid PID          exit when process PID no longer exists
+  --debug CONTEXTS         librdkafka debug contexts for the cluster's log, e.g. mock,protocol
+  --help                   show this text
+
+Once the cluster is ready its bootstrap servers are written to --bootstrap-file (removed again
+on exit) and printed on stdout as a line "bootstrap=HOST:PORT,...".
+
+control commands, one per line (results on stderr as "control: <command>: ok" or
+"control: <command>: error: <reason>"; the latest result is also written atomically to
+PATH.ack as "<count> ok" or "<count> error: <reason>", count = commands handled so far):
+  create-topic NAME PARTITIONS
+  push-errors APIKEY ERRCODE [ERRCODE...]  fail the next requests of APIKEY, cluster-wide, in order
+  clear-errors APIKEY
+  broker-down ID
+  broker-up ID
+  rtt ID MS                                 added round-trip time for broker ID (0 = none)
+  ping                                      no-op, answers ok
+APIKEY is a number or a name (Produce, Fetch, Metadata, OffsetCommit, OffsetFetch,
+FindCoordinator, JoinGroup, Heartbeat, LeaveGroup, SyncGroup, InitProducerId, ...).
+ERRCODE is a number or a librdkafka error name (REQUEST_TIMED_OUT, NOT_COORDINATOR, _TRANSPORT, ...).
+)";
+
+// Thrown for bad command-line arguments: main prints it and exits with status 2.
+struct UsageError {
+    std::string message;
+};
+
+struct Options {
+    int brokers = 1;
+    std::vector<std::pair<std::string, int>> topics;
+    std::string bootstrap_file;
+    std::string control_path;
+    pid_t watch_pid = 0;
+    std::string debug;
+};
+
+std::optional<long long> parse_integer(const std::string& text, long long min, long long max) {
+    if (text.empty()) {
+        return std::nullopt;
+    }
+    errno = 0;
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (errno != 0 || end == nullptr || *end != '\0' || value < min || value > max) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+Options parse_options(int argc, char** argv) {
+    Options options;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        if (arg == "--help" || arg == "-h") {
+            std::fputs(usage_text, stdout);
+            std::exit(0);
+        }
+        std::string value;
+        bool have_value = false;
+        if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+            arg.resize(eq);
+            have_value = true;
+        }
+        const auto next_value = [&]() -> std::string {
+            if (have_value) {
+                return value;
+            }
+            if (i + 1 >= argc) {
+                throw UsageError{arg + " needs a value"};
+            }
+            return argv[++i];
+        };
+
+        if (arg == "--brokers") {
+            const std::string v = next_value();
+            const auto n = parse_integer(v, 1, 64);
+            if (!n) {
+                throw UsageError{"--brokers: expected a number from 1 to 64, got '" + v + "'"};
+            }
+            options.brokers = static_cast<int>(*n);
+        } else if (arg == "--topic") {
+            const std::string v = next_value();
+            const auto colon = v.rfind(':');
+            if (colon == std::string::npos || colon == 0) {
+                throw UsageError{"--topic: expected NAME:PARTITIONS, got '" + v + "'"};
+            }
+            const auto partitions = parse_integer(v.substr(colon + 1), 1, 100000);
+            if (!partitions) {
+                throw UsageError{"--topic: PARTITIONS must be a number from 1 to 100000, got '" + v +
+                                 "'"};
+            }
+            options.topics.emplace_back(v.substr(0, colon), static_cast<int>(*partitions));
+        } else if (arg == "--bootstrap-file") {
+            options.bootstrap_file = next_value();
+            if (options.bootstrap_file.empty()) {
+                throw UsageError{"--bootstrap-file: empty path"};
+            }
+        } else if (arg == "--control") {
+            options.control_path = next_value();
+            if (options.control_path.empty()) {
+                throw UsageError{"--control: empty path"};
+            }
+        } else if (arg == "--watch-pid") {
+            const std::string v = next_value();
+            const auto pid = parse_integer(v, 1, std::numeric_limits<pid_t>::max());
+            if (!pid) {
+                throw UsageError{"--watch-pid: expected a process id, got '" + v + "'"};
+            }
+            options.watch_pid = static_cast<pid_t>(*pid);
+        } else if (arg == "--debug") {
+            options.debug = next_value();
+        } else {
+            throw UsageError{"unknown argument '" + arg + "'"};
+        }
+    }
+    return options;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals: the handler only writes to a self-pipe; the main loop polls it.
+
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_terminate_signal(int) {
+    const int saved = errno;
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t n = write(signal_pipe[1], &byte, 1);
+    errno = saved;
+}
+
+bool install_signal_handlers(std::string& error) {
+    if (pipe(signal_pipe) != 0) {
+        error = std::string("pipe: ") + std::strerror(errno);
+        return false;
+    }
+    for (const int fd : signal_pipe) {
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+    struct sigaction action {};
+    action.sa_handler = on_terminate_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    if (sigaction(SIGTERM, &action, nullptr) != 0 || sigaction(SIGINT, &action, nullptr) != 0) {
+        error = std::string("sigaction: ") + std::strerror(errno);
+        return false;
+    }
+    std::signal(SIGPIPE, SIG_IGN);
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct RdKafkaDeleter {
+    void operator()(rd_kafka_t* rk) const { rd_kafka_destroy(rk); }
+};
+struct RdKafkaConfDeleter {
+    void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
+};
+struct MockClusterDeleter {
+    void operator()(rd_kafka_mock_cluster_t* mcluster) const { rd_kafka_mock_cluster_destroy(mcluster); }
+};
+using RdKafkaPtr = std::unique_ptr<rd_kafka_t, RdKafkaDeleter>;
+using RdKafkaConfPtr = std::unique_ptr<rd_kafka_conf_t, RdKafkaConfDeleter>;
+using MockClusterPtr = std::unique_ptr<rd_kafka_mock_cluster_t, MockClusterDeleter>;
+
+// Writes via a temporary file and rename so a reader polling for PATH never sees a partial file.
+bool write_file_atomically(const std::string& path, const std::string& content, std::string& error) {
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) {
+        error = tmp + ": " + std::strerror(errno);
+        return false;
+    }
+    const bool written = std::fwrite(content.data(), 1, content.size(), f) == content.size();
+    const bool closed = std::fclose(f) == 0;
+    if (!written || !closed) {
+        error = tmp + ": write failed";
+        std::remove(tmp.c_str());
+        return false;
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        error = path + ": " + std::strerror(errno);
+        std::remove(tmp.c_str());
+        return false;
+    }
+    return true;
+}
+
+std::optional<int16_t> parse_api_key(const std::string& text) {
+    if (const auto n = parse_integer(text, 0, std::numeric_limits<int16_t>::max())) {
+        return static_cast<int16_t>(*n);
+    }
+    static const std::pair<const char*, int16_t> names[] = {
+        {"Produce", 0},          {"Fetch", 1},           {"ListOffsets", 2},
+        {"Metadata", 3},         {"OffsetCommit", 8},    {"OffsetFetch", 9},
+        {"FindCoordinator", 10}, {"JoinGroup", 11},      {"Heartbeat", 12},
+        {"LeaveGroup", 13},      {"SyncGroup", 14},      {"DescribeGroups", 15},
+        {"ListGroups", 16},      {"SaslHandshake", 17},  {"ApiVersion", 18},
+        {"CreateTopics", 19},    {"DeleteTopics", 20},   {"DeleteRecords", 21},
+        {"InitProducerId", 22},  {"OffsetForLeaderEpoch", 23}, {"AddPartitionsToTxn", 24},
+        {"AddOffsetsToTxn", 25}, {"EndTxn", 26},         {"TxnOffsetCommit", 28},
+    };
+    for (const auto& [name, key] : names) {
+        if (strcasecmp(name, text.c_str()) == 0) {
+            return key;
+        }
+    }
+    return std::nullopt;
+}
+
+std::optional<rd_kafka_resp_err_t> parse_error_code(const std::string& text) {
+    if (const auto n = parse_integer(text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max())) {
+        return static_cast<rd_kafka_resp_err_t>(*n);
+    }
+    std::string name = text;
+    if (constexpr const char* prefix = "RD_KAFKA_RESP_ERR_"; name.rfind(prefix, 0) == 0) {
+        name.erase(0, std::strlen(prefix));
+    }
+    const struct rd_kafka_err_desc* descs = nullptr;
+    size_t count = 0;
+    rd_kafka_get_err_descs(&descs, &count);
+    for (size_t i = 0; i < count; ++i) {
+        if (descs[i].name != nullptr && strcasecmp(descs[i].name, name.c_str()) == 0) {
+            return descs[i].code;
+        }
+    }
+    return std::nullopt;
+}
+
+class ControlChannel {
+public:
+    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path)
+        : mcluster_(mcluster), path_(std::move(path)) {}
+    ControlChannel(const ControlChannel&) = delete;
+    ControlChannel& operator=(const ControlChannel&) = delete;
+
+    ~ControlChannel() {
+        if (fd_ >= 0) {
+            close(fd_);
+            unlink(path_.c_str());
+            unlink((path_ + ".ack").c_str());
+        }
+    }
+
+    bool open_fifo(std::string& error) {
+        if (mkfifo(path_.c_str(), 0600) != 0 && errno != EEXIST) {
+            error = path_ + ": mkfifo: " + std::strerror(errno);
+            return false;
+        }
+        struct stat st {};
+        if (stat(path_.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode)) {
+            error = path_ + ": exists and is not a FIFO";
+            return false;
+        }
+        // Read-write so the FIFO never reports end-of-file between writers.
+        fd_ = open(path_.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+        if (fd_ < 0) {
+            error = path_ + ": open: " + std::strerror(errno);
+            return false;
+        }
+        return true;
+    }
+
+    int fd() const { return fd_; }
+
+    void on_readable() {
+        char buf[4096];
+        for (;;) {
+            const ssize_t n = read(fd_, buf, sizeof buf);
+            if (n > 0) {
+                pending_.append(buf, static_cast<size_t>(n));
+                continue;
+            }
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            break;
+        }
+        std::string::size_type newline;
+        while ((newline = pending_.find('\n')) != std::string::npos) {
+            std::string line = pending_.substr(0, newline);
+            pending_.erase(0, newline + 1);
+            if (!line.empty() && line.back() == '\r') {
+                line.pop_back();
+            }
+            handle_line(line);
+        }
+        if (pending_.size() > 65536) {
+            pending_.clear();
+            report("<overlong line>", "error: line too long, discarded");
+        }
+    }
+
+private:
+    void handle_line(const std::string& line) {
+        std::istringstream in(line);
+        std::vector<std::string> words;
+        for (std::string w; in >> w;) {
+            words.push_back(w);
+        }
+        if (words.empty() || words.front().front() == '#') {
+            return;
+        }
+        std::string normalized;
+        for (const auto& w : words) {
+            normalized += (normalized.empty() ? "" : " ") + w;
+        }
+        report(normalized, execute(words));
+    }
+
+    std::string execute(const std::vector<std::string>& words) {
+        const std::string& cmd = words.front();
+        const size_t argc = words.size() - 1;
+        const auto wrong_arity = [&](const char* synopsis) {
+            return std::string("error: usage: ") + synopsis;
+        };
+        const auto result = [](rd_kafka_resp_err_t err) -> std::string {
+            if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                return "ok";
+            }
+            return std::string("error: ") + rd_kafka_err2name(err) + ": " + rd_kafka_err2str(err);
+        };
+
+        if (cmd == "ping") {
+            return argc == 0 ? "ok" : wrong_arity("ping");
+        }
+        if (cmd == "create-topic") {
+            if (argc != 2) {
+                return wrong_arity("create-topic NAME PARTITIONS");
+            }
+            const auto partitions = parse_integer(words[2], 1, 100000);
+            if (!partitions) {
+                return "error: PARTITIONS must be a number from 1 to 100000";
+            }
+            return result(rd_kafka_mock_topic_create(mcluster_, words[1].c_str(),
+                                                     static_cast<int>(*partitions), 1));
+        }
+        if (cmd == "push-errors" || cmd == "clear-errors") {
+            const bool push = cmd == "push-errors";
+            if (push ? argc < 2 : argc != 1) {
+                return wrong_arity(push ? "push-errors APIKEY ERRCODE [ERRCODE...]"
+                                        : "clear-errors APIKEY");
+            }
+            const auto api_key = parse_api_key(words[1]);
+            if (!api_key) {
+                return "error: unknown APIKEY '" + words[1] + "'";
+            }
+            if (!push) {
+                rd_kafka_mock_clear_request_errors(mcluster_, *api_key);
+                return "ok";
+            }
+            std::vector<rd_kafka_resp_err_t> errors;
+            for (size_t i = 2; i < words.size(); ++i) {
+                const auto err = parse_error_code(words[i]);
+                if (!err) {
+                    return "error: unknown ERRCODE '" + words[i] + "'";
+                }
+                errors.push_back(*err);
+            }
+            rd_kafka_mock_push_request_errors_array(mcluster_, *api_key, errors.size(), errors.data());
+            return "ok";
+        }
+        if (cmd == "broker-down" || cmd == "broker-up" || cmd == "rtt") {
+            const bool is_rtt = cmd == "rtt";
+            if (argc != (is_rtt ? 2U : 1U)) {
+                return wrong_arity(is_rtt ? "rtt ID MS" : (cmd == "broker-up" ? "broker-up ID" : "broker-down ID"));
+            }
+            const auto id = parse_integer(words[1], 0, std::numeric_limits<int32_t>::max());
+            if (!id) {
+                return "error: ID must be a broker id";
+            }
+            const auto broker_id = static_cast<int32_t>(*id);
+            if (is_rtt) {
+                const auto ms = parse_integer(words[2], 0, std::numeric_limits<int>::max());
+                if (!ms) {
+                    return "error: MS must be a non-negative number of milliseconds";
+                }
+                return result(rd_kafka_mock_broker_set_rtt(mcluster_, broker_id, static_cast<int>(*ms)));
+            }
+            return result(cmd == "broker-up" ? rd_kafka_mock_broker_set_up(mcluster_, broker_id)
+                                             : rd_kafka_mock_broker_set_down(mcluster_, broker_id));
+        }
+        return "error: unknown command '" + cmd + "'";
+    }
+
+    void report(const std::string& command, const std::string& outcome) {
+        ++handled_;
+        std::fprintf(stderr, "%s: control: %s: %s\n", program_name, command.c_str(), outcome.c_str());
+        std::fflush(stderr);
+        std::string error;
+        if (!write_file_atomically(path_ + ".ack", std::to_string(handled_) + " " + outcome + "\n", error)) {
+            std::fprintf(stderr, "%s: cannot write ack file: %s\n", program_name, error.c_str());
+        }
+    }
+
+    rd_kafka_mock_cluster_t* mcluster_;
+    std::string path_;
+    int fd_ = -1;
+    std::string pending_;
+    unsigned long long handled_ = 0;
+};
+
+int run(const Options& options) {
+    std::string error;
+    if (!install_signal_handlers(error)) {
+        std::fprintf(stderr, "%s: %s\n", program_name, error.c_str());
+        return exit_failure;
+    }
+
+    // The mock cluster needs a client handle to host its thread and logger; this producer is
+    // never used to produce anything.
+    RdKafkaConfPtr conf{rd_kafka_conf_new()};
+    char errstr[512];
+    if (!options.debug.empty() &&
+        rd_kafka_conf_set(conf.get(), "debug", options.debug.c_str(), errstr, sizeof errstr) !=
+            RD_KAFKA_CONF_OK) {
+        std::fprintf(stderr, "%s: --debug: %s\n", program_name, errstr);
+        return exit_usage;
+    }
+    rd_kafka_conf_set(conf.get(), "client.id", program_name, errstr, sizeof errstr);
+    if (options.debug.empty()) {
+        // Keeps the host handle's notice about its own missing bootstrap.servers out of test logs.
+        rd_kafka_conf_set(conf.get(), "log_level", "4", errstr, sizeof errstr);
+    }
+    RdKafkaPtr rk{rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr)};
+    if (!rk) {
+        std::fprintf(stderr, "%s: rd_kafka_new: %s\n", program_name, errstr);
+        return exit_failure;
+    }
+    conf.release();  // owned by rk now
+
+    MockClusterPtr mcluster{rd_kafka_mock_cluster_new(rk.get(), options.brokers)};
+    if (!mcluster) {
+        std::fprintf(stderr, "%s: could not create the mock cluster\n", program_name);
+        return exit_failure;
+    }
+
+    for (const auto& [name, partitions] : options.topics) {
+        const rd_kafka_resp_err_t err = rd_kafka_mock_topic_create(mcluster.get(), name.c_str(), partitions, 1);
+        if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            std::fprintf(stderr, "%s: create topic %s: %s\n", program_name, name.c_str(), rd_kafka_err2str(err));
+            return exit_failure;
+        }
+    }
+
+    std::unique_ptr<ControlChannel> control;
+    if (!options.control_path.empty()) {
+        control = std::make_unique<ControlChannel>(mcluster.get(), options.control_path);
+        if (!control->open_fifo(error)) {
+            std::fprintf(stderr, "%s: --control: %s\n", program_name, error.c_str());
+            return exit_failure;
+        }
+    }
+
+    const std::string bootstraps = rd_kafka_mock_cluster_bootstraps(mcluster.get());
+    // The bootstrap file is the readiness signal, so it is written last.
+    if (!options.bootstrap_file.empty() &&
+        !write_file_atomically(options.bootstrap_file, bootstraps + "\n", error)) {
+        std::fprintf(stderr, "%s: --bootstrap-file: %s\n", program_name, error.c_str());
+        return exit_failure;
+    }
+    std::printf("bootstrap=%s\n", bootstraps.c_str());
+    std::fflush(stdout);
+
+    for (;;) {
+        pollfd fds[2] = {{signal_pipe[0], POLLIN, 0}, {control ? control->fd() : -1, POLLIN, 0}};
+        const int timeout_ms = options.watch_pid > 0 ? 1000 : -1;
+        const int n = poll(fds, 2, timeout_ms);
+        if (n < 0 && errno != EINTR) {
+            std::fprintf(stderr, "%s: poll: %s\n", program_name, std::strerror(errno));
+            return exit_failure;
+        }
+        if (fds[0].revents != 0) {
+            break;
+        }
+        if (control && fds[1].revents != 0) {
+            control->on_readable();
+        }
+        if (options.watch_pid > 0 && kill(options.watch_pid, 0) != 0 && errno == ESRCH) {
+            std::fprintf(stderr, "%s: process %d is gone, exiting\n", program_name,
+                         static_cast<int>(options.watch_pid));
+            break;
+        }
+    }
+
+    control.reset();
+    mcluster.reset();
+    rk.reset();
+    if (!options.bootstrap_file.empty()) {
+        unlink(options.bootstrap_file.c_str());
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options options;
+    try {
+        options = parse_options(argc, argv);
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "%s: %s\n(try --help)\n", program_name, e.message.c_str());
+        return exit_usage;
+    }
+    return run(options);
+}
