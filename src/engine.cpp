@@ -110,6 +110,7 @@ struct Engine::Impl {
     }
 
     Clock::time_point stop_seen{};
+    Clock::time_point next_lag_update{};
     bool no_commit = false;  // set when run() leaves by an exception: commit nothing more
 
     // A second stop(), or a first one older than shutdown_timeout, abandons
@@ -416,9 +417,41 @@ struct Engine::Impl {
         rd_kafka_resume_partitions(rk.get(), resume.get());
     }
 
+    // Lag from the client's cached watermarks (no broker round trip).
+    void update_lag()
+    {
+        metrics.assigned_partitions.set(static_cast<std::int64_t>(parts.size()));
+        if (parts.empty()) {
+            metrics.lag.set(-1);
+            return;
+        }
+        std::int64_t total = 0;
+        for (auto& [tp, ps] : parts) {
+            std::int64_t lo = -1, hi = -1;
+            rd_kafka_get_watermark_offsets(rk.get(), tp.topic.c_str(), tp.partition, &lo, &hi);
+            std::int64_t pos = ps.processed_next;
+            if (pos < 0) {
+                auto list = kafka::make_list(1);
+                rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
+                rd_kafka_position(rk.get(), list.get());
+                pos = list->elems[0].offset;
+            }
+            if (hi < 0 || (pos < 0 && hi > lo)) {
+                metrics.lag.set(-1);
+                return;
+            }
+            total += std::max<std::int64_t>(0, hi - std::max(pos, lo));
+        }
+        metrics.lag.set(total);
+    }
+
     void housekeeping()
     {
         const auto now = Clock::now();
+        if (now >= next_lag_update) {
+            update_lag();
+            next_lag_update = now + milliseconds(200);
+        }
         for (auto& [tp, ps] : parts) {
             if (ps.needs_seek)
                 seek(ps, tp.topic, tp.partition);

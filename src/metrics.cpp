@@ -54,6 +54,14 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
                            "idemkafka_{}_total{{group=\"{}\"}} {}\n",
                            c.name, c.help, c.name, c.name, label, this->*c.field);
     }
+    out += fmt::format("# HELP idemkafka_assigned_partitions Partitions currently assigned.\n"
+                       "# TYPE idemkafka_assigned_partitions gauge\n"
+                       "idemkafka_assigned_partitions{{group=\"{}\"}} {}\n",
+                       label, assigned_partitions);
+    out += fmt::format("# HELP idemkafka_lag Records not yet processed on the assigned partitions (-1: unknown).\n"
+                       "# TYPE idemkafka_lag gauge\n"
+                       "idemkafka_lag{{group=\"{}\"}} {}\n",
+                       label, lag);
     return out;
 }
 
@@ -73,6 +81,8 @@ MetricsSnapshot Metrics::snapshot() const noexcept
     s.offset_commit_failures = offset_commit_failures.get();
     s.rebalances = rebalances.get();
     s.kafka_errors = kafka_errors.get();
+    s.assigned_partitions = assigned_partitions.get();
+    s.lag = lag.get();
     return s;
 }
 

@@ -23,6 +23,11 @@ struct MetricsSnapshot {
     std::uint64_t offset_commit_failures = 0; ///< failed Kafka offset commits (logged, not fatal)
     std::uint64_t rebalances = 0;        ///< assignments and revocations
     std::uint64_t kafka_errors = 0;      ///< consumer error events from librdkafka
+    /// Gauges.
+    std::int64_t assigned_partitions = 0; ///< partitions currently assigned
+    /// Records not yet processed on the assigned partitions (high watermark
+    /// minus position), -1 while unknown (no assignment or no fetch yet).
+    std::int64_t lag = -1;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -38,9 +43,17 @@ public:
         std::uint64_t get() const noexcept { return value.load(std::memory_order_relaxed); }
     };
 
+    struct Gauge {
+        std::atomic<std::int64_t> value{0};
+        void set(std::int64_t v) noexcept { value.store(v, std::memory_order_relaxed); }
+        std::int64_t get() const noexcept { return value.load(std::memory_order_relaxed); }
+    };
+
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors;
+    Gauge assigned_partitions;
+    Gauge lag{{-1}};
 
     /// Copies every counter.
     MetricsSnapshot snapshot() const noexcept;

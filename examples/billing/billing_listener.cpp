@@ -1,0 +1,150 @@
+// The billing service: consumes order.confirmed.v1 and charges each order
+// exactly once into the `charge` table, passing the event id as the payment
+// provider's Idempotency-Key.
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+
+#include "cli.hpp"
+#include "order_confirmed.hpp"
+#include "payment_client.hpp"
+
+namespace {
+
+const char* usage = R"(usage: billing-listener [options]
+
+  --brokers HOST:PORT   bootstrap servers (default: $IDEMKAFKA_BROKERS)
+  --postgres CONNINFO   libpq connection string (default: $IDEMKAFKA_POSTGRES)
+  --topic NAME          topic (default order-service.order.confirmed)
+  --group NAME          consumer group (default billing-service)
+  --max-batch N         records per transaction (default 500)
+  --until-drained N     stop once N records were consumed and the lag is 0
+                        (default 0: run until SIGINT/SIGTERM)
+  --progress SECONDS    progress line interval on stderr (default 1, 0 = none)
+
+Prints one summary line on stdout when it stops:
+  consumed=N charged=C duplicates=D poison=P charges_in_db=X unique_orders_in_db=U
+)";
+
+using Consumer = idemkafka::IdempotentConsumer<billing::OrderConfirmed>;
+std::atomic<Consumer*> g_consumer{nullptr};
+
+extern "C" void on_signal(int)
+{
+    if (auto* c = g_consumer.load())
+        c->stop(); // async-signal-safe; a second signal forces a fast exit
+}
+
+std::int64_t scalar(const std::string& conninfo, const char* sql)
+{
+    pqxx::connection c(conninfo);
+    pqxx::nontransaction tx(c);
+    return tx.exec(sql)[0][0].as<std::int64_t>();
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+try {
+    billing::Args args(argc, argv,
+                       {{"brokers", ""}, {"postgres", ""}, {"topic", "order-service.order.confirmed"},
+                        {"group", "billing-service"}, {"max-batch", "500"}, {"until-drained", "0"},
+                        {"progress", "1"}},
+                       usage);
+    idemkafka::ConsumerConfig cfg;
+    cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
+    cfg.postgres = args.get("postgres", "IDEMKAFKA_POSTGRES");
+    cfg.group_id = args.get("group");
+    cfg.topics = {args.get("topic")};
+    cfg.max_batch = static_cast<std::size_t>(args.number("max-batch"));
+    cfg.kafka["session.timeout.ms"] = "6000";
+    const auto until_drained = args.number("until-drained");
+    const auto progress = std::chrono::seconds(args.number("progress"));
+    if (cfg.brokers.empty() || cfg.postgres.empty())
+        billing::Args::fail("--brokers and --postgres (or IDEMKAFKA_BROKERS / IDEMKAFKA_POSTGRES) are required",
+                            usage);
+
+    {
+        pqxx::connection c(cfg.postgres);
+        pqxx::work tx(c);
+        tx.exec("CREATE TABLE IF NOT EXISTS charge ("
+                " id bigserial PRIMARY KEY,"
+                " order_id text NOT NULL,"
+                " customer_id text NOT NULL,"
+                " amount_cents bigint NOT NULL,"
+                " currency text NOT NULL,"
+                " payment_id text NOT NULL,"
+                " idempotency_key uuid NOT NULL,"
+                " charged_at timestamptz NOT NULL DEFAULT now())");
+        tx.commit();
+    }
+
+    billing::SimulatedPaymentProvider payments;
+    Consumer consumer(cfg, billing::decode, billing::event_id_of,
+                      [&payments](pqxx::work& tx, const billing::OrderConfirmed& e, const idemkafka::Context& ctx) {
+                          const auto key = ctx.idempotency_key();
+                          const auto payment_id = payments.charge(e.order_id, e.amount_cents, e.currency, key);
+                          tx.exec_params("INSERT INTO charge (order_id, customer_id, amount_cents, currency,"
+                                         " payment_id, idempotency_key) VALUES ($1, $2, $3, $4, $5, $6::uuid)",
+                                         e.order_id, e.customer_id, e.amount_cents, e.currency, payment_id, key);
+                      });
+    g_consumer = &consumer;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+
+    std::atomic<bool> done{false};
+    std::thread watcher([&] {
+        auto next_progress = std::chrono::steady_clock::now() + progress;
+        int drained_checks = 0;
+        while (!done) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            const auto m = consumer.metrics().snapshot();
+            if (progress.count() > 0 && std::chrono::steady_clock::now() >= next_progress) {
+                next_progress += progress;
+                std::fprintf(stderr, "  consumed %llu, charged %llu, duplicates skipped %llu, lag %lld\n",
+                             static_cast<unsigned long long>(m.consumed), static_cast<unsigned long long>(m.claimed),
+                             static_cast<unsigned long long>(m.duplicates), static_cast<long long>(m.lag));
+            }
+            if (until_drained > 0) {
+                // Drained: everything expected arrived and the lag stayed 0 for 0.5 s.
+                const bool drained = m.consumed >= static_cast<std::uint64_t>(until_drained) && m.lag == 0;
+                drained_checks = drained ? drained_checks + 1 : 0;
+                if (drained_checks >= 5) {
+                    consumer.stop();
+                    return;
+                }
+            }
+        }
+    });
+    try {
+        consumer.run();
+    } catch (...) {
+        done = true;
+        watcher.join();
+        throw;
+    }
+    done = true;
+    watcher.join();
+    g_consumer = nullptr;
+
+    const auto m = consumer.metrics().snapshot();
+    std::printf("consumed=%llu charged=%llu duplicates=%llu poison=%llu charges_in_db=%lld unique_orders_in_db=%lld "
+                "provider_calls=%llu provider_charges=%llu\n",
+                static_cast<unsigned long long>(m.consumed), static_cast<unsigned long long>(m.claimed),
+                static_cast<unsigned long long>(m.duplicates),
+                static_cast<unsigned long long>(m.decode_errors + m.invalid_event_ids),
+                static_cast<long long>(scalar(cfg.postgres, "SELECT count(*) FROM charge")),
+                static_cast<long long>(scalar(cfg.postgres, "SELECT count(DISTINCT order_id) FROM charge")),
+                static_cast<unsigned long long>(payments.calls()), static_cast<unsigned long long>(payments.charges()));
+    return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "billing-listener: %s\n", e.what());
+    return 1;
+}
