@@ -20,13 +20,14 @@ case "$BUILD_DIR" in
     *) BUILD_DIR="$PWD/$BUILD_DIR" ;;
 esac
 
-IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 postgresql cmake g++ pkg-config make)
+IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev postgresql cmake g++ pkg-config make)
 
 # State for ik_cleanup.
 _ik_pg_dir=""
 _ik_pg_data=""
 _ik_broker_dir=""
 _ik_broker_pid=""
+_ik_watchdog_pid=""
 
 ik_log() { printf '==> %s\n' "$*"; }
 ik_warn() { printf 'warning: %s\n' "$*" >&2; }
@@ -110,6 +111,37 @@ _ik_random_port() {
     printf '%s\n' "$port"
 }
 
+# If this script dies without running its EXIT trap (SIGKILL), a small background process
+# stops the services and removes their temp dirs once the script's pid is gone. The broker
+# also watches the pid itself (--watch-pid); the server has no such option.
+_ik_start_watchdog() {
+    [ -z "$_ik_watchdog_pid" ] || return 0
+    local script_pid=$$ pg_ctl_cmd=""
+    if [ -n "$_ik_pg_data" ]; then
+        pg_ctl_cmd="$(ik_pg_bin)/pg_ctl" || exit 1
+    fi
+    (
+        trap - EXIT INT TERM
+        while kill -0 "$script_pid" 2>/dev/null; do
+            sleep 1
+        done
+        if [ -n "$pg_ctl_cmd" ] && [ -f "$_ik_pg_data/postmaster.pid" ]; then
+            _ik_as_pg "$pg_ctl_cmd" -D "$_ik_pg_data" -m immediate -w -t 60 stop || true
+        fi
+        sleep 2 # time for the broker to notice and exit
+        rm -rf "$_ik_pg_dir" "$_ik_broker_dir"
+    ) </dev/null >/dev/null 2>&1 &
+    _ik_watchdog_pid=$!
+}
+
+_ik_stop_watchdog() {
+    if [ -n "$_ik_watchdog_pid" ]; then
+        kill "$_ik_watchdog_pid" 2>/dev/null || true
+        wait "$_ik_watchdog_pid" 2>/dev/null || true
+        _ik_watchdog_pid=""
+    fi
+}
+
 # Starts a throwaway PostgreSQL cluster in a temp dir and exports IDEMKAFKA_TEST_PG,
 # unless IDEMKAFKA_TEST_PG already names a server.
 ik_start_postgres() {
@@ -166,6 +198,8 @@ EOF
     "$bin/psql" -X -q -v ON_ERROR_STOP=1 -d "host=$_ik_pg_dir port=$port dbname=postgres user=postgres" \
         -c 'CREATE DATABASE idemkafka_test' || ik_die "could not create database idemkafka_test"
     export IDEMKAFKA_TEST_PG="$conninfo"
+    _ik_stop_watchdog
+    _ik_start_watchdog
     ik_log "PostgreSQL ready: $IDEMKAFKA_TEST_PG (also 127.0.0.1:$port)"
 }
 
@@ -187,6 +221,8 @@ ik_start_broker() {
     "$bin" --bootstrap-file "$bootstrap_file" --control "$control" --watch-pid "$$" "$@" \
         </dev/null >"$_ik_broker_dir/broker.log" 2>&1 &
     _ik_broker_pid=$!
+    _ik_stop_watchdog
+    _ik_start_watchdog
 
     local waited=0
     while [ ! -s "$bootstrap_file" ]; do
@@ -242,6 +278,7 @@ ik_mock_control() {
 # Safe to call more than once.
 ik_cleanup() {
     local status=$?
+    _ik_stop_watchdog
     if [ -n "$_ik_broker_pid" ]; then
         if kill -TERM "$_ik_broker_pid" 2>/dev/null; then
             local tries=0

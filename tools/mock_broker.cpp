@@ -38,7 +38,7 @@ Runs librdkafka's mock Kafka cluster on loopback until SIGTERM or SIGINT.
 
 options:
   --brokers N              number of mock brokers, ids 1..N (default 1)
-  --topic NAME:PARTITIONS  create a topic (replication 1); repeatable
+  --topic NAME:PARTITIONS  create a topic before the cluster is announced; repeatable
   --bootstrap-file PATH    write the bootstrap servers there (atomically, via rename)
   --control PATH           create a FIFO at PATH and read control commands from it
   --watch-pid PID          exit when process PID no longer exists
@@ -61,6 +61,11 @@ PATH.ack as "<count> ok" or "<count> error: <reason>", count = commands handled 
 APIKEY is a number or a name (Produce, Fetch, Metadata, OffsetCommit, OffsetFetch,
 FindCoordinator, JoinGroup, Heartbeat, LeaveGroup, SyncGroup, InitProducerId, ...).
 ERRCODE is a number or a librdkafka error name (REQUEST_TIMED_OUT, NOT_COORDINATOR, _TRANSPORT, ...).
+
+notes on librdkafka 2.0's mock cluster: it has no CreateTopics API (admin clients time out
+waiting for a controller), so create topics here; any topic named in a Metadata request is
+auto-created with 4 partitions, whatever the client's allow.auto.create.topics; partitions
+have min(3, N) replicas.
 )";
 
 // Thrown for bad command-line arguments: main prints it and exits with status 2.
@@ -77,7 +82,8 @@ struct Options {
     std::string debug;
 };
 
-std::optional<long long> parse_integer(const std::string& text, long long min, long long max) {
+std::optional<long long> parse_integer(const std::string& text, long long min, long long max)
+{
     if (text.empty()) {
         return std::nullopt;
     }
@@ -90,7 +96,8 @@ std::optional<long long> parse_integer(const std::string& text, long long min, l
     return value;
 }
 
-Options parse_options(int argc, char** argv) {
+Options parse_options(int argc, char** argv)
+{
     Options options;
     for (int i = 1; i < argc; ++i) {
         std::string arg = argv[i];
@@ -130,8 +137,7 @@ Options parse_options(int argc, char** argv) {
             }
             const auto partitions = parse_integer(v.substr(colon + 1), 1, 100000);
             if (!partitions) {
-                throw UsageError{"--topic: PARTITIONS must be a number from 1 to 100000, got '" + v +
-                                 "'"};
+                throw UsageError{"--topic: PARTITIONS must be a number from 1 to 100000, got '" + v + "'"};
             }
             options.topics.emplace_back(v.substr(0, colon), static_cast<int>(*partitions));
         } else if (arg == "--bootstrap-file") {
@@ -165,14 +171,16 @@ Options parse_options(int argc, char** argv) {
 
 int signal_pipe[2] = {-1, -1};
 
-extern "C" void on_terminate_signal(int) {
+extern "C" void on_terminate_signal(int)
+{
     const int saved = errno;
     const char byte = 1;
     [[maybe_unused]] const ssize_t n = write(signal_pipe[1], &byte, 1);
     errno = saved;
 }
 
-bool install_signal_handlers(std::string& error) {
+bool install_signal_handlers(std::string& error)
+{
     if (pipe(signal_pipe) != 0) {
         error = std::string("pipe: ") + std::strerror(errno);
         return false;
@@ -209,7 +217,8 @@ using RdKafkaConfPtr = std::unique_ptr<rd_kafka_conf_t, RdKafkaConfDeleter>;
 using MockClusterPtr = std::unique_ptr<rd_kafka_mock_cluster_t, MockClusterDeleter>;
 
 // Writes via a temporary file and rename so a reader polling for PATH never sees a partial file.
-bool write_file_atomically(const std::string& path, const std::string& content, std::string& error) {
+bool write_file_atomically(const std::string& path, const std::string& content, std::string& error)
+{
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr) {
@@ -231,19 +240,36 @@ bool write_file_atomically(const std::string& path, const std::string& content, 
     return true;
 }
 
-std::optional<int16_t> parse_api_key(const std::string& text) {
+std::optional<int16_t> parse_api_key(const std::string& text)
+{
     if (const auto n = parse_integer(text, 0, std::numeric_limits<int16_t>::max())) {
         return static_cast<int16_t>(*n);
     }
     static const std::pair<const char*, int16_t> names[] = {
-        {"Produce", 0},          {"Fetch", 1},           {"ListOffsets", 2},
-        {"Metadata", 3},         {"OffsetCommit", 8},    {"OffsetFetch", 9},
-        {"FindCoordinator", 10}, {"JoinGroup", 11},      {"Heartbeat", 12},
-        {"LeaveGroup", 13},      {"SyncGroup", 14},      {"DescribeGroups", 15},
-        {"ListGroups", 16},      {"SaslHandshake", 17},  {"ApiVersion", 18},
-        {"CreateTopics", 19},    {"DeleteTopics", 20},   {"DeleteRecords", 21},
-        {"InitProducerId", 22},  {"OffsetForLeaderEpoch", 23}, {"AddPartitionsToTxn", 24},
-        {"AddOffsetsToTxn", 25}, {"EndTxn", 26},         {"TxnOffsetCommit", 28},
+        {"Produce", 0},
+        {"Fetch", 1},
+        {"ListOffsets", 2},
+        {"Metadata", 3},
+        {"OffsetCommit", 8},
+        {"OffsetFetch", 9},
+        {"FindCoordinator", 10},
+        {"JoinGroup", 11},
+        {"Heartbeat", 12},
+        {"LeaveGroup", 13},
+        {"SyncGroup", 14},
+        {"DescribeGroups", 15},
+        {"ListGroups", 16},
+        {"SaslHandshake", 17},
+        {"ApiVersion", 18},
+        {"CreateTopics", 19},
+        {"DeleteTopics", 20},
+        {"DeleteRecords", 21},
+        {"InitProducerId", 22},
+        {"OffsetForLeaderEpoch", 23},
+        {"AddPartitionsToTxn", 24},
+        {"AddOffsetsToTxn", 25},
+        {"EndTxn", 26},
+        {"TxnOffsetCommit", 28},
     };
     for (const auto& [name, key] : names) {
         if (strcasecmp(name, text.c_str()) == 0) {
@@ -253,7 +279,8 @@ std::optional<int16_t> parse_api_key(const std::string& text) {
     return std::nullopt;
 }
 
-std::optional<rd_kafka_resp_err_t> parse_error_code(const std::string& text) {
+std::optional<rd_kafka_resp_err_t> parse_error_code(const std::string& text)
+{
     if (const auto n = parse_integer(text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max())) {
         return static_cast<rd_kafka_resp_err_t>(*n);
     }
@@ -274,12 +301,12 @@ std::optional<rd_kafka_resp_err_t> parse_error_code(const std::string& text) {
 
 class ControlChannel {
 public:
-    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path)
-        : mcluster_(mcluster), path_(std::move(path)) {}
+    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path) : mcluster_(mcluster), path_(std::move(path)) {}
     ControlChannel(const ControlChannel&) = delete;
     ControlChannel& operator=(const ControlChannel&) = delete;
 
-    ~ControlChannel() {
+    ~ControlChannel()
+    {
         if (fd_ >= 0) {
             close(fd_);
             unlink(path_.c_str());
@@ -287,7 +314,8 @@ public:
         }
     }
 
-    bool open_fifo(std::string& error) {
+    bool open_fifo(std::string& error)
+    {
         if (mkfifo(path_.c_str(), 0600) != 0 && errno != EEXIST) {
             error = path_ + ": mkfifo: " + std::strerror(errno);
             return false;
@@ -308,7 +336,8 @@ public:
 
     int fd() const { return fd_; }
 
-    void on_readable() {
+    void on_readable()
+    {
         char buf[4096];
         for (;;) {
             const ssize_t n = read(fd_, buf, sizeof buf);
@@ -337,7 +366,8 @@ public:
     }
 
 private:
-    void handle_line(const std::string& line) {
+    void handle_line(const std::string& line)
+    {
         std::istringstream in(line);
         std::vector<std::string> words;
         for (std::string w; in >> w;) {
@@ -353,12 +383,11 @@ private:
         report(normalized, execute(words));
     }
 
-    std::string execute(const std::vector<std::string>& words) {
+    std::string execute(const std::vector<std::string>& words)
+    {
         const std::string& cmd = words.front();
         const size_t argc = words.size() - 1;
-        const auto wrong_arity = [&](const char* synopsis) {
-            return std::string("error: usage: ") + synopsis;
-        };
+        const auto wrong_arity = [&](const char* synopsis) { return std::string("error: usage: ") + synopsis; };
         const auto result = [](rd_kafka_resp_err_t err) -> std::string {
             if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
                 return "ok";
@@ -377,14 +406,12 @@ private:
             if (!partitions) {
                 return "error: PARTITIONS must be a number from 1 to 100000";
             }
-            return result(rd_kafka_mock_topic_create(mcluster_, words[1].c_str(),
-                                                     static_cast<int>(*partitions), 1));
+            return result(rd_kafka_mock_topic_create(mcluster_, words[1].c_str(), static_cast<int>(*partitions), 1));
         }
         if (cmd == "push-errors" || cmd == "clear-errors") {
             const bool push = cmd == "push-errors";
             if (push ? argc < 2 : argc != 1) {
-                return wrong_arity(push ? "push-errors APIKEY ERRCODE [ERRCODE...]"
-                                        : "clear-errors APIKEY");
+                return wrong_arity(push ? "push-errors APIKEY ERRCODE [ERRCODE...]" : "clear-errors APIKEY");
             }
             const auto api_key = parse_api_key(words[1]);
             if (!api_key) {
@@ -428,7 +455,8 @@ private:
         return "error: unknown command '" + cmd + "'";
     }
 
-    void report(const std::string& command, const std::string& outcome) {
+    void report(const std::string& command, const std::string& outcome)
+    {
         ++handled_;
         std::fprintf(stderr, "%s: control: %s: %s\n", program_name, command.c_str(), outcome.c_str());
         std::fflush(stderr);
@@ -445,7 +473,8 @@ private:
     unsigned long long handled_ = 0;
 };
 
-int run(const Options& options) {
+int run(const Options& options)
+{
     std::string error;
     if (!install_signal_handlers(error)) {
         std::fprintf(stderr, "%s: %s\n", program_name, error.c_str());
@@ -457,8 +486,7 @@ int run(const Options& options) {
     RdKafkaConfPtr conf{rd_kafka_conf_new()};
     char errstr[512];
     if (!options.debug.empty() &&
-        rd_kafka_conf_set(conf.get(), "debug", options.debug.c_str(), errstr, sizeof errstr) !=
-            RD_KAFKA_CONF_OK) {
+        rd_kafka_conf_set(conf.get(), "debug", options.debug.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
         std::fprintf(stderr, "%s: --debug: %s\n", program_name, errstr);
         return exit_usage;
     }
@@ -472,7 +500,7 @@ int run(const Options& options) {
         std::fprintf(stderr, "%s: rd_kafka_new: %s\n", program_name, errstr);
         return exit_failure;
     }
-    conf.release();  // owned by rk now
+    [[maybe_unused]] rd_kafka_conf_t* owned_by_rk = conf.release(); // rd_kafka_new took it
 
     MockClusterPtr mcluster{rd_kafka_mock_cluster_new(rk.get(), options.brokers)};
     if (!mcluster) {
@@ -499,8 +527,7 @@ int run(const Options& options) {
 
     const std::string bootstraps = rd_kafka_mock_cluster_bootstraps(mcluster.get());
     // The bootstrap file is the readiness signal, so it is written last.
-    if (!options.bootstrap_file.empty() &&
-        !write_file_atomically(options.bootstrap_file, bootstraps + "\n", error)) {
+    if (!options.bootstrap_file.empty() && !write_file_atomically(options.bootstrap_file, bootstraps + "\n", error)) {
         std::fprintf(stderr, "%s: --bootstrap-file: %s\n", program_name, error.c_str());
         return exit_failure;
     }
@@ -537,9 +564,10 @@ int run(const Options& options) {
     return 0;
 }
 
-}  // namespace
+} // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv)
+{
     Options options;
     try {
         options = parse_options(argc, argv);

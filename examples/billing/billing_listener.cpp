@@ -108,7 +108,10 @@ try {
             const auto m = consumer.metrics().snapshot();
             if (progress.count() > 0 && std::chrono::steady_clock::now() >= next_progress) {
                 next_progress += progress;
-                std::fprintf(stderr, "  consumed %llu, charged %llu, duplicates skipped %llu, lag %lld\n",
+                if (m.assigned_partitions == 0)
+                    std::fprintf(stderr, "  waiting for a partition assignment from the consumer group\n");
+                else
+                    std::fprintf(stderr, "  consumed %llu, charged %llu, duplicates skipped %llu, lag %lld\n",
                              static_cast<unsigned long long>(m.consumed), static_cast<unsigned long long>(m.claimed),
                              static_cast<unsigned long long>(m.duplicates), static_cast<long long>(m.lag));
             }

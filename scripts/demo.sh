@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The billing demo, end to end on this machine:
+#   builds idemkafka, starts a throwaway PostgreSQL and the mock Kafka cluster,
+#   publishes order.confirmed events of which a share are re-sent duplicates,
+#   runs the billing listener until the topic is drained, and checks that every
+#   order was charged exactly once.
+#
+#   scripts/demo.sh            10,000 events, 20% re-sent
+#   DEMO_EVENTS=50000 DEMO_DUPLICATES=0.3 scripts/demo.sh
+set -euo pipefail
+
+IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib.sh
+source "$IK_ROOT/scripts/lib.sh"
+
+events="${DEMO_EVENTS:-10000}"
+duplicates="${DEMO_DUPLICATES:-0.2}"
+topic="order-service.order.confirmed"
+partitions=4
+
+ik_ensure_packages
+
+ik_log "building ($BUILD_DIR)"
+cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$BUILD_DIR" -j2 --target billing-producer billing-listener idemkafka-mock-broker
+
+ik_log "starting PostgreSQL"
+ik_start_postgres
+ik_log "starting the mock Kafka cluster"
+ik_start_broker --topic "$topic:$partitions"
+
+bin="$BUILD_DIR/examples/billing"
+ik_log "publishing $events order.confirmed events ($duplicates of them re-sent duplicates)"
+producer_out="$("$bin/billing-producer" --brokers "$IDEMKAFKA_TEST_BROKERS" --topic "$topic" \
+    --events "$events" --duplicates "$duplicates")"
+echo "  $producer_out"
+unique_orders="$(sed -n 's/.*unique_orders=\([0-9]*\).*/\1/p' <<<"$producer_out")"
+
+ik_log "running the billing listener until the topic is drained"
+listener_out="$("$bin/billing-listener" --brokers "$IDEMKAFKA_TEST_BROKERS" --postgres "$IDEMKAFKA_TEST_PG" \
+    --topic "$topic" --until-drained "$events")"
+
+field() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$listener_out"; }
+consumed="$(field consumed)"
+skipped="$(field duplicates)"
+charges="$(field charges_in_db)"
+charged_orders="$(field unique_orders_in_db)"
+provider_charges="$(field provider_charges)"
+
+echo
+echo "summary"
+printf '  %-36s %s\n' "events consumed" "$consumed" \
+    "duplicates skipped" "$skipped" \
+    "charges in the database" "$charges" \
+    "distinct orders charged" "$charged_orders" \
+    "unique orders published" "$unique_orders" \
+    "charges made at the payment provider" "$provider_charges"
+if [ "$consumed" = "$events" ] && [ "$charges" = "$unique_orders" ] && [ "$charged_orders" = "$unique_orders" ] &&
+    [ "$provider_charges" = "$unique_orders" ]; then
+    echo "OK: every order charged exactly once"
+else
+    echo "FAILED: charges do not match unique orders"
+    exit 1
+fi
