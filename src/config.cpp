@@ -35,6 +35,20 @@ void ConsumerConfig::validate() const
     require(max_batch >= 1, "max_batch: must be at least 1");
     require(max_batch <= 100000, "max_batch: must be at most 100000");
     require(max_batch_wait.count() >= 0, "max_batch_wait: must not be negative");
+    require(max_attempts >= 1, "max_attempts: must be at least 1");
+    require(transaction_retries >= 0, "transaction_retries: must not be negative");
+    require(max_payload_bytes >= 1, "max_payload_bytes: must be at least 1");
+    require(dead_letter_timeout.count() > 0, "dead_letter_timeout: must be positive");
+    for (const auto& t : topics)
+        require(t != effective_dead_letter_topic(),
+                "dead_letter_topic: must not be one of the consumed topics (a dead letter would loop)");
+    for (const auto& [key, value] : dead_letter_kafka) {
+        if ((key == "enable.idempotence" && !is_true(value)) ||
+            ((key == "acks" || key == "request.required.acks") && value != "all" && value != "-1"))
+            throw ConfigError(fmt::format("dead_letter_kafka[\"{}\"]={}: refused, dead letters are produced "
+                                          "idempotently with acks=all",
+                                          key, value));
+    }
     require(retry_backoff.count() >= 0, "retry_backoff: must not be negative");
     require(retry_backoff_max >= retry_backoff, "retry_backoff_max: must not be below retry_backoff");
     require(shutdown_timeout.count() > 0, "shutdown_timeout: must be positive");
@@ -55,6 +69,11 @@ void ConsumerConfig::validate() const
         if (key == "enable.partition.eof" && is_true(value))
             throw ConfigError("kafka[\"enable.partition.eof\"]: not supported by the consumer loop");
     }
+}
+
+std::string ConsumerConfig::effective_dead_letter_topic() const
+{
+    return dead_letter_topic.empty() ? group_id + ".dlq" : dead_letter_topic;
 }
 
 } // namespace idemkafka

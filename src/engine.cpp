@@ -14,7 +14,9 @@
 
 #include <fmt/format.h>
 
+#include "idemkafka/dead_letter.hpp"
 #include "idemkafka/error.hpp"
+#include "idemkafka/publisher.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
 
@@ -57,7 +59,7 @@ struct Abandon {};
 } // namespace
 
 struct Engine::Impl {
-    enum class State { pending, poison, done };
+    enum class State { pending, poison, done };  // poison: to be dead-lettered
 
     struct PartitionState {
         std::int64_t processed_next = -1;  // next offset after the last processed record
@@ -75,6 +77,8 @@ struct Engine::Impl {
         EventId id;
         State state = State::pending;
         PartitionState* part = nullptr;
+        DeadLetterReason reason = DeadLetterReason::decode_error;
+        std::string error;
     };
 
     ConsumerConfig cfg;
@@ -89,6 +93,9 @@ struct Engine::Impl {
     bool cooperative = false;
     std::map<TopicPartition, PartitionState> parts;
     std::vector<Item> batch;
+
+    std::string dlq_topic = cfg.effective_dead_letter_topic();
+    std::unique_ptr<Publisher> dlq; // created on the first dead letter
 
     std::unique_ptr<pqxx::connection> db;
     Clock::time_point db_retry_at{};
@@ -548,32 +555,126 @@ struct Engine::Impl {
 
     // ---- processing -------------------------------------------------------
 
+    void poison(Item& it, DeadLetterReason reason, std::string error)
+    {
+        it.state = State::poison;
+        it.reason = reason;
+        it.error = std::move(error);
+        if (reason == DeadLetterReason::invalid_event_id || reason == DeadLetterReason::missing_event_id)
+            metrics.invalid_event_ids.add();
+        else
+            metrics.decode_errors.add();
+    }
+
     void decode_all()
     {
         stage.prepare(batch.size());
         for (std::size_t i = 0; i < batch.size(); ++i) {
             auto& it = batch[i];
             const auto& r = it.record;
+            if (!r.value || r.value->empty()) {
+                poison(it, DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
+                continue;
+            }
+            if (r.value->size() > cfg.max_payload_bytes) {
+                poison(it, DeadLetterReason::payload_too_large,
+                       fmt::format("payload of {} bytes exceeds max_payload_bytes {}", r.value->size(),
+                                   cfg.max_payload_bytes));
+                continue;
+            }
             try {
                 it.id = stage.decode(i, r);
                 if (it.id.is_nil())
                     throw InvalidEventId("event id is the nil UUID");
+            } catch (const MissingEventId& e) {
+                poison(it, DeadLetterReason::missing_event_id, e.what());
             } catch (const InvalidEventId& e) {
-                it.state = State::poison;
-                metrics.invalid_event_ids.add();
-                say(LogLevel::error, "skipping record {} without a valid event id: {}",
-                    coords(r.topic, r.partition, r.offset), e.what());
+                poison(it, DeadLetterReason::invalid_event_id, e.what());
             } catch (const std::exception& e) {
-                it.state = State::poison;
-                metrics.decode_errors.add();
-                say(LogLevel::error, "skipping undecodable record {}: {}", coords(r.topic, r.partition, r.offset),
-                    e.what());
+                poison(it, DeadLetterReason::decode_error, e.what());
             } catch (...) {
-                it.state = State::poison;
-                metrics.decode_errors.add();
-                say(LogLevel::error, "skipping undecodable record {}: non-standard exception",
-                    coords(r.topic, r.partition, r.offset));
+                poison(it, DeadLetterReason::decode_error, "non-standard exception");
             }
+        }
+    }
+
+    // ---- dead letters -----------------------------------------------------
+
+    Publisher& dead_letter_producer()
+    {
+        if (!dlq) {
+            PublisherConfig pc;
+            pc.brokers = cfg.brokers;
+            for (const auto& [k, v] : cfg.kafka)
+                if (k.rfind("security.", 0) == 0 || k.rfind("sasl.", 0) == 0 || k.rfind("ssl.", 0) == 0 ||
+                    k == "client.id" || k == "client.rack")
+                    pc.kafka[k] = v;
+            for (const auto& [k, v] : cfg.dead_letter_kafka)
+                pc.kafka[k] = v;
+            pc.log = log;
+            dlq = std::make_unique<Publisher>(std::move(pc));
+        }
+        return *dlq;
+    }
+
+    OutgoingRecord dead_letter_record(const Item& it, int attempts) const
+    {
+        const auto& r = it.record;
+        OutgoingRecord out;
+        out.topic = dlq_topic;
+        if (r.key)
+            out.key.emplace(*r.key);
+        if (r.value)
+            out.value.emplace(*r.value);
+        out.headers = r.headers;
+        auto add = [&](const char* name, std::string value) { out.headers.push_back(Header{name, std::move(value)}); };
+        add(dead_letter_header::reason, std::string(to_string(it.reason)));
+        add(dead_letter_header::error, it.error);
+        add(dead_letter_header::original_topic, std::string(r.topic));
+        add(dead_letter_header::original_partition, std::to_string(r.partition));
+        add(dead_letter_header::original_offset, std::to_string(r.offset));
+        add(dead_letter_header::original_timestamp, std::to_string(r.timestamp_ms));
+        if (!it.id.is_nil())
+            add(dead_letter_header::event_id, it.id.to_string());
+        add(dead_letter_header::attempts, std::to_string(attempts));
+        add(dead_letter_header::consumer_group, cfg.group_id);
+        return out;
+    }
+
+    // Produces the items to the dead-letter topic and waits for the broker's
+    // acknowledgement. Acknowledged items are done; for the others the
+    // partition is cut off there, rewound and retried after a backoff, so their
+    // offsets never move before the dead letter is safe.
+    void dead_letter(const std::vector<std::size_t>& items, std::map<PartitionState*, std::int64_t>& cutoff)
+    {
+        if (items.empty())
+            return;
+        std::vector<OutgoingRecord> records;
+        records.reserve(items.size());
+        for (std::size_t i : items)
+            records.push_back(dead_letter_record(batch[i], attempt_of(batch[i]) - 1));
+        std::vector<std::string> errors;
+        try {
+            errors = dead_letter_producer().publish_all(records, cfg.dead_letter_timeout);
+        } catch (const std::exception& e) {
+            errors.assign(items.size(), e.what());
+        }
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            auto& it = batch[items[k]];
+            const auto& r = it.record;
+            if (errors[k].empty()) {
+                it.state = State::done;
+                it.part->failures.erase(r.offset);
+                metrics.dead_lettered[static_cast<std::size_t>(it.reason)].add();
+                say(LogLevel::error, "dead-lettered {} to {} (reason {}{}{}): {}", coords(r.topic, r.partition, r.offset),
+                    dlq_topic, to_string(it.reason), it.id.is_nil() ? "" : ", event ",
+                    it.id.is_nil() ? std::string() : it.id.to_string(), it.error);
+                continue;
+            }
+            metrics.dead_letter_failures.add();
+            say(LogLevel::error, "dead letter for {} not acknowledged ({}); its offset does not move, retrying",
+                coords(r.topic, r.partition, r.offset), errors[k]);
+            hold_partition(it, cutoff, 1);
         }
     }
 
@@ -583,12 +684,41 @@ struct Engine::Impl {
         return f == it.part->failures.end() ? 1 : f->second + 1;
     }
 
+    // Cuts the partition of `it` off at its offset for this batch, rewinds the
+    // fetch position to it and pauses the partition for a backoff.
+    void hold_partition(const Item& it, std::map<PartitionState*, std::int64_t>& cutoff, int failures)
+    {
+        auto& ps = *it.part;
+        auto c = cutoff.find(&ps);
+        if (c == cutoff.end() || it.record.offset < c->second)
+            cutoff[&ps] = it.record.offset;
+        const std::string topic(it.record.topic);
+        rewind(ps, topic, it.record.partition, it.record.offset);
+        ps.retry_paused = true;
+        ps.resume_at = Clock::now() + backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max);
+        pause_one(topic, it.record.partition, true);
+    }
+
     struct HandlerFailed {
-        std::size_t index;
+        std::size_t index = 0;
         std::string what;
+        bool retryable = true;
     };
 
-    enum class Outcome { committed, handler_failed, db_failed, abandoned };
+    enum class Outcome { committed, handler_failed, conflict, db_failed, abandoned };
+
+    bool retryable(const std::exception& e) const
+    {
+        if (dynamic_cast<const NonRetryableError*>(&e))
+            return false;
+        if (!cfg.is_retryable)
+            return true;
+        try {
+            return cfg.is_retryable(e);
+        } catch (...) {
+            return true; // a classifier that throws must not lose the record
+        }
+    }
 
     // One transaction over the pending records before each partition's cutoff.
     Outcome try_transaction(const std::map<PartitionState*, std::int64_t>& cutoff, HandlerFailed& failure,
@@ -619,10 +749,11 @@ struct Engine::Impl {
         if (ids.empty())
             return Outcome::committed;
 
+        std::size_t current = 0;
         try {
             pqxx::work tx(*db);
-            auto claimed_list =
-                ProcessedEventStore::claimed_ids(tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
+            auto claimed_list = ProcessedEventStore::claimed_ids(
+                tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
             std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
             for (std::size_t i : first) {
                 auto& it = batch[i];
@@ -630,18 +761,26 @@ struct Engine::Impl {
                     continue;
                 if (forced())
                     throw Abandon{};
+                current = i;
                 try {
                     stage.handle(i, tx, Context(it.record, it.id, attempt_of(it)));
                 } catch (const pqxx::broken_connection&) {
                     throw;
+                } catch (const pqxx::in_doubt_error&) {
+                    throw;
+                } catch (const pqxx::serialization_failure&) {
+                    throw;
+                } catch (const pqxx::deadlock_detected&) {
+                    throw;
                 } catch (const std::exception& e) {
-                    failure = {i, e.what()};
+                    failure = {i, e.what(), retryable(e)};
                     return Outcome::handler_failed;
                 } catch (...) {
-                    failure = {i, "non-standard exception"};
+                    failure = {i, "non-standard exception", true};
                     return Outcome::handler_failed;
                 }
             }
+            current = SIZE_MAX;
             tx.commit();
             info.claimed = claimed.size();
             info.duplicates = active - claimed.size();
@@ -649,6 +788,8 @@ struct Engine::Impl {
         } catch (const Abandon&) {
             return Outcome::abandoned;
         } catch (const pqxx::in_doubt_error& e) {
+            // The commit may or may not have happened: never guess. Nothing is
+            // committed to Kafka; redelivery and dedup settle it.
             metrics.db_failures.add();
             drop_db(e.what());
             return Outcome::db_failed;
@@ -656,6 +797,10 @@ struct Engine::Impl {
             metrics.db_failures.add();
             drop_db(e.what());
             return Outcome::db_failed;
+        } catch (const pqxx::transaction_rollback& e) {
+            // 40001 / 40P01: the whole transaction is safe to run again.
+            failure = {current == SIZE_MAX ? first.front() : current, e.what(), true};
+            return Outcome::conflict;
         } catch (const std::exception& e) {
             metrics.db_failures.add();
             say(LogLevel::error, "PostgreSQL error outside the handler, batch rolled back and retried: {}", e.what());
@@ -671,13 +816,31 @@ struct Engine::Impl {
     {
         decode_all();
         std::map<PartitionState*, std::int64_t> cutoff;
+        {
+            std::vector<std::size_t> poisoned;
+            for (std::size_t i = 0; i < batch.size(); ++i)
+                if (batch[i].state == State::poison)
+                    poisoned.push_back(i);
+            dead_letter(poisoned, cutoff);
+        }
         BatchInfo info;
+        int conflicts = 0;
         for (;;) {
             HandlerFailed failure{};
             const Outcome out = try_transaction(cutoff, failure, info);
             if (out == Outcome::committed)
                 break;
-            if (out == Outcome::handler_failed) {
+            if (out == Outcome::conflict) {
+                metrics.transaction_retries.add();
+                if (++conflicts <= cfg.transaction_retries) {
+                    say(LogLevel::warning, "transaction conflict, running the batch again ({}/{}): {}", conflicts,
+                        cfg.transaction_retries, failure.what);
+                    continue;
+                }
+                // Persistent conflicts: treat as a failure of the record that hit it.
+                conflicts = 0;
+            }
+            if (out == Outcome::handler_failed || out == Outcome::conflict) {
                 on_handler_failure(failure, cutoff);
                 continue; // the rest of the batch, without the failed partition's tail
             }
@@ -710,30 +873,40 @@ struct Engine::Impl {
     void on_handler_failure(const HandlerFailed& f, std::map<PartitionState*, std::int64_t>& cutoff)
     {
         auto& it = batch[f.index];
-        auto& ps = *it.part;
-        const int failures = ++ps.failures[it.record.offset];
+        const int failures = ++it.part->failures[it.record.offset];
         metrics.handler_failures.add();
-        const auto delay = backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max);
-        say(LogLevel::warning, "handler failed on {} (event {}, attempt {}), retrying in {} ms: {}",
-            coords(it.record.topic, it.record.partition, it.record.offset), it.id.to_string(), failures,
-            delay.count(), f.what);
-        cutoff[&ps] = it.record.offset;
-        const std::string topic(it.record.topic);
-        rewind(ps, topic, it.record.partition, it.record.offset);
-        ps.retry_paused = true;
-        ps.resume_at = Clock::now() + delay;
-        pause_one(topic, it.record.partition, true);
+        const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
+        if (!f.retryable || failures >= cfg.max_attempts) {
+            say(LogLevel::error, "handler failed on {} (event {}, attempt {} of {}{}): {}", where, it.id.to_string(),
+                failures, cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
+            it.reason = f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable;
+            it.error = f.what;
+            it.state = State::poison;
+            dead_letter({f.index}, cutoff); // done when acknowledged, else held for another try
+            return;
+        }
+        metrics.retries.add();
+        say(LogLevel::warning, "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}", where,
+            it.id.to_string(), failures, cfg.max_attempts,
+            backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max).count(), f.what);
+        hold_partition(it, cutoff, failures);
     }
 
-    // After an uncommitted transaction: every partition goes back to its
-    // first record that is not committed.
+    // After an uncommitted transaction: a prefix of already finished (dead-
+    // lettered) records counts as processed; every partition goes back to its
+    // first record that is not finished.
     void rewind_unfinished(const std::map<PartitionState*, std::int64_t>& cutoff)
     {
         std::map<PartitionState*, const Item*> first;
         for (const auto& it : batch) {
+            if (first.count(it.part))
+                continue;
             auto c = cutoff.find(it.part);
-            const std::int64_t limit = c == cutoff.end() ? INT64_MAX : c->second;
-            if (it.record.offset < limit && !first.count(it.part))
+            if (c != cutoff.end() && it.record.offset >= c->second)
+                continue; // already rewound to the cutoff
+            if (it.state == State::done)
+                it.part->processed_next = std::max(it.part->processed_next, it.record.offset + 1);
+            else
                 first[it.part] = &it;
         }
         for (auto& [ps, it] : first)

@@ -25,6 +25,11 @@ constexpr CounterDesc counters[] = {
     {"offset_commit_failures", "Failed Kafka offset commits.", &MetricsSnapshot::offset_commit_failures},
     {"rebalances", "Partition assignments and revocations.", &MetricsSnapshot::rebalances},
     {"kafka_errors", "Consumer error events from the Kafka client.", &MetricsSnapshot::kafka_errors},
+    {"retries", "Handler failures scheduled for another attempt.", &MetricsSnapshot::retries},
+    {"transaction_retries", "Transactions re-run after a serialization failure or deadlock.",
+     &MetricsSnapshot::transaction_retries},
+    {"dead_letter_failures", "Dead-letter records the broker did not acknowledge.",
+     &MetricsSnapshot::dead_letter_failures},
 };
 
 std::string escape_label(const std::string& v)
@@ -54,6 +59,11 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
                            "idemkafka_{}_total{{group=\"{}\"}} {}\n",
                            c.name, c.help, c.name, c.name, label, this->*c.field);
     }
+    out += "# HELP idemkafka_dead_lettered_total Records sent to the dead-letter topic.\n"
+           "# TYPE idemkafka_dead_lettered_total counter\n";
+    for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
+        out += fmt::format("idemkafka_dead_lettered_total{{group=\"{}\",reason=\"{}\"}} {}\n", label,
+                           to_string(static_cast<DeadLetterReason>(i)), dead_lettered[i]);
     out += fmt::format("# HELP idemkafka_assigned_partitions Partitions currently assigned.\n"
                        "# TYPE idemkafka_assigned_partitions gauge\n"
                        "idemkafka_assigned_partitions{{group=\"{}\"}} {}\n",
@@ -81,9 +91,22 @@ MetricsSnapshot Metrics::snapshot() const noexcept
     s.offset_commit_failures = offset_commit_failures.get();
     s.rebalances = rebalances.get();
     s.kafka_errors = kafka_errors.get();
+    s.retries = retries.get();
+    s.transaction_retries = transaction_retries.get();
+    s.dead_letter_failures = dead_letter_failures.get();
+    for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
+        s.dead_lettered[i] = dead_lettered[i].get();
     s.assigned_partitions = assigned_partitions.get();
     s.lag = lag.get();
     return s;
+}
+
+std::uint64_t MetricsSnapshot::dead_lettered_total() const noexcept
+{
+    std::uint64_t n = 0;
+    for (auto v : dead_lettered)
+        n += v;
+    return n;
 }
 
 } // namespace idemkafka

@@ -72,7 +72,7 @@ struct Publisher::Impl {
         }
     }
 
-    void produce(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
+    void produce(std::string_view topic, std::optional<std::string_view> key, std::optional<std::string_view> payload,
                  const std::vector<Header>& headers, Waiter* waiter)
     {
         rd_kafka_headers_t* hdrs = nullptr;
@@ -86,12 +86,14 @@ struct Publisher::Impl {
         const std::string topic_s(topic);
         const void* key_ptr = key ? key->data() : nullptr;
         const std::size_t key_len = key ? key->size() : 0;
+        void* value_ptr = payload ? const_cast<char*>(payload->data()) : nullptr;
+        const std::size_t value_len = payload ? payload->size() : 0;
         const auto deadline = std::chrono::steady_clock::now() + queue_wait;
         for (;;) {
             const auto err = rd_kafka_producev(
                 rk.get(), RD_KAFKA_V_TOPIC(topic_s.c_str()),
                 RD_KAFKA_V_KEY(key_ptr, key_len),
-                RD_KAFKA_V_VALUE(const_cast<char*>(payload.data()), payload.size()),
+                RD_KAFKA_V_VALUE(value_ptr, value_len),
                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(waiter),
                 RD_KAFKA_V_END);
             if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -163,6 +165,47 @@ void Publisher::publish(std::string_view topic, std::optional<std::string_view> 
     }
     if (w.err != RD_KAFKA_RESP_ERR_NO_ERROR)
         throw KafkaError(fmt::format("record for {} not acknowledged: {}", topic, rd_kafka_err2str(w.err)));
+}
+
+std::vector<std::string> Publisher::publish_all(const std::vector<OutgoingRecord>& records,
+                                                std::chrono::milliseconds timeout)
+{
+    // Waiters must stay put while delivery reports can still arrive.
+    std::vector<Waiter> waiters(records.size());
+    std::vector<std::string> result(records.size());
+    for (std::size_t i = 0; i < records.size(); ++i) {
+        const auto& r = records[i];
+        try {
+            impl_->produce(r.topic, r.key ? std::optional<std::string_view>(*r.key) : std::nullopt,
+                           r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, r.headers,
+                           &waiters[i]);
+        } catch (const KafkaError& e) {
+            result[i] = e.what();
+            waiters[i].done.store(true);
+            waiters[i].err = RD_KAFKA_RESP_ERR__FAIL;
+        }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto all_done = [&] {
+        for (const auto& w : waiters)
+            if (!w.done.load(std::memory_order_acquire))
+                return false;
+        return true;
+    };
+    while (!all_done()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            // Undelivered records are purged so their reports arrive now, with
+            // an error, while the waiters still exist.
+            rd_kafka_purge(impl_->rk.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+            rd_kafka_flush(impl_->rk.get(), -1);
+            break;
+        }
+        rd_kafka_poll(impl_->rk.get(), 10);
+    }
+    for (std::size_t i = 0; i < records.size(); ++i)
+        if (result[i].empty() && waiters[i].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+            result[i] = rd_kafka_err2str(waiters[i].err);
+    return result;
 }
 
 void Publisher::flush(std::chrono::milliseconds timeout)

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <map>
 #include <string>
@@ -51,10 +52,31 @@ struct ConsumerConfig {
     std::size_t max_batch = 500;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
+    /// Handler attempts per record; after the last one fails the record goes to
+    /// the dead-letter topic (reason handler_failed) and its partition moves on.
+    int max_attempts = 5;
     /// Delay before a record whose handler threw is delivered again; doubles per
-    /// attempt up to retry_backoff_max.
+    /// attempt up to retry_backoff_max. Other partitions go on meanwhile.
     std::chrono::milliseconds retry_backoff{100};
     std::chrono::milliseconds retry_backoff_max{10000};
+    /// Classifies a handler exception: return false for one that retrying cannot
+    /// fix, and the record is dead-lettered (reason non_retryable) at once.
+    /// NonRetryableError is never retried, whatever this says. Default: retry all.
+    std::function<bool(const std::exception&)> is_retryable;
+    /// Times a transaction is re-run at once after a serialization failure or
+    /// deadlock (SQLSTATE 40001 / 40P01) before that counts as a handler failure.
+    int transaction_retries = 10;
+
+    /// Dead-letter topic. Empty means "<group_id>.dlq".
+    std::string dead_letter_topic;
+    /// Records with a larger value are dead-lettered (reason payload_too_large).
+    std::size_t max_payload_bytes = 1024 * 1024;
+    /// Extra properties for the dead-letter producer. Security settings
+    /// (security.protocol, sasl.*, ssl.*) are copied from `kafka` unless set here.
+    std::map<std::string, std::string> dead_letter_kafka;
+    /// How long to wait for the broker to acknowledge dead-letter records; a
+    /// record not acknowledged in time is not committed and is tried again.
+    std::chrono::milliseconds dead_letter_timeout{30000};
     /// How long stop() may take to finish the current batch and leave the group.
     std::chrono::milliseconds shutdown_timeout{30000};
 
@@ -72,6 +94,9 @@ struct ConsumerConfig {
 
     /// Throws ConfigError naming the first invalid field.
     void validate() const;
+
+    /// dead_letter_topic, or "<group_id>.dlq" when it is empty.
+    std::string effective_dead_letter_topic() const;
 };
 
 } // namespace idemkafka

@@ -25,9 +25,24 @@ public:
     using Error::Error;
 };
 
+/// The payload carries no event id at all (a decoder may throw this to tell it
+/// apart from a malformed one). The record is dead-lettered as missing_event_id.
+class MissingEventId : public InvalidEventId {
+public:
+    using InvalidEventId::InvalidEventId;
+};
+
 /// A record's payload cannot be decoded. Decoders may throw this (or any other
 /// exception) to mark a record as poison; the library never hands it to the handler.
 class DecodeError : public Error {
+public:
+    using Error::Error;
+};
+
+/// Thrown by a handler for a failure that retrying cannot fix (a business rule
+/// rejects the event, say): the record goes to the dead-letter topic on the first
+/// failure, without retries.
+class NonRetryableError : public Error {
 public:
     using Error::Error;
 };

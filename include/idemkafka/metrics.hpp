@@ -2,9 +2,12 @@
 /// \file
 /// Counters of one consumer. Every failure path increments one of them.
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
+
+#include "idemkafka/dead_letter.hpp"
 
 namespace idemkafka {
 
@@ -23,6 +26,17 @@ struct MetricsSnapshot {
     std::uint64_t offset_commit_failures = 0; ///< failed Kafka offset commits (logged, not fatal)
     std::uint64_t rebalances = 0;        ///< assignments and revocations
     std::uint64_t kafka_errors = 0;      ///< consumer error events from librdkafka
+    std::uint64_t retries = 0;           ///< handler failures scheduled for another attempt
+    std::uint64_t transaction_retries = 0; ///< transactions re-run after 40001/40P01
+    std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
+    /// Records dead-lettered, by DeadLetterReason.
+    std::array<std::uint64_t, dead_letter_reason_count> dead_lettered{};
+    /// Sum of dead_lettered.
+    std::uint64_t dead_lettered_total() const noexcept;
+    std::uint64_t dead_lettered_for(DeadLetterReason r) const noexcept
+    {
+        return dead_lettered[static_cast<std::size_t>(r)];
+    }
     /// Gauges.
     std::int64_t assigned_partitions = 0; ///< partitions currently assigned
     /// Records not yet processed on the assigned partitions (high watermark
@@ -51,7 +65,8 @@ public:
 
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
-        rebalances, kafka_errors;
+        rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures;
+    std::array<Counter, dead_letter_reason_count> dead_lettered;
     Gauge assigned_partitions;
     Gauge lag{{-1}};
 

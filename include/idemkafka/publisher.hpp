@@ -32,6 +32,14 @@ struct PublisherConfig {
     void validate() const;
 };
 
+/// One record for Publisher::publish_all(). Null key and null value are kept null.
+struct OutgoingRecord {
+    std::string topic;
+    std::optional<std::string> key;
+    std::optional<std::string> value;
+    std::vector<Header> headers;
+};
+
 /// Counters of a Publisher.
 struct PublisherStats {
     std::uint64_t delivered = 0;
@@ -61,6 +69,13 @@ public:
     void publish(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
                  const std::vector<Header>& headers = {},
                  std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+    /// Publishes every record and waits for each one's acknowledgement (up to
+    /// `timeout` in all). Returns one entry per record, in order: empty when the
+    /// broker acknowledged it, otherwise the reason it was not. Never throws for
+    /// a delivery failure; throws KafkaError only if the client itself fails.
+    std::vector<std::string> publish_all(const std::vector<OutgoingRecord>& records,
+                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 
     /// Waits until every enqueued record is acknowledged or failed. Throws
     /// KafkaError if records are still outstanding after `timeout`, or if any

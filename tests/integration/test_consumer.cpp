@@ -243,20 +243,27 @@ TEST_CASE("two consumer groups each process every event once", "[integration]")
     CHECK(b->metrics().snapshot().duplicates == 60);
 }
 
-TEST_CASE("undecodable records and records without a valid event id are logged, counted and passed", "[integration]")
+TEST_CASE("poison records go to the dead-letter topic with their reason, and the partition moves on",
+          "[integration]")
 {
     const auto topic = unique_name("poison");
     const auto group = unique_name("g");
     create_topic(topic, 1);
     const auto effects = make_effect_table(unique_name("effect"));
+    const std::string too_large(2048, 'x');
+    const std::vector<std::pair<std::string, std::string>> poison = {
+        {"not an event", "decode_error"},
+        {"not-a-uuid,bad,1", "invalid_event_id"},
+        {"00000000-0000-0000-0000-000000000000,nil,1", "invalid_event_id"},
+        {"", "empty_payload"},
+        {too_large, "payload_too_large"},
+    };
     {
         Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
         for (int i = 0; i < 10; ++i)
             pub.publish_async(topic, "k", encode(TestEvent{new_event_id(), "good", i}));
-        pub.publish_async(topic, "k", "not an event");
-        pub.publish_async(topic, "k", "not-a-uuid,bad,1");
-        pub.publish_async(topic, "k", "00000000-0000-0000-0000-000000000000,nil,1");
-        pub.publish_async(topic, "k", "");
+        for (const auto& p : poison)
+            pub.publish_async(topic, "k", p.first, {Header{"trace-id", std::string("t-") + p.second}});
         for (int i = 10; i < 20; ++i)
             pub.publish_async(topic, "k", encode(TestEvent{new_event_id(), "good", i}));
         pub.flush();
@@ -264,8 +271,9 @@ TEST_CASE("undecodable records and records without a valid event id are logged, 
     std::mutex mu;
     std::vector<std::string> lines;
     auto cfg = consumer_config(group, topic);
+    cfg.max_payload_bytes = 1024;
     cfg.log = [&](LogLevel level, std::string_view msg) {
-        if (level >= LogLevel::error && msg.find("skipping") != std::string_view::npos) {
+        if (level >= LogLevel::error && msg.find("dead-lettered") != std::string_view::npos) {
             std::lock_guard<std::mutex> lock(mu);
             lines.emplace_back(msg);
         }
@@ -275,19 +283,47 @@ TEST_CASE("undecodable records and records without a valid event id are logged, 
     });
     {
         Runner<Consumer> run(consumer);
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= 24; }, 60s));
+        REQUIRE(wait_until([&] { return scalar("SELECT count(*) FROM " + effects) == 20; }, 60s));
+        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().dead_lettered_total() == poison.size(); },
+                           30s));
         run.join();
         REQUIRE_FALSE(run.error());
     }
     const auto m = consumer.metrics().snapshot();
-    CHECK(m.decode_errors == 2);     // "not an event" and the empty payload
-    CHECK(m.invalid_event_ids == 2); // "not-a-uuid" and the nil id
+    CHECK(m.dead_lettered_for(DeadLetterReason::decode_error) == 1);
+    CHECK(m.dead_lettered_for(DeadLetterReason::invalid_event_id) == 2);
+    CHECK(m.dead_lettered_for(DeadLetterReason::empty_payload) == 1);
+    CHECK(m.dead_lettered_for(DeadLetterReason::payload_too_large) == 1);
     CHECK(m.claimed == 20);
+    CHECK(m.handler_failures == 0);
     CHECK(scalar("SELECT count(*) FROM " + effects) == 20);
-    std::lock_guard<std::mutex> lock(mu);
-    REQUIRE(lines.size() == 4);
-    for (const auto& l : lines)
-        CHECK(l.find(topic + "/0@") != std::string::npos); // each line names its coordinates
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        REQUIRE(lines.size() == poison.size());
+        for (const auto& l : lines)
+            CHECK(l.find(topic + "/0@") != std::string::npos); // each line names its coordinates
+    }
+
+    const auto dlq = read_topic(group + ".dlq", poison.size(), 30s);
+    REQUIRE(dlq.size() == poison.size());
+    std::multiset<std::string> reasons, expected;
+    for (const auto& p : poison)
+        expected.insert(p.second);
+    for (const auto& r : dlq) {
+        reasons.insert(r.header("idemkafka.reason"));
+        CHECK(r.header("idemkafka.original.topic") == topic);
+        CHECK(r.header("idemkafka.original.partition") == "0");
+        CHECK(r.header("idemkafka.consumer_group") == group);
+        CHECK_FALSE(r.header("idemkafka.error").empty());
+        CHECK(r.key == std::optional<std::string>("k"));
+        // The original record travels unchanged: value and the producer's own headers.
+        CHECK(r.header("trace-id") == "t-" + r.header("idemkafka.reason"));
+        const auto offset = std::stoll(r.header("idemkafka.original.offset"));
+        CHECK(offset >= 10);
+        CHECK(offset < 15);
+        CHECK(r.value.value_or("") == poison[static_cast<std::size_t>(offset - 10)].first);
+    }
+    CHECK(reasons == expected);
 }
 
 TEST_CASE("configured table names are quoted, never executed", "[integration]")

@@ -127,6 +127,65 @@ void create_topic(const std::string& name, int partitions)
         throw std::runtime_error(fmt::format("creating topic {}: {}", name, failure));
 }
 
+std::string ReadRecord::header(std::string_view name) const
+{
+    for (const auto& h : headers)
+        if (h.name == name)
+            return h.value.value_or("");
+    return "";
+}
+
+std::vector<ReadRecord> read_topic(const std::string& topic, std::size_t count, std::chrono::milliseconds timeout)
+{
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    const std::string group = unique_name("reader");
+    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+             {"bootstrap.servers", brokers()}, {"group.id", group}, {"enable.auto.commit", "false"},
+             {"auto.offset.reset", "earliest"}, {"session.timeout.ms", "6000"}})
+        if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
+            throw std::runtime_error(err);
+    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
+    if (!rk)
+        throw std::runtime_error(err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(list, topic.c_str(), RD_KAFKA_PARTITION_UA);
+    rd_kafka_subscribe(rk, list);
+    rd_kafka_topic_partition_list_destroy(list);
+    std::vector<ReadRecord> out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (out.size() < count && std::chrono::steady_clock::now() < deadline) {
+        rd_kafka_message_t* m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        if (!m->err) {
+            ReadRecord r;
+            r.partition = m->partition;
+            r.offset = m->offset;
+            if (m->key)
+                r.key.emplace(static_cast<const char*>(m->key), m->key_len);
+            if (m->payload)
+                r.value.emplace(static_cast<const char*>(m->payload), m->len);
+            rd_kafka_headers_t* hdrs = nullptr;
+            if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                const char* name;
+                const void* val;
+                size_t size;
+                for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == 0; ++i)
+                    r.headers.push_back(Header{name, val ? std::optional<std::string>(std::string(
+                                                               static_cast<const char*>(val), size))
+                                                         : std::nullopt});
+            }
+            out.push_back(std::move(r));
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return out;
+}
+
 std::int64_t scalar(const std::string& sql)
 {
     pqxx::connection c(pg());

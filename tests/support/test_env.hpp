@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -25,6 +26,20 @@ std::string brokers();
 std::string unique_name(std::string_view prefix);
 /// Creates a topic and waits until its metadata shows every partition.
 void create_topic(const std::string& name, int partitions);
+/// A record read back from a topic.
+struct ReadRecord {
+    std::int32_t partition = 0;
+    std::int64_t offset = 0;
+    std::optional<std::string> key;
+    std::optional<std::string> value;
+    std::vector<Header> headers;
+    /// Value of the first header `name`, or "" when absent.
+    std::string header(std::string_view name) const;
+};
+/// Reads `topic` from the beginning (no consumer group offsets are used or
+/// committed) until `count` records arrived or `timeout` passed.
+std::vector<ReadRecord> read_topic(const std::string& topic, std::size_t count, std::chrono::milliseconds timeout);
+
 /// Runs one SQL statement returning one integer.
 std::int64_t scalar(const std::string& sql);
 /// Runs SQL statements.

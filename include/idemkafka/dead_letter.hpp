@@ -1,0 +1,51 @@
+#pragma once
+/// \file
+/// The dead-letter record format. A dead-letter record carries the original
+/// key, value and headers unchanged, plus `idemkafka.*` headers saying why it
+/// was dead-lettered and where it came from, so it can be inspected and
+/// replayed to its source topic (its event id, in the payload, is unchanged, so
+/// dedup still protects a replayed event).
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+namespace idemkafka {
+
+/// Why a record was dead-lettered; the `idemkafka.reason` header value.
+enum class DeadLetterReason {
+    decode_error,         ///< the decoder threw
+    empty_payload,        ///< null or empty value
+    payload_too_large,    ///< value larger than ConsumerConfig::max_payload_bytes
+    missing_event_id,     ///< the decoder found no event id (MissingEventId)
+    invalid_event_id,     ///< malformed or nil event id (InvalidEventId)
+    handler_failed,       ///< the handler threw on every one of max_attempts attempts
+    non_retryable,        ///< the handler threw an error classified as not retryable
+    beyond_dedup_horizon, ///< the event is older than the dedup retention can protect
+    non_v7_event_id,      ///< the event id is not a UUIDv7 where one is required
+};
+
+inline constexpr std::size_t dead_letter_reason_count = 9;
+
+/// The header value of a reason, e.g. "decode_error".
+std::string_view to_string(DeadLetterReason reason) noexcept;
+/// The reason of a header value; nullopt for an unknown one.
+std::optional<DeadLetterReason> parse_dead_letter_reason(std::string_view text) noexcept;
+
+/// Header names of a dead-letter record.
+namespace dead_letter_header {
+inline constexpr const char* reason = "idemkafka.reason";
+inline constexpr const char* error = "idemkafka.error";
+inline constexpr const char* original_topic = "idemkafka.original.topic";
+inline constexpr const char* original_partition = "idemkafka.original.partition";
+inline constexpr const char* original_offset = "idemkafka.original.offset";
+inline constexpr const char* original_timestamp = "idemkafka.original.timestamp";
+inline constexpr const char* event_id = "idemkafka.event_id";
+inline constexpr const char* attempts = "idemkafka.attempts";
+inline constexpr const char* consumer_group = "idemkafka.consumer_group";
+/// Prefix of every header the library adds; strip these when replaying.
+inline constexpr std::string_view prefix = "idemkafka.";
+} // namespace dead_letter_header
+
+} // namespace idemkafka
