@@ -20,7 +20,7 @@ case "$BUILD_DIR" in
     *) BUILD_DIR="$PWD/$BUILD_DIR" ;;
 esac
 
-IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev postgresql cmake g++ pkg-config make)
+IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev postgresql cmake g++ clang pkg-config make)
 
 # State for ik_cleanup.
 _ik_pg_dir=""
@@ -198,6 +198,10 @@ EOF
     "$bin/psql" -X -q -v ON_ERROR_STOP=1 -d "host=$_ik_pg_dir port=$port dbname=postgres user=postgres" \
         -c 'CREATE DATABASE idemkafka_test' || ik_die "could not create database idemkafka_test"
     export IDEMKAFKA_TEST_PG="$conninfo"
+    # For fault tests that restart the server mid-run.
+    local as_pg=""
+    _ik_is_root && as_pg="runuser -u postgres -- "
+    export IDEMKAFKA_TEST_PG_RESTART="${as_pg}$bin/pg_ctl -D $_ik_pg_data -l $_ik_pg_dir/postgres.log -m fast -w -t 60 restart"
     _ik_stop_watchdog
     _ik_start_watchdog
     ik_log "PostgreSQL ready: $IDEMKAFKA_TEST_PG (also 127.0.0.1:$port)"

@@ -65,6 +65,8 @@ struct Engine::Impl {
         std::int64_t processed_next = -1;  // next offset after the last processed record
         std::int64_t committed_next = -1;  // last next-offset handed to an offset commit
         std::int64_t resume_from = -1;     // after a rewind, drop records until this offset
+        std::int64_t start_offset = -1;    // committed offset at assignment (for the lag gauge)
+        bool start_known = false;
         bool needs_seek = false;
         bool retry_paused = false;
         Clock::time_point resume_at{};
@@ -95,6 +97,7 @@ struct Engine::Impl {
     std::vector<Item> batch;
 
     std::string dlq_topic = cfg.effective_dead_letter_topic();
+    bool reset_to_latest = false; // auto.offset.reset, for the lag of a partition without commits
     std::unique_ptr<Publisher> dlq; // created on the first dead letter
 
     std::unique_ptr<pqxx::connection> db;
@@ -244,6 +247,8 @@ struct Engine::Impl {
         };
         for (const auto& [k, v] : cfg.kafka)
             props[k] = v;
+        reset_to_latest = props["auto.offset.reset"] == "latest" || props["auto.offset.reset"] == "largest" ||
+                          props["auto.offset.reset"] == "end";
         props["bootstrap.servers"] = cfg.brokers;
         props["group.id"] = cfg.group_id;
         props["enable.auto.commit"] = "false";
@@ -424,7 +429,9 @@ struct Engine::Impl {
         rd_kafka_resume_partitions(rk.get(), resume.get());
     }
 
-    // Lag from the client's cached watermarks (no broker round trip).
+    // Lag from the client's cached watermarks. Before this member processed
+    // anything on a partition its position is where it started: the committed
+    // offset, fetched once per assignment (the only broker round trip here).
     void update_lag()
     {
         metrics.assigned_partitions.set(static_cast<std::int64_t>(parts.size()));
@@ -432,24 +439,45 @@ struct Engine::Impl {
             metrics.lag.set(-1);
             return;
         }
+        learn_start_offsets();
         std::int64_t total = 0;
+        bool known = true;
         for (auto& [tp, ps] : parts) {
             std::int64_t lo = -1, hi = -1;
             rd_kafka_get_watermark_offsets(rk.get(), tp.topic.c_str(), tp.partition, &lo, &hi);
-            std::int64_t pos = ps.processed_next;
-            if (pos < 0) {
-                auto list = kafka::make_list(1);
-                rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
-                rd_kafka_position(rk.get(), list.get());
-                pos = list->elems[0].offset;
+            if (hi < 0) {
+                known = false;
+                continue;
             }
-            if (hi < 0 || (pos < 0 && hi > lo)) {
-                metrics.lag.set(-1);
-                return;
+            std::int64_t pos = ps.processed_next >= 0 ? ps.processed_next : ps.start_offset;
+            if (pos == RD_KAFKA_OFFSET_INVALID)
+                pos = reset_to_latest ? hi : lo;
+            if (pos < 0) {
+                known = false;
+                continue;
             }
             total += std::max<std::int64_t>(0, hi - std::max(pos, lo));
         }
-        metrics.lag.set(total);
+        metrics.lag.set(known ? total : -1);
+    }
+
+    void learn_start_offsets()
+    {
+        auto list = kafka::make_list(static_cast<int>(parts.size()));
+        for (auto& [tp, ps] : parts)
+            if (ps.processed_next < 0 && !ps.start_known)
+                rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
+        if (list->cnt == 0)
+            return;
+        if (rd_kafka_committed(rk.get(), list.get(), 2000) != RD_KAFKA_RESP_ERR_NO_ERROR)
+            return; // try again at the next update
+        for (int i = 0; i < list->cnt; ++i) {
+            auto* ps = state_of(list->elems[i].topic, list->elems[i].partition);
+            if (ps && !list->elems[i].err) {
+                ps->start_offset = list->elems[i].offset;
+                ps->start_known = true;
+            }
+        }
     }
 
     void housekeeping()

@@ -1,5 +1,7 @@
 #include "idemkafka/store.hpp"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
@@ -29,14 +31,15 @@ std::string quote_identifier(std::string_view name)
 }
 
 ProcessedEventStore::ProcessedEventStore(std::string schema, std::string table)
+    : schema_(std::move(schema)), table_(std::move(table))
 {
     try {
-        schema_q_ = quote_identifier(schema);
+        schema_q_ = quote_identifier(schema_);
     } catch (const ConfigError& e) {
         throw ConfigError(std::string("schema: ") + e.what());
     }
     try {
-        table_q_ = quote_identifier(table);
+        table_q_ = quote_identifier(table_);
     } catch (const ConfigError& e) {
         throw ConfigError(std::string("table: ") + e.what());
     }

@@ -28,6 +28,12 @@ public:
 
     /// `"schema"."table"`, quoted.
     const std::string& qualified_name() const noexcept { return qualified_; }
+    /// The schema name as configured (unquoted).
+    const std::string& schema() const noexcept { return schema_; }
+    /// The table name as configured (unquoted).
+    const std::string& table() const noexcept { return table_; }
+    /// `"schema"`, quoted.
+    const std::string& quoted_schema() const noexcept { return schema_q_; }
 
     /// Creates the schema and table if they do not exist. Safe to run from
     /// several processes at once (serialised with a transaction-level advisory
@@ -52,6 +58,8 @@ public:
     static std::vector<EventId> claimed_ids(const pqxx::result& r);
 
 private:
+    std::string schema_;
+    std::string table_;
     std::string schema_q_;
     std::string table_q_;
     std::string qualified_;

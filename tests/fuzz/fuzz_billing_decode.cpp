@@ -48,14 +48,17 @@ Outcome decode_checked(std::string_view payload, OrderConfirmed& out, const char
 bool json_int64(const nlohmann::json& j, const char* field, std::int64_t& out)
 {
     const auto it = j.find(field);
-    if (it == j.end()) return false;
+    if (it == j.end())
+        return false;
     if (it->is_number_unsigned()) {
         const auto u = it->get<std::uint64_t>();
-        if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return false;
+        if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+            return false;
         out = static_cast<std::int64_t>(u);
         return true;
     }
-    if (!it->is_number_integer()) return false;
+    if (!it->is_number_integer())
+        return false;
     out = it->get<std::int64_t>();
     return true;
 }
@@ -78,7 +81,8 @@ void check_matches_payload(std::string_view payload, const OrderConfirmed& e)
     auto int_field = [&](const char* field, std::int64_t decoded) {
         std::int64_t expected = 0;
         FUZZ_CHECK(json_int64(j, field, expected), "decoded \"%s\" as %lld although the payload's %s is no int64",
-                   field, static_cast<long long>(decoded), j.find(field) == j.end() ? "(missing)" : j.at(field).dump().c_str());
+                   field, static_cast<long long>(decoded),
+                   j.find(field) == j.end() ? "(missing)" : j.at(field).dump().c_str());
         FUZZ_CHECK(expected == decoded, "\"%s\" is %lld in the payload, %lld decoded", field,
                    static_cast<long long>(expected), static_cast<long long>(decoded));
     };
@@ -106,7 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string owned(reinterpret_cast<const char*>(data), size);
 
     OrderConfirmed event;
-    if (decode_checked(owned, event, "fuzz input") == Outcome::rejected) return 0;
+    if (decode_checked(owned, event, "fuzz input") == Outcome::rejected)
+        return 0;
 
     FUZZ_CHECK(!event.order_id.empty(), "decoded an empty order_id");
     FUZZ_CHECK(event.amount_cents > 0, "decoded amount_cents %lld", static_cast<long long>(event.amount_cents));

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define FUZZ_CHECK(cond, ...)                                                                                        \
+#define FUZZ_CHECK(cond, ...)                                                                                          \
     do {                                                                                                               \
         if (!(cond)) {                                                                                                 \
-            std::fprintf(stderr, "%s:%d: property violated: %s\n  ", __FILE__, __LINE__, #cond);                      \
+            std::fprintf(stderr, "%s:%d: property violated: %s\n  ", __FILE__, __LINE__, #cond);                       \
             std::fprintf(stderr, __VA_ARGS__);                                                                         \
             std::fputc('\n', stderr);                                                                                  \
             std::abort();                                                                                              \

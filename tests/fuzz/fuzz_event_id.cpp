@@ -25,7 +25,8 @@ std::string lower_ascii(std::string_view text)
 {
     std::string out(text);
     for (char& c : out) {
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+        if (c >= 'A' && c <= 'Z')
+            c = static_cast<char>(c - 'A' + 'a');
     }
     return out;
 }
@@ -45,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string_view text(owned);
 
     // Start from a non-nil value so that a silent "success" leaving `out` alone shows.
-    const EventId sentinel(EventId::Bytes{0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef,
-                                          0xde, 0xad, 0xbe, 0xef});
+    const EventId sentinel(
+        EventId::Bytes{0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef});
     EventId via_try = sentinel;
     const bool try_ok = EventId::try_parse(text, via_try);
 
@@ -68,7 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     FUZZ_CHECK(try_ok == parse_ok, "try_parse() %s but parse() %s", try_ok ? "accepted" : "rejected",
                parse_ok ? "accepted" : "rejected");
-    if (!try_ok) return 0;
+    if (!try_ok)
+        return 0;
 
     FUZZ_CHECK(via_try == via_parse, "try_parse() gave %s, parse() gave %s", via_try.to_string().c_str(),
                via_parse.to_string().c_str());

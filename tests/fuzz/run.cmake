@@ -68,6 +68,29 @@ file(GLOB headers ${SOURCE_DIR}/include/idemkafka/*.hpp ${SOURCE_DIR}/include/id
 # UBSan prints no stack by default, and the report alone rarely says which input path led there.
 set(ENV{UBSAN_OPTIONS} "print_stacktrace=1:$ENV{UBSAN_OPTIONS}")
 
+# Debian's clang only recommends the package with the sanitizer and libFuzzer runtimes,
+# so a clang installed without recommends compiles but cannot link a fuzzer. Saying
+# so beats a page of linker errors.
+function(probe_runtime)
+  get_property(done GLOBAL PROPERTY idemkafka_fuzz_probed)
+  if(done)
+    return()
+  endif()
+  set(probe ${WORK_DIR}/probe)
+  file(WRITE ${probe}.cpp
+    "#include <cstddef>\n#include <cstdint>\n"
+    "extern \"C\" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return 0; }\n")
+  execute_process(COMMAND ${FUZZ_CXX} -fsanitize=fuzzer,address,undefined ${probe}.cpp -o ${probe}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  file(REMOVE ${probe} ${probe}.cpp)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR
+      "fuzz: ${FUZZ_CXX} cannot link -fsanitize=fuzzer,address,undefined, so the libFuzzer/sanitizer "
+      "runtime is missing (Debian: apt-get install libclang-rt-dev, or libclang-rt-<version>-dev):\n${out}")
+  endif()
+  set_property(GLOBAL PROPERTY idemkafka_fuzz_probed TRUE)
+endfunction()
+
 # The billing target takes half a minute to compile under the sanitizers, so a binary
 # is reused while it is newer than everything it is built from and the command is unchanged.
 function(build_fuzzer name)
@@ -91,6 +114,7 @@ function(build_fuzzer name)
     message(STATUS "fuzz: ${name}: up to date")
     return()
   endif()
+  probe_runtime()
   message(STATUS "fuzz: building ${name}")
   file(REMOVE ${exe} ${stamp})
   execute_process(COMMAND ${command} RESULT_VARIABLE rc)
@@ -111,7 +135,7 @@ function(run_fuzzer name)
   file(MAKE_DIRECTORY ${artifacts})
   message(STATUS "fuzz: running ${name} for ${FUZZ_SECONDS} s")
   execute_process(
-    COMMAND ${exe} -max_total_time=${FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+    COMMAND ${exe} -max_total_time=${FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -print_funcs=0
             -artifact_prefix=${artifacts}/ ${${name}_options} ${corpus} ${fuzz_dir}/corpus/${name}
     RESULT_VARIABLE rc)
   if(rc EQUAL 0)

@@ -48,9 +48,9 @@ namespace {
 
 // The mock cluster (librdkafka 2.0) does not implement CreateTopics: ask the
 // mock broker process through its control FIFO instead.
-void create_topic_on_mock(const std::string& fifo, const std::string& name, int partitions)
+void write_control(const std::string& fifo, const std::string& command)
 {
-    const std::string line = fmt::format("create-topic {} {}\n", name, partitions);
+    const std::string line = command + "\n";
     std::FILE* f = std::fopen(fifo.c_str(), "w");
     if (!f)
         throw std::runtime_error("cannot open mock broker control FIFO " + fifo);
@@ -78,7 +78,7 @@ void create_topic(const std::string& name, int partitions)
     rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
     rd_kafka_event_t* ev = nullptr;
     if (control && *control) {
-        create_topic_on_mock(control, name, partitions);
+        write_control(control, fmt::format("create-topic {} {}", name, partitions));
     } else {
         rd_kafka_CreateTopics(rk, &nt, 1, nullptr, q);
         ev = rd_kafka_queue_poll(q, 30000);
@@ -125,6 +125,61 @@ void create_topic(const std::string& name, int partitions)
     rd_kafka_destroy(rk);
     if (!failure.empty())
         throw std::runtime_error(fmt::format("creating topic {}: {}", name, failure));
+}
+
+namespace {
+
+long ack_count(const std::string& ack, std::string* text)
+{
+    std::FILE* f = std::fopen(ack.c_str(), "r");
+    if (!f)
+        return 0;
+    char buf[512] = {};
+    const auto n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    std::string line(buf, n);
+    if (text)
+        *text = line;
+    return std::strtol(line.c_str(), nullptr, 10);
+}
+
+} // namespace
+
+void mock_control(const std::string& command)
+{
+    const char* fifo = std::getenv("IDEMKAFKA_MOCK_CONTROL");
+    if (!fifo || !*fifo)
+        throw std::runtime_error("IDEMKAFKA_MOCK_CONTROL is not set: this test needs the mock broker's control "
+                                 "FIFO (scripts/test.sh starts the broker with one)");
+    const std::string ack = std::string(fifo) + ".ack";
+    const long before = ack_count(ack, nullptr);
+    write_control(fifo, command);
+    std::string text;
+    if (!wait_until([&] { return ack_count(ack, &text) > before; }, std::chrono::seconds(10)))
+        throw std::runtime_error("mock broker did not acknowledge: " + command);
+    if (text.find(" ok") == std::string::npos)
+        throw std::runtime_error("mock broker refused \"" + command + "\": " + text);
+}
+
+std::int64_t committed_offset(const std::string& group, const std::string& topic, std::int32_t partition)
+{
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err);
+    rd_kafka_conf_set(conf, "group.id", group.c_str(), err, sizeof err);
+    rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof err);
+    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
+    if (!rk)
+        throw std::runtime_error(err);
+    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(list, topic.c_str(), partition);
+    const auto e = rd_kafka_committed(rk, list, 10000);
+    const std::int64_t offset = list->elems[0].offset;
+    rd_kafka_topic_partition_list_destroy(list);
+    rd_kafka_destroy(rk);
+    if (e)
+        throw std::runtime_error(std::string("committed offsets: ") + rd_kafka_err2str(e));
+    return offset;
 }
 
 std::string ReadRecord::header(std::string_view name) const

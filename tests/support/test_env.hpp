@@ -26,6 +26,14 @@ std::string brokers();
 std::string unique_name(std::string_view prefix);
 /// Creates a topic and waits until its metadata shows every partition.
 void create_topic(const std::string& name, int partitions);
+/// Sends one command to the mock broker's control FIFO (IDEMKAFKA_MOCK_CONTROL)
+/// and waits until it was applied; throws if there is no mock broker or the
+/// command failed. E.g. "push-errors OffsetCommit REBALANCE_IN_PROGRESS".
+void mock_control(const std::string& command);
+
+/// The offset committed in Kafka for `group` on topic/partition (-1001 when none).
+std::int64_t committed_offset(const std::string& group, const std::string& topic, std::int32_t partition);
+
 /// A record read back from a topic.
 struct ReadRecord {
     std::int32_t partition = 0;

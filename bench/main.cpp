@@ -1,0 +1,507 @@
+// idemkafka-bench: measures idemkafka against the raw limits of its parts
+// (Kafka consumption alone, PostgreSQL's own rate for the same rows) and
+// against a hand-written listener, in one process, on the same data, the same
+// PostgreSQL and the same broker. scripts/bench.sh provides the services.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <librdkafka/rdkafka.h>
+#include <pqxx/pqxx>
+
+#include <idemkafka/store.hpp>
+
+#include "modes.hpp"
+#include "report.hpp"
+
+#ifndef IDEMKAFKA_BENCH_VERSION
+#define IDEMKAFKA_BENCH_VERSION "unknown"
+#endif
+#ifndef IDEMKAFKA_BENCH_BUILD_TYPE
+#define IDEMKAFKA_BENCH_BUILD_TYPE "unknown"
+#endif
+
+namespace ik = idemkafka;
+using namespace idemkafka::bench;
+
+namespace {
+
+const char* const usage = R"(usage: idemkafka-bench [options]
+
+Runs every mode on the same data against one PostgreSQL and one Kafka broker,
+prints tables and writes a JSON report. scripts/bench.sh starts throwaway
+services and runs this; by hand, point it at your own:
+
+  --brokers HOST:PORT    bootstrap servers (default $IDEMKAFKA_TEST_BROKERS)
+  --postgres CONNINFO    libpq connection string (default $IDEMKAFKA_TEST_PG)
+  --control FIFO         mock broker control FIFO, to create topics on the mock
+                         cluster (default $IDEMKAFKA_MOCK_CONTROL; unset: topics
+                         are created with the admin API)
+  --events LIST          record counts, comma-separated (default 10000,100000,1000000)
+  --dups LIST            duplicate shares in percent (default 0,30)
+  --modes LIST           modes to run (default: all), from kafka_raw,
+                         pg_floor_per_event, pg_floor_batch, pg_floor_batch_rowwise,
+                         idemkafka_per_event, idemkafka_batch, idemkafka_batch_wN,
+                         naive_listener
+  --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
+                         naive_listener) run at most N records (default 10000);
+                         the count actually run is reported, never extrapolated
+  --workers LIST         worker counts of the idemkafka_batch_wN rows (default 2,4;
+                         only when the library has ConsumerConfig::workers)
+  --partitions N         partitions of the data topics (default 32; raised when a
+                         count would not fit the mock broker's ~5 MiB per partition)
+  --latency-rate R       events/s of the paced latency runs (default 500)
+  --latency-seconds S    length of each paced run (default 3; 0 skips them)
+  --quick                smoke run: 10k records, per-record modes at 2000,
+                         1 s paced runs
+  --out PATH             JSON report (default bench/results/latest.json)
+  --keep                 keep the bench schema in PostgreSQL afterwards
+  --verbose              library and librdkafka info logs on stderr
+  --plot-data JSON       print gnuplot data from a report and exit
+  --help
+
+Exit status: 0 when every run verified its counts, 1 when a run lost or
+doubled records or failed, 2 for bad usage.
+)";
+
+struct Options {
+    Services services;
+    std::vector<std::size_t> events = {10000, 100000, 1000000};
+    std::vector<int> dups = {0, 30};
+    std::set<std::string> modes;
+    std::size_t slow_max = 10000;
+    std::vector<int> workers = {2, 4};
+    int partitions = 32;
+    double latency_rate = 500;
+    double latency_seconds = 3;
+    std::string out = "bench/results/latest.json";
+    std::string plot_data;
+    std::string schema = "idemkafka_bench";
+    bool keep = false;
+    bool verbose = false;
+};
+
+[[noreturn]] void fail_usage(const std::string& why)
+{
+    std::fprintf(stderr, "idemkafka-bench: %s\n(try --help)\n", why.c_str());
+    std::exit(2);
+}
+
+template <class T>
+std::vector<T> parse_list(const std::string& flag, const std::string& text)
+{
+    std::vector<T> out;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) {
+        if (item.empty())
+            continue;
+        char* end = nullptr;
+        const double v = std::strtod(item.c_str(), &end);
+        if (!end || *end || v < 0 || v != std::floor(v))
+            fail_usage(fmt::format("{}: '{}' is not a non-negative whole number", flag, item));
+        out.push_back(static_cast<T>(v));
+    }
+    if (out.empty())
+        fail_usage(flag + ": empty list");
+    return out;
+}
+
+std::string env_or(const char* name)
+{
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+Options parse_options(int argc, char** argv)
+{
+    Options o;
+    o.services.brokers = env_or("IDEMKAFKA_TEST_BROKERS");
+    o.services.postgres = env_or("IDEMKAFKA_TEST_PG");
+    o.services.mock_control = env_or("IDEMKAFKA_MOCK_CONTROL");
+    bool quick = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc)
+                fail_usage(arg + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "--help" || arg == "-h") {
+            std::fputs(usage, stdout);
+            std::exit(0);
+        } else if (arg == "--brokers") {
+            o.services.brokers = value();
+        } else if (arg == "--postgres") {
+            o.services.postgres = value();
+        } else if (arg == "--control") {
+            o.services.mock_control = value();
+        } else if (arg == "--events") {
+            o.events = parse_list<std::size_t>(arg, value());
+        } else if (arg == "--dups") {
+            o.dups = parse_list<int>(arg, value());
+            for (int d : o.dups)
+                if (d > 90)
+                    fail_usage("--dups: at most 90 percent");
+        } else if (arg == "--modes") {
+            std::stringstream in(value());
+            for (std::string m; std::getline(in, m, ',');)
+                if (!m.empty())
+                    o.modes.insert(m);
+        } else if (arg == "--slow-max") {
+            o.slow_max = parse_list<std::size_t>(arg, value()).front();
+        } else if (arg == "--workers") {
+            o.workers = parse_list<int>(arg, value());
+        } else if (arg == "--partitions") {
+            o.partitions = std::max(1, parse_list<int>(arg, value()).front());
+        } else if (arg == "--latency-rate") {
+            o.latency_rate = static_cast<double>(parse_list<std::size_t>(arg, value()).front());
+        } else if (arg == "--latency-seconds") {
+            o.latency_seconds = static_cast<double>(parse_list<std::size_t>(arg, value()).front());
+        } else if (arg == "--quick") {
+            quick = true;
+        } else if (arg == "--out") {
+            o.out = value();
+        } else if (arg == "--plot-data") {
+            o.plot_data = value();
+        } else if (arg == "--keep") {
+            o.keep = true;
+        } else if (arg == "--verbose") {
+            o.verbose = true;
+        } else {
+            fail_usage("unknown argument '" + arg + "'");
+        }
+    }
+    if (quick) {
+        o.events = {10000};
+        o.slow_max = 2000;
+        o.latency_seconds = 1;
+    }
+    for (auto& e : o.events)
+        if (e == 0)
+            fail_usage("--events: counts must be positive");
+    std::sort(o.events.begin(), o.events.end());
+    o.events.erase(std::unique(o.events.begin(), o.events.end()), o.events.end());
+    if (o.latency_rate <= 0)
+        o.latency_rate = 500;
+    return o;
+}
+
+struct ModeSpec {
+    std::string name;
+    Kind kind;
+    bool slow;        // one transaction per record: run on at most --slow-max records
+    std::size_t batch;
+    int workers;
+};
+
+std::vector<ModeSpec> mode_specs(const Options& o)
+{
+    const std::size_t batch = ik::ConsumerConfig{}.max_batch;
+    std::vector<ModeSpec> all = {
+        {"kafka_raw", Kind::kafka_raw, false, 0, 0},
+        {"pg_floor_per_event", Kind::pg_floor_per_event, true, 1, 0},
+        {"pg_floor_batch", Kind::pg_floor_batch, false, batch, 0},
+        {"pg_floor_batch_rowwise", Kind::pg_floor_batch_rowwise, false, batch, 0},
+        {"idemkafka_per_event", Kind::idemkafka, true, 1, 0},
+        {"idemkafka_batch", Kind::idemkafka, false, batch, 0},
+    };
+    if constexpr (library_has_workers) {
+        for (int w : o.workers)
+            if (w > 0)
+                all.push_back({fmt::format("idemkafka_batch_w{}", w), Kind::idemkafka, false, batch, w});
+    }
+    all.push_back({"naive_listener", Kind::naive_listener, true, 1, 0});
+    if (o.modes.empty())
+        return all;
+    std::vector<ModeSpec> out;
+    for (const auto& m : all)
+        if (o.modes.count(m.name))
+            out.push_back(m);
+    for (const auto& m : o.modes) {
+        const bool known = std::any_of(all.begin(), all.end(), [&](const ModeSpec& s) { return s.name == m; });
+        if (!known) {
+            if (m.rfind("idemkafka_batch_w", 0) == 0 && !library_has_workers)
+                std::fprintf(stderr, "note: %s skipped: this idemkafka has no ConsumerConfig::workers yet\n",
+                             m.c_str());
+            else
+                fail_usage("--modes: unknown mode '" + m + "'");
+        }
+    }
+    return out;
+}
+
+std::string iso_now()
+{
+    const std::time_t t = std::time(nullptr);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    return buf;
+}
+
+std::string progress_line(const Result& r)
+{
+    std::string s = fmt::format("{} dup={}% events={}{}: ", r.mode, r.dup_percent, r.events,
+                                r.paced ? fmt::format(" paced@{:.0f}/s", r.rate) : "");
+    if (r.paced)
+        s += fmt::format("p50 {:.2f} ms p99 {:.2f} ms", r.end_to_end.percentile_ms(50),
+                         r.end_to_end.percentile_ms(99));
+    else
+        s += fmt::format("{:.0f} events/s in {:.2f} s", r.events_per_s, r.seconds);
+    s += r.ok() ? " ok" : " ERROR: " + r.errors.front();
+    for (const auto& n : r.notes)
+        s += " (" + n + ")";
+    return s;
+}
+
+// Mock partitions keep ~5 MiB; 90 bytes per record is the payload plus record
+// and batch overhead with margin, 4 MiB the budget per partition.
+int partitions_for(std::size_t count, int minimum)
+{
+    const auto needed = static_cast<int>((count * 90 + (4u << 20) - 1) / (4u << 20));
+    return std::max(minimum, needed);
+}
+
+int run(const Options& o)
+{
+    if (o.services.brokers.empty() || o.services.postgres.empty())
+        fail_usage("--brokers and --postgres (or IDEMKAFKA_TEST_BROKERS / IDEMKAFKA_TEST_PG) are required; "
+                   "scripts/bench.sh starts both");
+    const auto specs = mode_specs(o);
+    const std::string run_tag = fmt::format("{}-{}", getpid(), std::time(nullptr) % 1000000);
+
+    Report report;
+    int backend_pid = 0;
+    {
+        pqxx::connection c(o.services.postgres);
+        backend_pid = c.backendpid();
+        pqxx::nontransaction tx(c);
+        report.meta["postgres"] = {
+            {"version", tx.exec("SHOW server_version")[0][0].c_str()},
+            {"fsync", tx.exec("SHOW fsync")[0][0].c_str()},
+            {"synchronous_commit", tx.exec("SHOW synchronous_commit")[0][0].c_str()},
+            {"shared_buffers", tx.exec("SHOW shared_buffers")[0][0].c_str()},
+        };
+        // A fresh schema: tables of an earlier, interrupted run must not count.
+        tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
+    }
+    const Meter meter(backend_pid, o.services.mock_control);
+    RunEnv env{o.services, o.schema, &meter, o.verbose};
+
+    utsname un{};
+    uname(&un);
+    report.meta["generated_at"] = iso_now();
+    report.meta["machine"] = {{"cpus", std::thread::hardware_concurrency()},
+                              {"kernel", std::string(un.sysname) + " " + un.release}};
+    report.meta["versions"] = {{"idemkafka", IDEMKAFKA_BENCH_VERSION},
+                               {"build_type", IDEMKAFKA_BENCH_BUILD_TYPE},
+                               {"librdkafka", rd_kafka_version_str()},
+                               {"libpqxx", PQXX_VERSION}};
+    const ik::ConsumerConfig defaults;
+    report.meta["config"] = {
+        {"events", o.events},
+        {"dup_percent", o.dups},
+        {"slow_max", o.slow_max},
+        {"max_batch", defaults.max_batch},
+        {"max_batch_wait_ms", defaults.max_batch_wait.count()},
+        {"partitions_min", o.partitions},
+        {"latency_rate", o.latency_rate},
+        {"latency_seconds", o.latency_seconds},
+        {"library_has_workers", library_has_workers},
+        {"workers", library_has_workers ? nlohmann::ordered_json(o.workers) : nlohmann::ordered_json::array()},
+        {"broker", o.services.mock_control.empty() ? "external" : "idemkafka-mock-broker"},
+        {"cpu_postgres_measured", meter.has_postgres()},
+        {"cpu_broker_measured", meter.has_broker()},
+    };
+    if (std::string(IDEMKAFKA_BENCH_BUILD_TYPE) != "Release")
+        std::fprintf(stderr, "note: built as %s, not Release: numbers are not representative\n",
+                     IDEMKAFKA_BENCH_BUILD_TYPE);
+
+    bool any_kafka = false, any_slow = false, any_fast = false;
+    for (const auto& s : specs) {
+        any_kafka = any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
+                    s.kind == Kind::naive_listener;
+        any_slow = any_slow || s.slow;
+        any_fast = any_fast || !s.slow;
+    }
+    std::set<std::size_t> sizes;
+    for (auto e : o.events) {
+        if (any_fast)
+            sizes.insert(e);
+        if (any_slow)
+            sizes.insert(std::min(e, o.slow_max));
+    }
+    const std::uint64_t seed = 0x1DE3CAFCAULL;
+    std::vector<Dataset> datasets;
+    for (int d : o.dups)
+        datasets.emplace_back(d, seed);
+
+    // Every data topic is produced before the first timed run: the producer's
+    // buffers and CPU stay out of the measurements.
+    std::map<std::pair<int, std::size_t>, std::string> topics;
+    if (any_kafka) {
+        for (const auto& data : datasets) {
+            for (std::size_t n : sizes) {
+                const std::string topic = fmt::format("ikbench-{}-d{}-n{}", run_tag, data.dup_percent(), n);
+                const int parts = partitions_for(n, o.partitions);
+                const auto t0 = SteadyClock::now();
+                try {
+                    create_topic(o.services, topic, parts);
+                    produce_all(o.services, topic, data, n);
+                    const auto w = watermarks(o.services, topic);
+                    if (w.low_min > 0 || w.high_sum != static_cast<std::int64_t>(n)) {
+                        report.errors.push_back(fmt::format(
+                            "topic {}: the broker holds {} of {} records (lowest start offset {}); the mock keeps "
+                            "~5 MiB per partition: raise --partitions",
+                            topic, w.high_sum - w.low_min * w.partitions, n, w.low_min));
+                        continue;
+                    }
+                    topics[{data.dup_percent(), n}] = topic;
+                    std::fprintf(stderr, "produced %zu records (%d%% re-sends) into %s, %d partitions, in %.1f s\n",
+                                 n, data.dup_percent(), topic.c_str(), parts,
+                                 seconds_between(t0, SteadyClock::now()));
+                } catch (const std::exception& e) {
+                    report.errors.push_back(fmt::format("producing {}: {}", topic, e.what()));
+                }
+            }
+        }
+    }
+
+    int serial = 0;
+    auto kafka_mode = [](Kind k) { return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::naive_listener; };
+    const std::function<void()> no_op = [] {};
+    for (const auto& data : datasets) {
+        for (std::size_t n : sizes) {
+            for (const auto& s : specs) {
+                const bool runs_here = std::any_of(o.events.begin(), o.events.end(), [&](std::size_t e) {
+                    return (s.slow ? std::min(e, o.slow_max) : e) == n;
+                });
+                if (!runs_here)
+                    continue;
+                Job job;
+                job.mode = s.name;
+                job.kind = s.kind;
+                job.data = &data;
+                job.count = n;
+                job.batch = s.batch;
+                job.workers = s.workers;
+                job.serial = ++serial;
+                if (kafka_mode(s.kind)) {
+                    auto t = topics.find({data.dup_percent(), n});
+                    if (t == topics.end())
+                        continue;  // its production failed, already reported
+                    job.topic = t->second;
+                }
+                Result r = run_job(env, job, no_op);
+                std::fprintf(stderr, "%s\n", progress_line(r).c_str());
+                report.runs.push_back(std::move(r));
+            }
+        }
+    }
+
+    // Latency: a backlog drain measures queueing, not latency, so each mode
+    // also runs with records produced while it consumes, at a rate every mode
+    // sustains.
+    if (o.latency_seconds > 0) {
+        const auto count = static_cast<std::size_t>(o.latency_rate * o.latency_seconds);
+        for (const auto& data : datasets) {
+            for (const auto& s : specs) {
+                Job job;
+                job.mode = s.name;
+                job.kind = s.kind;
+                job.data = &data;
+                job.count = count;
+                job.paced = true;
+                job.rate = o.latency_rate;
+                job.batch = s.batch;
+                job.batch_wait = s.batch > 1 ? defaults.max_batch_wait : std::chrono::milliseconds(0);
+                job.workers = s.workers;
+                job.serial = ++serial;
+                std::atomic<bool> abort{false};
+                std::thread producer;
+                std::string producer_error;
+                std::function<void()> on_ready = no_op;
+                if (kafka_mode(s.kind)) {
+                    job.topic = fmt::format("ikbench-{}-paced-{}-d{}", run_tag, s.name, data.dup_percent());
+                    try {
+                        create_topic(o.services, job.topic, 8);
+                    } catch (const std::exception& e) {
+                        report.errors.push_back(fmt::format("creating {}: {}", job.topic, e.what()));
+                        continue;
+                    }
+                    on_ready = [&] {
+                        producer = std::thread([&] {
+                            name_thread("ik-producer");
+                            try {
+                                produce_paced(o.services, job.topic, data, count, o.latency_rate, abort);
+                            } catch (const std::exception& e) {
+                                producer_error = e.what();
+                            }
+                        });
+                    };
+                }
+                Result r = run_job(env, job, on_ready);
+                abort = true;
+                if (producer.joinable())
+                    producer.join();
+                if (!producer_error.empty())
+                    r.errors.push_back("producer: " + producer_error);
+                std::fprintf(stderr, "%s\n", progress_line(r).c_str());
+                report.paced.push_back(std::move(r));
+            }
+        }
+    }
+
+    const auto summary = summarise(report);
+    print_tables(std::cout, report, summary);
+    auto json = to_json(report);
+    const std::filesystem::path out(o.out);
+    if (out.has_parent_path())
+        std::filesystem::create_directories(out.parent_path());
+    std::ofstream(out) << json.dump(2) << "\n";
+    std::cout << "\nreport: " << out.string() << "\n";
+
+    if (!o.keep) {
+        try {
+            pqxx::connection c(o.services.postgres);
+            pqxx::nontransaction tx(c);
+            tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "note: could not drop schema %s: %s\n", o.schema.c_str(), e.what());
+        }
+    }
+    if (!json["ok"].get<bool>()) {
+        std::fprintf(stderr, "idemkafka-bench: FAILED: %zu error(s), see above and in %s\n", json["errors"].size(),
+                     out.string().c_str());
+        return 1;
+    }
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+try {
+    const Options o = parse_options(argc, argv);
+    if (!o.plot_data.empty()) {
+        write_plot_data(std::cout, o.plot_data);
+        return 0;
+    }
+    return run(o);
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "idemkafka-bench: %s\n", e.what());
+    return 1;
+}

@@ -1,0 +1,132 @@
+#pragma once
+// The benchmark modes. Each run consumes `count` records of one data set (from
+// a Kafka topic, or generated in process for the PostgreSQL floors), writes
+// into its own freshly emptied tables, and verifies what it wrote.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <idemkafka/config.hpp>
+
+#include "bench_util.hpp"
+
+namespace idemkafka::bench {
+
+/// True when ConsumerConfig has a `workers` member (parallel PostgreSQL
+/// workers): the idemkafka_batch_wN rows exist only then.
+template <class T, class = void>
+struct HasWorkers : std::false_type {};
+template <class T>
+struct HasWorkers<T, std::void_t<decltype(std::declval<T&>().workers)>> : std::true_type {};
+inline constexpr bool library_has_workers = HasWorkers<ConsumerConfig>::value;
+
+/// Sets `cfg.workers` when the member exists; a no-op otherwise.
+template <class Config>
+void set_workers(Config& cfg, int workers)
+{
+    if constexpr (HasWorkers<Config>::value) {
+        using W = std::decay_t<decltype(cfg.workers)>;
+        cfg.workers = static_cast<W>(workers);
+    } else {
+        (void)cfg;
+        (void)workers;
+    }
+}
+
+enum class Kind {
+    kafka_raw,
+    pg_floor_per_event,
+    pg_floor_batch,
+    pg_floor_batch_rowwise,
+    idemkafka,
+    naive_listener,
+};
+
+struct Job {
+    std::string mode;          ///< row name, e.g. "idemkafka_batch_w4"
+    Kind kind = Kind::kafka_raw;
+    const Dataset* data = nullptr;
+    std::size_t count = 0;     ///< records to consume
+    std::string topic;         ///< Kafka modes: the topic, holding exactly `count` records
+    bool paced = false;        ///< records are produced during the run at `rate`
+    double rate = 0;
+    std::size_t batch = 1;     ///< floors: records per transaction; idemkafka: max_batch
+    std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
+    int workers = 0;           ///< idemkafka: 0 leaves the library's default
+    int serial = 0;            ///< unique per run: names groups and statements
+};
+
+struct Result {
+    std::string mode;
+    int dup_percent = 0;
+    std::size_t events = 0;   ///< records consumed
+    std::size_t unique = 0;   ///< distinct events among them (effects expected)
+    bool paced = false;
+    double rate = 0;
+    double seconds = 0;       ///< first record taken -> last effect committed
+    double events_per_s = 0;
+    std::uint64_t transactions = 0;
+    Histogram end_to_end;      ///< produce timestamp -> effect committed (meaningful when paced)
+    Histogram taken_to_commit; ///< record reached the consumer -> effect committed
+    bool has_cpu = false;
+    CpuSplit cpu;
+    double rss_start_mb = 0;
+    double rss_peak_mb = 0;
+    std::vector<std::string> notes;  ///< measurement caveats (not failures)
+    std::vector<std::string> errors; ///< lost or doubled records, failures
+    bool ok() const { return errors.empty(); }
+};
+
+struct RunEnv {
+    Services services;
+    std::string schema;  ///< PostgreSQL schema of the bench tables
+    const Meter* meter = nullptr;
+    bool verbose = false;
+};
+
+/// Runs one job. `on_ready` is called once the consumer can receive records
+/// (assigned, or at once for the floors); paced runs start producing then.
+/// Never throws: failures end up in Result::errors.
+Result run_job(const RunEnv& env, const Job& job, const std::function<void()>& on_ready);
+
+// The modes, called by run_job after the tables are prepared.
+struct RunState;
+void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st);
+void run_naive_listener(const RunEnv& env, const Job& job, RunState& st);
+void run_pg_floor(const RunEnv& env, const Job& job, RunState& st);
+void run_idemkafka(const RunEnv& env, const Job& job, RunState& st);
+
+/// What a mode hands back to run_job; shared so the modes stay short.
+struct RunState {
+    Tables tables;
+    Result& result;
+    const std::function<void()>& on_ready;
+    LatencyRecorder latency;
+    CpuSample cpu_before;
+    CpuSample cpu_after;       ///< taken by the mode when the last record is committed
+    bool cpu_taken = false;
+    std::int64_t first_taken_us = -1;  ///< steady_us() of the first record
+    std::int64_t last_commit_us = -1;  ///< steady_us() of the last commit
+    std::size_t effects_reported = 0;  ///< effects the mode itself counted as committed
+
+    RunState(Result& r, const std::function<void()>& ready) : result(r), on_ready(ready) {}
+    void take_cpu_after(const Meter& m)
+    {
+        cpu_after = m.sample();
+        cpu_taken = true;
+    }
+};
+
+/// How long a run may go without progress before it is declared stuck (and
+/// its missing records reported as lost).
+inline constexpr std::chrono::seconds stall_timeout{30};
+/// Before the first record: group join and first fetch on a loaded machine.
+inline constexpr std::chrono::seconds first_record_timeout{90};
+
+} // namespace idemkafka::bench

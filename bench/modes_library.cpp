@@ -1,0 +1,189 @@
+// idemkafka itself: IdempotentConsumer with a handler that writes one
+// business row per claimed event (a handler sees one record at a time, so it
+// cannot batch rows across records the way pg_floor_batch does).
+
+#include <atomic>
+#include <exception>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+
+#include "modes.hpp"
+
+namespace idemkafka::bench {
+
+namespace {
+
+struct BenchEvent {
+    Decoded d;
+    std::int64_t taken_us = 0;  // steady_us() when the record reached the decoder
+};
+
+// Effects a thread's handler wrote in the transaction it is running; the
+// after-commit hook, called by the thread that committed, stamps them. `run`
+// keeps a stray entry of an earlier run (a rolled-back attempt) out.
+struct Pending {
+    int run;
+    std::int64_t produced_us;
+    std::int64_t taken_us;
+};
+thread_local std::vector<Pending> t_pending;
+
+void atomic_max(std::atomic<std::int64_t>& a, std::int64_t v) noexcept
+{
+    std::int64_t cur = a.load();
+    while (cur < v && !a.compare_exchange_weak(cur, v)) {
+    }
+}
+
+} // namespace
+
+void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
+{
+    const int run = job.serial;
+    const std::string effect_statement = fmt::format("ikbench_effect_{}", job.serial);
+    std::atomic<std::int64_t> first_taken{-1};
+    std::atomic<std::int64_t> last_commit{-1};
+    std::atomic<std::uint64_t> stamped{0};
+    std::atomic<std::uint64_t> unmatched_batches{0};
+
+    ConsumerConfig cfg;
+    cfg.brokers = env.services.brokers;
+    cfg.group_id = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    cfg.topics = {job.topic};
+    cfg.postgres = env.services.postgres;
+    cfg.schema = st.tables.schema;
+    cfg.table = st.tables.claims;
+    cfg.max_batch = job.batch;
+    for (const auto& [k, v] : common_consumer_props())
+        if (k != "enable.partition.eof")  // the library sets it itself
+            cfg.kafka[k] = v;
+    if (!env.verbose)
+        cfg.kafka["log_level"] = "3";
+    cfg.log = stderr_sink(env.verbose ? LogLevel::info : LogLevel::warning);
+    if (job.workers > 0)
+        set_workers(cfg, job.workers);
+    LatencyRecorder& latency = st.latency;
+    cfg.hooks.after_db_commit = [&](const BatchInfo& info) {
+        const std::int64_t now_w = wall_us();
+        const std::int64_t now_s = steady_us();
+        std::size_t n = 0;
+        for (const auto& p : t_pending) {
+            if (p.run != run)
+                continue;
+            latency.record(p.produced_us, p.taken_us, now_w, now_s);
+            ++n;
+        }
+        t_pending.clear();
+        if (n != info.claimed)
+            unmatched_batches.fetch_add(1);
+        stamped.fetch_add(n);
+        atomic_max(last_commit, now_s);
+    };
+
+    auto decode = [&first_taken](std::string_view payload) {
+        BenchEvent e;
+        e.d = decode_payload(payload);
+        e.taken_us = steady_us();
+        std::int64_t unset = -1;
+        first_taken.compare_exchange_strong(unset, e.taken_us);
+        return e;
+    };
+    auto handler = [&](pqxx::work& tx, const BenchEvent& e, const Context& ctx) {
+        prepare_once(tx.conn(), effect_statement, st.tables.insert_effect);
+        const auto key = ctx.key() ? std::string(*ctx.key()) : std::string();
+        tx.exec_prepared(effect_statement, e.d.id_text.data(), key, amount_of(e.d.id), e.d.produced_us);
+        t_pending.push_back({run, e.d.produced_us, e.taken_us});
+    };
+
+    IdempotentConsumer<BenchEvent> consumer(
+        cfg, decode, [](const BenchEvent& e) { return e.d.id; }, handler);
+
+    std::exception_ptr failure;
+    std::atomic<bool> finished{false};
+    std::thread runner([&] {
+        name_thread("ik-run");
+        try {
+            consumer.run();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        finished = true;
+    });
+
+    // Watch the counters until every record is accounted for: claimed (effect
+    // committed) or skipped as a duplicate or as poison.
+    const auto expected = static_cast<std::uint64_t>(job.count);
+    bool ready = false;
+    std::uint64_t last_processed = 0;
+    auto last_progress = SteadyClock::now();
+    MetricsSnapshot m;
+    for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        m = consumer.metrics().snapshot();
+        if (!ready && m.assigned_partitions > 0) {
+            ready = true;
+            st.on_ready();
+        }
+        const std::uint64_t processed = m.claimed + m.duplicates + m.decode_errors + m.invalid_event_ids;
+        if (processed >= expected)
+            break;
+        if (finished) {
+            st.result.errors.push_back(fmt::format("consumer stopped after {} of {} records", processed, expected));
+            break;
+        }
+        const auto now = SteadyClock::now();
+        if (processed != last_processed) {
+            last_processed = processed;
+            last_progress = now;
+        } else if (now - last_progress > (processed ? std::chrono::seconds(stall_timeout)
+                                                    : std::chrono::seconds(first_record_timeout))) {
+            st.result.errors.push_back(fmt::format("lost: only {} of {} records processed (no progress for {} s)",
+                                                   processed, expected,
+                                                   std::chrono::duration_cast<std::chrono::seconds>(now - last_progress)
+                                                       .count()));
+            break;
+        }
+    }
+    st.take_cpu_after(*env.meter);
+    // The counters move just before the after-commit hook runs: give the last
+    // hook a moment before stopping.
+    const auto hook_deadline = SteadyClock::now() + std::chrono::seconds(2);
+    while (stamped.load() < m.claimed && SteadyClock::now() < hook_deadline && !finished)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    consumer.stop();
+    runner.join();
+    if (failure) {
+        try {
+            std::rethrow_exception(failure);
+        } catch (const std::exception& e) {
+            st.result.errors.push_back(std::string("consumer failed: ") + e.what());
+        }
+    }
+
+    m = consumer.metrics().snapshot();
+    st.first_taken_us = first_taken.load();
+    st.last_commit_us = last_commit.load();
+    st.result.transactions = m.db_commits;
+    st.effects_reported = static_cast<std::size_t>(m.claimed);
+    if (st.result.errors.empty()) {
+        if (m.claimed != st.result.unique)
+            st.result.errors.push_back(fmt::format("claimed {} events, expected {}", m.claimed, st.result.unique));
+        if (m.duplicates != job.count - st.result.unique)
+            st.result.errors.push_back(
+                fmt::format("{} duplicates skipped, expected {}", m.duplicates, job.count - st.result.unique));
+        if (m.decode_errors + m.invalid_event_ids)
+            st.result.errors.push_back(
+                fmt::format("{} records rejected as poison", m.decode_errors + m.invalid_event_ids));
+    }
+    if (m.consumed > expected)
+        st.result.notes.push_back(fmt::format("{} records fetched again (rewind or rebalance)", m.consumed - expected));
+    if (unmatched_batches.load())
+        st.result.notes.push_back(fmt::format(
+            "latency of {} batch(es) not attributed: the after-commit hook ran on another thread than the handler",
+            unmatched_batches.load()));
+}
+
+} // namespace idemkafka::bench

@@ -1,0 +1,373 @@
+#pragma once
+/// \file
+/// Retention of the dedup claims without losing dedup: the retention
+/// configuration, the dedup-horizon guard, and Maintenance (schema migration,
+/// partitions created ahead and dropped when expired, or a batched purge).
+///
+/// Partitioned mode ranges `processed_event` BY RANGE (event_id). A UUIDv7's
+/// leading 48 bits are its creation time in milliseconds and PostgreSQL compares
+/// uuid values bytewise, so a range of ids is a range of creation times, and a
+/// redelivery of an id always lands in the partition of its first claim and
+/// conflicts there, however late it arrives. See docs/retention.md.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/context.hpp"
+#include "idemkafka/event_id.hpp"
+#include "idemkafka/log.hpp"
+#include "idemkafka/store.hpp"
+
+namespace idemkafka {
+
+/// How old claims are removed.
+enum class RetentionMode {
+    partitioned, ///< range partitions by event id (UUIDv7 time), expired ones dropped whole
+    purge,       ///< plain table, batched DELETE of rows whose processed_at is older than retention
+};
+
+/// What happens to an event whose UUIDv7 timestamp is older than the dedup horizon.
+enum class HorizonPolicy {
+    dead_letter, ///< dead letter with reason `beyond_dedup_horizon` (default)
+    reconcile,   ///< RetentionConfig::reconcile decides
+    process,     ///< hand it to the handler anyway (explicit opt-in: it may apply twice)
+};
+
+/// What happens to an event id that is not a UUIDv7 in partitioned mode.
+enum class NonV7Policy {
+    dead_letter, ///< dead letter with reason `non_v7_event_id` (default)
+    process,     ///< claim and process it; its dedup lasts an unknown time (see docs/retention.md)
+};
+
+/// What a reconcile hook decided for an event beyond the dedup horizon.
+enum class ReconcileOutcome {
+    process,     ///< the effect is not there: run the handler
+    skip,        ///< the effect is already there: treat the event as a duplicate
+    dead_letter, ///< cannot tell: dead letter with reason `beyond_dedup_horizon`
+};
+
+/// "partitioned", "purge".
+std::string_view to_string(RetentionMode mode) noexcept;
+/// "dead_letter", "reconcile", "process".
+std::string_view to_string(HorizonPolicy policy) noexcept;
+/// "dead_letter", "process".
+std::string_view to_string(NonV7Policy policy) noexcept;
+/// Inverse of to_string(RetentionMode). Throws ConfigError for any other text.
+RetentionMode parse_retention_mode(std::string_view text);
+/// Inverse of to_string(HorizonPolicy). Throws ConfigError for any other text.
+HorizonPolicy parse_horizon_policy(std::string_view text);
+/// Inverse of to_string(NonV7Policy). Throws ConfigError for any other text.
+NonV7Policy parse_non_v7_policy(std::string_view text);
+
+/// Dead-letter reasons the horizon guard produces (the `idemkafka.reason` header).
+inline constexpr std::string_view reason_beyond_dedup_horizon = "beyond_dedup_horizon";
+inline constexpr std::string_view reason_non_v7_event_id = "non_v7_event_id";
+
+/// Retention of the claims table and the dedup-horizon guard. Plain data;
+/// validate() throws ConfigError naming the bad field.
+struct RetentionConfig {
+    using Duration = std::chrono::milliseconds;
+
+    /// Layout of a table created (or converted) by migrate(). Maintenance acts on
+    /// the layout the table actually has.
+    RetentionMode mode = RetentionMode::partitioned;
+    /// How long a claim is kept. Partitioned: a partition is dropped once every
+    /// id it can hold is older than this. Purge: rows whose processed_at is older
+    /// are deleted.
+    Duration retention = std::chrono::hours(24 * 7);
+    /// Width of one range partition. A whole number of minutes.
+    Duration partition_width = std::chrono::hours(24);
+    /// Partitions kept ready beyond the current one.
+    std::size_t partitions_ahead = 3;
+    /// Rows deleted per purge statement (one short transaction each).
+    std::size_t purge_batch = 5000;
+    /// Pause between purge batches, so the purge never competes with claims for long.
+    Duration purge_pause = std::chrono::milliseconds(50);
+    /// Most purge batches in one maintenance run; the rest waits for the next run.
+    std::size_t purge_max_batches = 2000;
+    /// Creating a partition whose range already has rows in the default partition
+    /// moves them, holding the default partition locked. Above this many rows the
+    /// partition is not created (the rows age out of the default partition instead).
+    std::size_t max_move_rows = 100000;
+    /// lock_timeout of every maintenance statement, so maintenance waiting for a
+    /// lock never holds up the claims queued behind it for longer.
+    Duration lock_timeout = std::chrono::seconds(5);
+
+    /// The dedup horizon is retention - horizon_margin: an event whose UUIDv7
+    /// timestamp is at least that old goes to `beyond_horizon`. The margin covers
+    /// clock skew between producers and this consumer, and time in queues.
+    Duration horizon_margin = std::chrono::hours(24);
+    /// Policy for events beyond the dedup horizon.
+    HorizonPolicy beyond_horizon = HorizonPolicy::dead_letter;
+    /// Called for an event beyond the horizon when beyond_horizon == reconcile,
+    /// inside the batch transaction, after the event's claim: it checks whether the
+    /// effect exists already. Required for that policy.
+    std::function<ReconcileOutcome(pqxx::work& tx, const Context& ctx)> reconcile;
+    /// How long the downstream service remembers an Idempotency-Key (payment
+    /// providers often keep keys for 24 hours); zero when not configured.
+    /// HorizonDecision::key_window_open tells the handler whether a repeated call
+    /// is still recognised downstream.
+    Duration downstream_key_window{0};
+    /// Policy for ids that are not UUIDv7 in partitioned mode.
+    NonV7Policy non_v7 = NonV7Policy::dead_letter;
+
+    /// Run maintenance on a schedule inside the consumer (MaintenanceRunner);
+    /// several instances may, only one acts at a time.
+    bool maintenance = true;
+    /// Time between two maintenance runs.
+    Duration maintenance_interval = std::chrono::minutes(5);
+
+    /// retention - horizon_margin.
+    Duration dedup_horizon() const noexcept { return retention - horizon_margin; }
+
+    /// Throws ConfigError naming the first invalid field.
+    void validate() const;
+};
+
+/// What the horizon guard says about one event.
+enum class HorizonAction {
+    process,     ///< hand the event to the handler (claim first, as always)
+    dead_letter, ///< dead letter with HorizonDecision::reason, do not claim
+    reconcile,   ///< claim, then call RetentionConfig::reconcile instead of the handler
+};
+
+/// The verdict of HorizonGuard::check().
+struct HorizonDecision {
+    HorizonAction action = HorizonAction::process;
+    /// Dead-letter reason when action == dead_letter (reason_beyond_dedup_horizon
+    /// or reason_non_v7_event_id), empty otherwise.
+    std::string_view reason;
+    /// The id is a UUIDv7, so its age is known.
+    bool has_timestamp = false;
+    /// now - creation time of the id; negative for an id from the future, zero
+    /// without a timestamp.
+    std::chrono::milliseconds age{0};
+    /// The id is at least dedup_horizon() old: its claim may be gone already.
+    bool beyond_horizon = false;
+    /// The downstream Idempotency-Key is still remembered: age <
+    /// downstream_key_window. Always true when no window is configured; false
+    /// when a window is configured and the age is unknown (not a UUIDv7).
+    bool key_window_open = true;
+};
+
+/// Pure logic, no I/O: decides from an event id and the current time whether
+/// the event is within the dedup horizon. Thread-safe (immutable).
+class HorizonGuard {
+public:
+    /// Throws ConfigError if `config` does not validate.
+    explicit HorizonGuard(const RetentionConfig& config);
+
+    /// Classifies `id` as seen at `now`. Beyond the horizon means age >=
+    /// dedup_horizon(); the key window is open while age < downstream_key_window.
+    /// Non-v7 ids: in partitioned mode per RetentionConfig::non_v7, in purge mode
+    /// processed (their age is unknown, their claim lasts `retention` after
+    /// processing). Never throws.
+    HorizonDecision check(const EventId& id, std::chrono::system_clock::time_point now) const noexcept;
+    /// Same, at system_clock::now().
+    HorizonDecision check(const EventId& id) const noexcept;
+
+    /// retention - horizon_margin.
+    std::chrono::milliseconds horizon() const noexcept { return horizon_; }
+
+private:
+    RetentionMode mode_;
+    std::chrono::milliseconds horizon_;
+    std::chrono::milliseconds key_window_;
+    HorizonPolicy beyond_;
+    NonV7Policy non_v7_;
+};
+
+/// The lower bound of the ids created at `unix_ms`: the first 48 bits are the
+/// timestamp, every other bit zero. Every UUIDv7 created in that millisecond
+/// sorts at or after it and before partition_bound(unix_ms + 1). `unix_ms` is
+/// clamped to [0, 2^48 - 1]. Never throws.
+EventId partition_bound(std::int64_t unix_ms) noexcept;
+
+/// The deterministic name of the range partition of `table` whose lower bound is
+/// `from_unix_ms` (UTC): `<table>_pYYYYMMDD_HHMM`, with the table part shortened
+/// and suffixed with a hash when the result would exceed 63 bytes. Never throws
+/// for a table quote_identifier() accepts.
+std::string partition_name(std::string_view table, std::int64_t from_unix_ms);
+/// `<table>_default`, shortened the same way.
+std::string default_partition_name(std::string_view table);
+
+/// What Maintenance::migrate() did.
+struct MigrationReport {
+    bool created = false;   ///< the table did not exist and was created
+    bool converted = false; ///< a plain table became the default partition of a partitioned one
+    RetentionMode mode = RetentionMode::partitioned; ///< the table's layout afterwards
+    std::vector<std::string> partitions_created;
+    std::vector<std::string> notes; ///< one line per other change or skipped step
+};
+
+/// What one maintenance run did (or, in a dry run, would do).
+struct MaintenanceReport {
+    /// False when another instance held the maintenance lock: nothing was done.
+    bool acted = false;
+    bool dry_run = false;
+    /// The table's actual layout.
+    RetentionMode mode = RetentionMode::partitioned;
+    /// The time the run used as "now".
+    std::chrono::system_clock::time_point now{};
+    /// Claims older than this were expired.
+    std::chrono::system_clock::time_point cutoff{};
+    std::vector<std::string> partitions_created;
+    std::vector<std::string> partitions_dropped;
+    /// Rows moved from the default partition into newly created partitions.
+    std::uint64_t rows_moved = 0;
+    /// Rows purged (purge mode, and the default partition in partitioned mode);
+    /// in a dry run, rows that would be.
+    std::uint64_t rows_purged = 0;
+    std::size_t purge_batches = 0;
+    /// The purge stopped at purge_max_batches (or on cancel) with rows left.
+    bool purge_incomplete = false;
+    /// One human-readable line per action, skip or mismatch, in order.
+    std::vector<std::string> actions;
+};
+
+/// One partition of a partitioned claims table.
+struct PartitionInfo {
+    std::string name;
+    bool is_default = false;
+    /// Creation-time range of the ids it holds; nullopt for MINVALUE/MAXVALUE
+    /// and for the default partition.
+    std::optional<std::chrono::system_clock::time_point> from, to;
+    /// PostgreSQL's text of the bound, e.g. `FOR VALUES FROM ('...') TO ('...')`.
+    std::string bound;
+    std::int64_t rows = 0;
+};
+
+/// Claims of one consumer group.
+struct GroupInfo {
+    std::string consumer_group;
+    std::int64_t rows = 0;
+    std::optional<std::chrono::system_clock::time_point> oldest_claim, newest_claim;
+};
+
+/// What Maintenance::status() found.
+struct RetentionStatus {
+    bool exists = false;
+    /// The table's actual layout (meaningful when exists).
+    RetentionMode mode = RetentionMode::partitioned;
+    std::int64_t rows = 0;
+    std::vector<GroupInfo> groups;
+    /// Partitioned mode: range partitions ordered by bound, the default one last.
+    std::vector<PartitionInfo> partitions;
+    std::optional<std::chrono::system_clock::time_point> oldest_claim, newest_claim;
+    std::chrono::system_clock::time_point now{};
+    /// retention - horizon_margin.
+    std::chrono::milliseconds dedup_horizon{0};
+    /// Events created before this are beyond the horizon (now - dedup_horizon).
+    std::chrono::system_clock::time_point horizon_cutoff{};
+    /// Partitioned: lower bound of the oldest range partition (ids created before
+    /// it are kept only in the default partition, by processed_at).
+    std::optional<std::chrono::system_clock::time_point> partitions_from, partitions_to;
+};
+
+/// Schema migration and retention of one claims table. A Maintenance object is
+/// not thread-safe, except cancel(); several processes may run maintenance on
+/// the same table at once: a session advisory lock lets only one of them act.
+class Maintenance {
+public:
+    using WallClock = std::function<std::chrono::system_clock::time_point()>;
+
+    /// Throws ConfigError if `config` does not validate. `clock` (default
+    /// system_clock::now) is the notion of "now" for expiry and partitions ahead;
+    /// `log` (default: none) receives progress lines.
+    Maintenance(ProcessedEventStore store, RetentionConfig config, LogSink log = {}, WallClock clock = {});
+
+    /// How migrate() treats an existing table whose layout differs from
+    /// RetentionConfig::mode.
+    enum class Existing { keep, convert };
+
+    /// Creates the schema and the table in RetentionConfig::mode if missing
+    /// (partitioned: with its default partition and the partitions from now -
+    /// retention to partitions_ahead ahead; purge: with an index on
+    /// processed_at). An existing table keeps its layout, or with
+    /// Existing::convert a plain one becomes the default partition of a new
+    /// partitioned table. Idempotent; safe to run twice and concurrently. Throws
+    /// ConfigError for a conversion it cannot do (partitioned to plain, or a table
+    /// partitioned by something other than event_id) and DatabaseError when
+    /// PostgreSQL fails.
+    MigrationReport migrate(pqxx::connection& conn, Existing existing = Existing::keep);
+
+    /// One maintenance run. Partitioned table: creates missing partitions from now -
+    /// retention to partitions_ahead ahead, drops partitions whose every id is older
+    /// than retention, purges the default partition by processed_at. Plain table:
+    /// purges rows with processed_at older than retention in bounded batches. Returns
+    /// with acted == false if another session holds the maintenance lock. With
+    /// `dry_run` nothing changes; the report says what would. Throws DatabaseError if
+    /// the table does not exist or PostgreSQL fails (a partition that cannot be
+    /// created or dropped within lock_timeout is reported, not thrown).
+    MaintenanceReport run_once(pqxx::connection& conn, bool dry_run = false);
+
+    /// Rows per consumer group, partitions with their time ranges, oldest and
+    /// newest claim, the effective dedup horizon. Counts are exact (they scan the
+    /// table). Throws DatabaseError when PostgreSQL fails.
+    RetentionStatus status(pqxx::connection& conn) const;
+
+    /// Makes a running or later run_once() stop after its current batch. Thread-safe.
+    void cancel() noexcept { cancel_.store(true); }
+
+    const ProcessedEventStore& store() const noexcept { return store_; }
+    const RetentionConfig& config() const noexcept { return config_; }
+
+private:
+    ProcessedEventStore store_;
+    RetentionConfig config_;
+    LogSink log_;
+    WallClock clock_;
+    std::atomic<bool> cancel_{false};
+};
+
+/// Runs Maintenance::run_once() on a thread of its own every
+/// maintenance_interval (the first run at once), with a connection of its own
+/// (reconnected after a failure). Failures are logged, never thrown. Several
+/// consumer instances may each have one: only one acts at a time.
+class MaintenanceRunner {
+public:
+    /// Starts the thread. Throws ConfigError if `config` does not validate.
+    MaintenanceRunner(std::string conninfo, ProcessedEventStore store, RetentionConfig config, LogSink log = {},
+                      Maintenance::WallClock clock = {});
+    /// stop().
+    ~MaintenanceRunner();
+    MaintenanceRunner(const MaintenanceRunner&) = delete;
+    MaintenanceRunner& operator=(const MaintenanceRunner&) = delete;
+
+    /// Interrupts a purge after its current batch and joins the thread. Idempotent; never throws.
+    void stop() noexcept;
+    /// Runs completed (whether or not they acted) and runs that failed.
+    std::uint64_t runs() const noexcept { return runs_.load(); }
+    std::uint64_t failures() const noexcept { return failures_.load(); }
+    /// The report of the latest completed run, if any.
+    std::optional<MaintenanceReport> last_report() const;
+
+private:
+    void loop() noexcept;
+
+    std::string conninfo_;
+    Maintenance maintenance_;
+    LogSink log_;
+    std::chrono::milliseconds interval_;
+    mutable std::mutex mutex_;
+    std::condition_variable wake_;
+    bool stopping_ = false;
+    std::optional<MaintenanceReport> last_;
+    std::atomic<std::uint64_t> runs_{0}, failures_{0};
+    std::thread thread_;
+};
+
+} // namespace idemkafka

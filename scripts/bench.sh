@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The benchmark, end to end: builds idemkafka-bench (Release), starts a throwaway
+# PostgreSQL and the mock Kafka cluster, runs every mode on the same data, writes
+# bench/results/latest.json and renders bench/results/throughput.png, then removes
+# the services again (also on failure).
+#
+#   scripts/bench.sh                      full run: 10k, 100k, 1M records x 0%/30% re-sends
+#   scripts/bench.sh --quick              10k records only (the CTest smoke run)
+#   scripts/bench.sh --events 10000,50000 --modes idemkafka_batch,pg_floor_batch
+#
+# Arguments go to idemkafka-bench (see --help). Environment: BUILD_DIR (default
+# <repo>/build-bench), RESULTS_DIR (default <repo>/bench/results), and
+# IDEMKAFKA_TEST_PG / IDEMKAFKA_TEST_BROKERS to measure existing services instead.
+set -euo pipefail
+
+IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Its own build tree: the benchmark needs Release, the tests use RelWithDebInfo.
+BUILD_DIR="${BUILD_DIR:-$IK_ROOT/build-bench}"
+# shellcheck source=scripts/lib.sh
+source "$IK_ROOT/scripts/lib.sh"
+
+results="${RESULTS_DIR:-$IK_ROOT/bench/results}"
+case "$results" in
+    /*) ;;
+    *) results="$PWD/$results" ;;
+esac
+
+ik_ensure_packages
+# gnuplot only draws the chart: a missing one costs the PNG, not the run.
+if ! command -v gnuplot >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        ik_log "installing gnuplot-nox (for the chart)"
+        { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gnuplot-nox; } \
+            >/dev/null || ik_warn "could not install gnuplot: no chart"
+    else
+        ik_warn "gnuplot not found (apt-get install gnuplot-nox): no chart"
+    fi
+fi
+
+ik_log "building Release ($BUILD_DIR)"
+cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DIDEMKAFKA_BUILD_BENCH=ON >/dev/null
+cmake --build "$BUILD_DIR" -j2 --target idemkafka-bench idemkafka-mock-broker
+
+ik_log "starting PostgreSQL"
+ik_start_postgres
+ik_log "starting the mock Kafka cluster"
+ik_start_broker
+
+mkdir -p "$results"
+bench="$BUILD_DIR/bench/idemkafka-bench"
+ik_log "running the benchmark"
+status=0
+"$bench" --out "$results/latest.json" "$@" || status=$?
+if [ "$status" -eq 2 ]; then
+    exit 2 # usage error: nothing ran
+fi
+if [ "$status" -ne 0 ]; then
+    ik_show_logs
+fi
+
+if [ -f "$results/latest.json" ] && command -v gnuplot >/dev/null 2>&1; then
+    "$bench" --plot-data "$results/latest.json" >"$results/throughput.dat"
+    gnuplot -e "datafile='$results/throughput.dat'; outfile='$results/throughput.png'" \
+        "$IK_ROOT/bench/throughput.gp" && ik_log "chart: $results/throughput.png"
+fi
+ik_log "report: $results/latest.json"
+exit "$status"

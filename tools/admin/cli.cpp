@@ -1,0 +1,414 @@
+#include "cli.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace idemkafka::detail::admin {
+namespace {
+
+bool iequals_at(std::string_view text, std::size_t pos, std::string_view word)
+{
+    if (pos + word.size() > text.size())
+        return false;
+    for (std::size_t i = 0; i < word.size(); ++i)
+        if (std::tolower(static_cast<unsigned char>(text[pos + i])) != word[i])
+            return false;
+    return true;
+}
+
+std::string percent_decode(std::string_view s)
+{
+    std::string out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+            std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+            out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
+            i += 2;
+        } else {
+            out.push_back(s[i]);
+        }
+    }
+    return out;
+}
+
+// Masks the value after every `password=` (any case, any spaces around `=`):
+// a quoted value up to its closing quote, otherwise up to whitespace or `&`.
+std::string mask_password_settings(std::string text)
+{
+    std::size_t pos = 0;
+    while ((pos = [&] {
+               for (std::size_t i = pos; i < text.size(); ++i)
+                   if (iequals_at(text, i, "password"))
+                       return i;
+               return std::string::npos;
+           }()) != std::string::npos) {
+        std::size_t i = pos + 8;
+        while (i < text.size() && text[i] == ' ')
+            ++i;
+        if (i >= text.size() || text[i] != '=') {
+            pos += 8;
+            continue;
+        }
+        ++i;
+        while (i < text.size() && text[i] == ' ')
+            ++i;
+        std::size_t end = i;
+        if (end < text.size() && (text[end] == '\'' || text[end] == '"')) {
+            const char q = text[end++];
+            while (end < text.size() && text[end] != q) {
+                if (text[end] == '\\')
+                    ++end;
+                ++end;
+            }
+            end = std::min(end + 1, text.size());
+        } else {
+            while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end])) && text[end] != '&' &&
+                   text[end] != '"')
+                ++end;
+        }
+        if (end > i)
+            text.replace(i, end - i, "***");
+        pos = i + 3;
+    }
+    return text;
+}
+
+// Masks the password of every `scheme://user:password@` in the text.
+std::string mask_uri_passwords(std::string text)
+{
+    std::size_t pos = 0;
+    while ((pos = text.find("://", pos)) != std::string::npos) {
+        const std::size_t start = pos + 3;
+        std::size_t end = start;
+        while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end])) && text[end] != '@')
+            ++end;
+        if (end < text.size() && text[end] == '@') {
+            const std::size_t colon = text.find(':', start);
+            if (colon != std::string::npos && colon < end && end > colon + 1) {
+                text.replace(colon + 1, end - colon - 1, "***");
+                end = colon + 4;
+            }
+        }
+        pos = end;
+    }
+    return text;
+}
+
+} // namespace
+
+// ---- arguments -------------------------------------------------------------
+
+ArgReader::ArgReader(std::string command, std::vector<std::string> args)
+    : command_(std::move(command)), args_(std::move(args))
+{
+}
+
+bool ArgReader::option(std::string_view name)
+{
+    if (!more())
+        return false;
+    const std::string& a = args_[pos_];
+    if (a == name) {
+        current_ = a;
+        inline_value_.reset();
+        ++pos_;
+        return true;
+    }
+    if (a.size() > name.size() && a.compare(0, name.size(), name) == 0 && a[name.size()] == '=') {
+        current_ = std::string(name);
+        inline_value_ = a.substr(name.size() + 1);
+        ++pos_;
+        return true;
+    }
+    return false;
+}
+
+std::string ArgReader::value()
+{
+    if (inline_value_) {
+        std::string v = std::move(*inline_value_);
+        inline_value_.reset();
+        return v;
+    }
+    if (!more())
+        throw UsageError(fmt::format("{}: option {} needs a value", command_, current_));
+    return args_[pos_++];
+}
+
+std::optional<std::string> ArgReader::word()
+{
+    if (!more() || (!args_[pos_].empty() && args_[pos_][0] == '-'))
+        return std::nullopt;
+    return args_[pos_++];
+}
+
+void ArgReader::unknown() const
+{
+    const std::string& a = args_[pos_];
+    if (!a.empty() && a[0] == '-')
+        throw UsageError(fmt::format("{}: unknown option '{}'", command_, a.substr(0, a.find('='))));
+    throw UsageError(fmt::format("{}: unexpected argument '{}'", command_, a));
+}
+
+// ---- values ----------------------------------------------------------------
+
+std::chrono::milliseconds parse_duration(std::string_view text, std::string_view what)
+{
+    std::size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])))
+        ++digits;
+    const std::string_view unit = text.substr(digits);
+    std::int64_t scale = 0;
+    if (unit == "ms")
+        scale = 1;
+    else if (unit == "s")
+        scale = 1000;
+    else if (unit == "m" || unit == "min")
+        scale = 60 * 1000;
+    else if (unit == "h")
+        scale = 3600 * 1000;
+    else if (unit == "d")
+        scale = 86400 * 1000;
+    else if (unit == "w")
+        scale = 7 * 86400 * 1000;
+    if (digits == 0 || digits > 12 || scale == 0)
+        throw UsageError(
+            fmt::format("{}: '{}' is not a duration (a number and a unit: ms, s, m, h, d or w, e.g. 7d)", what, text));
+    return std::chrono::milliseconds(std::stoll(std::string(text.substr(0, digits))) * scale);
+}
+
+std::uint64_t parse_count(std::string_view text, std::string_view what)
+{
+    if (text.empty() || text.size() > 18 ||
+        !std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+        throw UsageError(fmt::format("{}: '{}' is not a non-negative whole number", what, text));
+    return std::stoull(std::string(text));
+}
+
+std::chrono::system_clock::time_point parse_time(std::string_view text, std::string_view what)
+{
+    if (!text.empty() && text[0] == '@')
+        return std::chrono::system_clock::time_point(
+            std::chrono::milliseconds(static_cast<std::int64_t>(parse_count(text.substr(1), what))));
+    const std::string s(text);
+    int y = 0, mo = 0, d = 0, h = 0, mi = 0, sec = 0, n = 0;
+    std::tm tm{};
+    const bool date_only =
+        std::sscanf(s.c_str(), "%4d-%2d-%2d%n", &y, &mo, &d, &n) == 3 && static_cast<std::size_t>(n) == s.size();
+    bool ok = date_only;
+    if (!ok) {
+        n = 0;
+        ok = std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2dZ%n", &y, &mo, &d, &h, &mi, &sec, &n) == 6 &&
+             static_cast<std::size_t>(n) == s.size();
+    }
+    if (!ok) {
+        n = 0;
+        sec = 0;
+        ok = std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2dZ%n", &y, &mo, &d, &h, &mi, &n) == 5 &&
+             static_cast<std::size_t>(n) == s.size();
+    }
+    if (!ok || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
+        throw UsageError(
+            fmt::format("{}: '{}' is not a time (YYYY-MM-DD, YYYY-MM-DDTHH:MM:SSZ or @<unix ms>)", what, text));
+    tm.tm_year = y - 1900;
+    tm.tm_mon = mo - 1;
+    tm.tm_mday = d;
+    tm.tm_hour = h;
+    tm.tm_min = mi;
+    tm.tm_sec = sec;
+    return std::chrono::system_clock::from_time_t(timegm(&tm));
+}
+
+std::string format_time(std::chrono::system_clock::time_point t)
+{
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+    std::int64_t secs = ms / 1000, frac = ms % 1000;
+    if (frac < 0) {
+        frac += 1000;
+        --secs;
+    }
+    const auto tt = static_cast<std::time_t>(secs);
+    std::tm tm{};
+    gmtime_r(&tt, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    return frac ? fmt::format("{}.{:03}Z", buf, frac) : fmt::format("{}Z", buf);
+}
+
+std::string format_duration(std::chrono::milliseconds d)
+{
+    const std::int64_t ms = d.count();
+    const std::pair<std::int64_t, const char*> units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
+    for (const auto& [scale, name] : units)
+        if (ms != 0 && ms % scale == 0)
+            return fmt::format("{}{}", ms / scale, name);
+    return fmt::format("{}ms", ms);
+}
+
+// ---- redaction -------------------------------------------------------------
+
+void Redactor::add_conninfo(std::string_view conninfo)
+{
+    auto keep = [this](std::string s) {
+        // Very short values would mask ordinary words everywhere; the patterns
+        // in operator() still catch them in their usual places.
+        if (s.size() >= 4 && std::find(secrets_.begin(), secrets_.end(), s) == secrets_.end())
+            secrets_.push_back(std::move(s));
+    };
+    const auto scheme = conninfo.find("://");
+    if (scheme != std::string_view::npos) {
+        const std::size_t start = scheme + 3;
+        const std::size_t at = conninfo.find('@', start);
+        const std::size_t authority_end = conninfo.find_first_of("/?", start);
+        if (at != std::string_view::npos && at < authority_end) {
+            const std::size_t colon = conninfo.find(':', start);
+            if (colon != std::string_view::npos && colon < at) {
+                const auto raw = conninfo.substr(colon + 1, at - colon - 1);
+                keep(std::string(raw));
+                keep(percent_decode(raw));
+            }
+        }
+        for (std::size_t p = conninfo.find("password=", start); p != std::string_view::npos;
+             p = conninfo.find("password=", p + 9)) {
+            const std::size_t v = p + 9;
+            const std::size_t e = conninfo.find('&', v);
+            const auto raw = conninfo.substr(v, e == std::string_view::npos ? std::string_view::npos : e - v);
+            keep(std::string(raw));
+            keep(percent_decode(raw));
+        }
+        return;
+    }
+    // key = value pairs; a value may be single-quoted with backslash escapes.
+    std::size_t i = 0;
+    while (i < conninfo.size()) {
+        while (i < conninfo.size() && std::isspace(static_cast<unsigned char>(conninfo[i])))
+            ++i;
+        const std::size_t key_start = i;
+        while (i < conninfo.size() && conninfo[i] != '=' && !std::isspace(static_cast<unsigned char>(conninfo[i])))
+            ++i;
+        const auto key = conninfo.substr(key_start, i - key_start);
+        while (i < conninfo.size() && std::isspace(static_cast<unsigned char>(conninfo[i])))
+            ++i;
+        if (i >= conninfo.size() || conninfo[i] != '=') {
+            ++i;
+            continue;
+        }
+        ++i;
+        while (i < conninfo.size() && std::isspace(static_cast<unsigned char>(conninfo[i])))
+            ++i;
+        std::string value;
+        if (i < conninfo.size() && conninfo[i] == '\'') {
+            ++i;
+            while (i < conninfo.size() && conninfo[i] != '\'') {
+                if (conninfo[i] == '\\' && i + 1 < conninfo.size())
+                    ++i;
+                value.push_back(conninfo[i++]);
+            }
+            ++i;
+        } else {
+            while (i < conninfo.size() && !std::isspace(static_cast<unsigned char>(conninfo[i])))
+                value.push_back(conninfo[i++]);
+        }
+        if (key == "password")
+            keep(std::move(value));
+    }
+}
+
+void Redactor::add_setting(std::string_view key, std::string_view value)
+{
+    std::string k(key);
+    std::transform(k.begin(), k.end(), k.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const bool secret = k.find("password") != std::string::npos || k.find("secret") != std::string::npos ||
+                        k.find("oauthbearer.config") != std::string::npos || k.find("key.pem") != std::string::npos ||
+                        k.find("keystore") != std::string::npos || k.find("private") != std::string::npos;
+    if (secret && value.size() >= 4)
+        secrets_.emplace_back(value);
+}
+
+std::string Redactor::operator()(std::string_view text) const
+{
+    std::string s(text);
+    for (const auto& secret : secrets_) {
+        std::size_t p = 0;
+        while ((p = s.find(secret, p)) != std::string::npos) {
+            s.replace(p, secret.size(), "***");
+            p += 3;
+        }
+    }
+    return mask_uri_passwords(mask_password_settings(std::move(s)));
+}
+
+Redactor& redactor()
+{
+    static Redactor r;
+    return r;
+}
+
+void out(std::string_view line)
+{
+    std::cout << redactor()(line) << '\n' << std::flush;
+}
+
+void err(std::string_view line)
+{
+    std::cerr << redactor()(line) << '\n' << std::flush;
+}
+
+// ---- JSON ------------------------------------------------------------------
+
+std::string json_string(std::string_view text)
+{
+    std::string out = "\"";
+    auto escape_byte = [&](unsigned char c) { out += fmt::format("\\u{:04x}", c); };
+    for (std::size_t i = 0; i < text.size();) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        if (c == '"' || c == '\\') {
+            out.push_back('\\');
+            out.push_back(static_cast<char>(c));
+            ++i;
+        } else if (c == '\n') {
+            out += "\\n";
+            ++i;
+        } else if (c == '\r') {
+            out += "\\r";
+            ++i;
+        } else if (c == '\t') {
+            out += "\\t";
+            ++i;
+        } else if (c < 0x20 || c == 0x7f) {
+            escape_byte(c);
+            ++i;
+        } else if (c < 0x80) {
+            out.push_back(static_cast<char>(c));
+            ++i;
+        } else {
+            // Copy a well-formed UTF-8 sequence as it is; escape a stray byte.
+            std::size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+            bool ok = len > 0 && i + len <= text.size() && c >= 0xC2 && c <= 0xF4;
+            for (std::size_t k = 1; ok && k < len; ++k)
+                ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+            if (ok) {
+                out.append(text.substr(i, len));
+                i += len;
+            } else {
+                escape_byte(c);
+                ++i;
+            }
+        }
+    }
+    out.push_back('"');
+    return out;
+}
+
+std::string json_time(const std::optional<std::chrono::system_clock::time_point>& t)
+{
+    return t ? json_string(format_time(*t)) : "null";
+}
+
+} // namespace idemkafka::detail::admin

@@ -1,0 +1,337 @@
+// migrate, maintain and status: the subcommands that work on the claims table.
+
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include <idemkafka/error.hpp>
+#include <idemkafka/retention.hpp>
+#include <idemkafka/store.hpp>
+
+#include "cli.hpp"
+#include "commands.hpp"
+
+namespace idemkafka::detail::admin {
+namespace {
+
+constexpr const char* db_options_help = R"(database options:
+  --postgres CONNINFO        libpq connection string or URI (default: $IDEMKAFKA_POSTGRES)
+  --schema NAME              schema of the claims table (default public)
+  --table NAME               the claims table (default processed_event)
+)";
+
+constexpr const char* retention_options_help = R"(retention options:
+  --retention DURATION       how long claims are kept (default 7d)
+  --partition-width DURATION width of one range partition, whole minutes (default 1d)
+  --partitions-ahead N       partitions kept ready beyond the current one (default 3)
+  --horizon-margin DURATION  dedup horizon = retention - margin (default 1d)
+  --now TIME                 act as if it were TIME (YYYY-MM-DD, YYYY-MM-DDTHH:MM:SSZ or @<unix ms>),
+                             to rehearse what maintenance will do
+)";
+
+constexpr const char* durations_help = R"(
+DURATION is a number and a unit: ms, s, m, h, d or w (e.g. 500ms, 36h, 7d).
+A password in the connection string is never printed.
+)";
+
+struct DbOptions {
+    std::string postgres;
+    std::string schema = "public";
+    std::string table = "processed_event";
+    RetentionConfig config;
+    std::optional<RetentionMode> mode;
+    std::optional<std::chrono::system_clock::time_point> now;
+    bool help = false;
+};
+
+// Consumes one option shared by the database subcommands; false if it is not one.
+bool db_option(ArgReader& a, DbOptions& o)
+{
+    if (a.option("--postgres"))
+        o.postgres = a.value();
+    else if (a.option("--schema"))
+        o.schema = a.value();
+    else if (a.option("--table"))
+        o.table = a.value();
+    else if (a.option("--retention"))
+        o.config.retention = parse_duration(a.value(), "--retention");
+    else if (a.option("--partition-width"))
+        o.config.partition_width = parse_duration(a.value(), "--partition-width");
+    else if (a.option("--partitions-ahead"))
+        o.config.partitions_ahead = static_cast<std::size_t>(parse_count(a.value(), "--partitions-ahead"));
+    else if (a.option("--horizon-margin"))
+        o.config.horizon_margin = parse_duration(a.value(), "--horizon-margin");
+    else if (a.option("--now"))
+        o.now = parse_time(a.value(), "--now");
+    else if (a.option("--help") || a.option("-h"))
+        o.help = true;
+    else
+        return false;
+    return true;
+}
+
+// Checks the options and builds the Maintenance they describe. Configuration
+// errors are usage errors here: they come from the command line.
+std::unique_ptr<Maintenance> make_maintenance(const std::string& command, DbOptions& o)
+{
+    if (o.postgres.empty()) {
+        const char* env = std::getenv("IDEMKAFKA_POSTGRES");
+        if (!env || !*env)
+            throw UsageError(
+                fmt::format("{}: no database: pass --postgres CONNINFO or set IDEMKAFKA_POSTGRES", command));
+        o.postgres = env;
+    }
+    redactor().add_conninfo(o.postgres);
+    if (o.mode)
+        o.config.mode = *o.mode;
+    Maintenance::WallClock clock;
+    if (o.now) {
+        const auto now = *o.now;
+        clock = [now] { return now; };
+    }
+    try {
+        return std::make_unique<Maintenance>(
+            ProcessedEventStore(o.schema, o.table), o.config,
+            // Progress as it happens: each action is logged once.
+            [](LogLevel level, std::string_view line) {
+                if (level >= LogLevel::warning)
+                    err(fmt::format("idemkafka-admin: warning: {}", line));
+                else if (level == LogLevel::info)
+                    out(fmt::format("  {}", line));
+            },
+            clock);
+    } catch (const ConfigError& e) {
+        throw UsageError(fmt::format("{}: {}", command, e.what()));
+    }
+}
+
+std::unique_ptr<pqxx::connection> connect(const std::string& conninfo)
+{
+    try {
+        return std::make_unique<pqxx::connection>(conninfo);
+    } catch (const std::exception& e) {
+        throw DatabaseError(fmt::format("cannot connect to PostgreSQL: {}", e.what()));
+    }
+}
+
+std::string opt_time(const std::optional<std::chrono::system_clock::time_point>& t)
+{
+    return t ? format_time(*t) : "-";
+}
+
+} // namespace
+
+// ---- migrate ---------------------------------------------------------------
+
+int run_migrate(std::vector<std::string> args)
+{
+    ArgReader a("migrate", std::move(args));
+    DbOptions o;
+    while (a.more()) {
+        if (db_option(a, o))
+            continue;
+        if (!a.option("--mode"))
+            a.unknown();
+        try {
+            o.mode = parse_retention_mode(a.value());
+        } catch (const ConfigError& e) {
+            throw UsageError(std::string("migrate: --") + e.what());
+        }
+    }
+    if (o.help) {
+        out(std::string(R"(usage: idemkafka-admin migrate [options]
+
+Creates the claims table (and its schema) if missing, or upgrades it. Idempotent: safe to run
+twice, and from several places at once.
+
+  --mode partitioned|purge   layout of a new table (default partitioned). Given for an existing
+                             plain table, `partitioned` converts it: the table becomes the default
+                             partition of a new partitioned table (its rows expire there by
+                             processed_at). Without --mode an existing table keeps its layout.
+)") + db_options_help +
+            retention_options_help + durations_help);
+        return exit_ok;
+    }
+    auto m = make_maintenance("migrate", o);
+    auto conn = connect(o.postgres);
+    out(fmt::format("migrating {} ...", m->store().qualified_name()));
+    const auto r = m->migrate(*conn, o.mode ? Maintenance::Existing::convert : Maintenance::Existing::keep);
+    out(fmt::format("{} is {} ({}{} partitions created)", m->store().qualified_name(),
+                    r.mode == RetentionMode::partitioned ? "partitioned by event id" : "a plain table (purge mode)",
+                    r.created     ? "created, "
+                    : r.converted ? "converted, "
+                                  : "",
+                    r.partitions_created.size()));
+    return exit_ok;
+}
+
+// ---- maintain --------------------------------------------------------------
+
+int run_maintain(std::vector<std::string> args)
+{
+    ArgReader a("maintain", std::move(args));
+    DbOptions o;
+    bool dry_run = false;
+    while (a.more()) {
+        if (db_option(a, o))
+            continue;
+        if (a.option("--dry-run"))
+            dry_run = true;
+        else if (a.option("--purge-batch"))
+            o.config.purge_batch = static_cast<std::size_t>(parse_count(a.value(), "--purge-batch"));
+        else if (a.option("--purge-pause"))
+            o.config.purge_pause = parse_duration(a.value(), "--purge-pause");
+        else if (a.option("--purge-max-batches"))
+            o.config.purge_max_batches = static_cast<std::size_t>(parse_count(a.value(), "--purge-max-batches"));
+        else if (a.option("--max-move-rows"))
+            o.config.max_move_rows = static_cast<std::size_t>(parse_count(a.value(), "--max-move-rows"));
+        else if (a.option("--lock-timeout"))
+            o.config.lock_timeout = parse_duration(a.value(), "--lock-timeout");
+        else
+            a.unknown();
+    }
+    if (o.help) {
+        out(std::string(R"(usage: idemkafka-admin maintain [options]
+
+One maintenance run on the claims table, as the consumers' maintenance thread does it. A partitioned
+table: creates the partitions from now - retention to --partitions-ahead ahead, drops partitions
+whose every event id is older than the retention, purges the default partition by processed_at.
+A plain table: deletes claims processed longer than the retention ago, in small batches.
+Only one session maintains a table at a time; if another one is at it, nothing is done.
+
+  --dry-run                  show what would be done, change nothing
+  --purge-batch N            rows per DELETE (default 5000)
+  --purge-pause DURATION     pause between batches (default 50ms)
+  --purge-max-batches N      most batches in this run (default 2000)
+  --max-move-rows N          largest number of rows moved out of the default partition to create
+                             a partition over them (default 100000)
+  --lock-timeout DURATION    lock_timeout of each statement (default 5s)
+)") + db_options_help +
+            retention_options_help + durations_help);
+        return exit_ok;
+    }
+    auto m = make_maintenance("maintain", o);
+    auto conn = connect(o.postgres);
+    out(fmt::format("maintaining {}{} (retention {}, now {}) ...", m->store().qualified_name(),
+                    dry_run ? " [dry run]" : "", format_duration(o.config.retention),
+                    format_time(o.now ? *o.now : std::chrono::system_clock::now())));
+    const auto r = m->run_once(*conn, dry_run);
+    if (!r.acted)
+        return exit_ok;
+    out(fmt::format("{}: {} partitions {}, {} {}, {} rows {}{}", dry_run ? "dry run" : "done",
+                    r.partitions_created.size(), dry_run ? "to create" : "created", r.partitions_dropped.size(),
+                    dry_run ? "to drop" : "dropped", r.rows_purged, dry_run ? "to purge" : "purged",
+                    r.purge_incomplete ? " (more remain for the next run)" : ""));
+    return exit_ok;
+}
+
+// ---- status ----------------------------------------------------------------
+
+int run_status(std::vector<std::string> args)
+{
+    ArgReader a("status", std::move(args));
+    DbOptions o;
+    bool json = false;
+    while (a.more()) {
+        if (db_option(a, o))
+            continue;
+        if (a.option("--json"))
+            json = true;
+        else
+            a.unknown();
+    }
+    if (o.help) {
+        out(std::string(R"(usage: idemkafka-admin status [options]
+
+Claims per consumer group, the partitions with the creation-time ranges of the event ids they hold,
+the oldest and newest claim, and the effective dedup horizon. Counts are exact (the table is scanned).
+
+  --json                     one JSON object instead of the tables
+)") + db_options_help +
+            retention_options_help + durations_help);
+        return exit_ok;
+    }
+    auto m = make_maintenance("status", o);
+    auto conn = connect(o.postgres);
+    const auto s = m->status(*conn);
+    const auto& cfg = m->config();
+    if (json) {
+        std::string j = "{";
+        j += fmt::format("\"table\":{},\"schema\":{},\"name\":{},\"exists\":{}",
+                         json_string(m->store().qualified_name()), json_string(o.schema), json_string(o.table),
+                         s.exists ? "true" : "false");
+        j += fmt::format(",\"mode\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}",
+                         s.exists ? json_string(to_string(s.mode)) : "null", s.rows, json_time(s.oldest_claim),
+                         json_time(s.newest_claim));
+        j += fmt::format(",\"now\":{},\"retention_ms\":{},\"horizon_margin_ms\":{},\"dedup_horizon_ms\":{},"
+                         "\"horizon_cutoff\":{},\"partitions_from\":{},\"partitions_to\":{}",
+                         json_time(s.now), cfg.retention.count(), cfg.horizon_margin.count(), s.dedup_horizon.count(),
+                         json_time(s.horizon_cutoff), json_time(s.partitions_from), json_time(s.partitions_to));
+        j += ",\"groups\":[";
+        for (std::size_t i = 0; i < s.groups.size(); ++i) {
+            const auto& g = s.groups[i];
+            j += fmt::format("{}{{\"consumer_group\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}}}",
+                             i ? "," : "", json_string(g.consumer_group), g.rows, json_time(g.oldest_claim),
+                             json_time(g.newest_claim));
+        }
+        j += "],\"partitions\":[";
+        for (std::size_t i = 0; i < s.partitions.size(); ++i) {
+            const auto& p = s.partitions[i];
+            j += fmt::format("{}{{\"name\":{},\"default\":{},\"from\":{},\"to\":{},\"bound\":{},\"rows\":{}}}",
+                             i ? "," : "", json_string(p.name), p.is_default ? "true" : "false", json_time(p.from),
+                             json_time(p.to), json_string(p.bound), p.rows);
+        }
+        j += "]}";
+        out(j);
+        return s.exists ? exit_ok : exit_failure;
+    }
+    if (!s.exists) {
+        err(fmt::format("idemkafka-admin: error: {} does not exist; run `idemkafka-admin migrate` first",
+                        m->store().qualified_name()));
+        return exit_failure;
+    }
+    out(fmt::format("table         {} ({})", m->store().qualified_name(),
+                    s.mode == RetentionMode::partitioned ? "partitioned by event id" : "plain, purge mode"));
+    out(fmt::format("claims        {}", s.rows));
+    out(fmt::format("oldest claim  {}", opt_time(s.oldest_claim)));
+    out(fmt::format("newest claim  {}", opt_time(s.newest_claim)));
+    out(fmt::format("dedup horizon {} (retention {} - margin {}): events created before {} are beyond it",
+                    format_duration(s.dedup_horizon), format_duration(cfg.retention),
+                    format_duration(cfg.horizon_margin), format_time(s.horizon_cutoff)));
+    if (s.mode == RetentionMode::partitioned)
+        out(fmt::format("partitions    ids created {} .. {}", opt_time(s.partitions_from), opt_time(s.partitions_to)));
+    out("");
+    std::size_t w = 14;
+    for (const auto& g : s.groups)
+        w = std::max(w, g.consumer_group.size());
+    out(fmt::format("{:<{}}  {:>12}  {:<24}  {:<24}", "consumer group", w, "claims", "oldest claim", "newest claim"));
+    for (const auto& g : s.groups)
+        out(fmt::format("{:<{}}  {:>12}  {:<24}  {:<24}", g.consumer_group, w, g.rows, opt_time(g.oldest_claim),
+                        opt_time(g.newest_claim)));
+    if (s.groups.empty())
+        out("(no claims)");
+    if (s.mode != RetentionMode::partitioned)
+        return exit_ok;
+    out("");
+    std::size_t pw = 9;
+    for (const auto& p : s.partitions)
+        pw = std::max(pw, p.name.size());
+    out(fmt::format("{:<{}}  {:<24}  {:<24}  {:>12}", "partition", pw, "ids created from", "to", "rows"));
+    for (const auto& p : s.partitions) {
+        if (p.is_default)
+            out(fmt::format("{:<{}}  {:<50}  {:>12}", p.name, pw, "(default: everything else)", p.rows));
+        else if (p.from || p.to)
+            out(fmt::format("{:<{}}  {:<24}  {:<24}  {:>12}", p.name, pw, p.from ? format_time(*p.from) : "MINVALUE",
+                            p.to ? format_time(*p.to) : "MAXVALUE", p.rows));
+        else
+            out(fmt::format("{:<{}}  {:<50}  {:>12}", p.name, pw, p.bound, p.rows));
+    }
+    return exit_ok;
+}
+
+} // namespace idemkafka::detail::admin
