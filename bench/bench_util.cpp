@@ -161,18 +161,6 @@ double ticks_to_seconds(const std::string& ticks)
     return std::strtod(ticks.c_str(), nullptr) / hz;
 }
 
-// utime + stime (+ cutime + cstime with `children`): proc(5) fields 14..17.
-double process_cpu(int pid, bool children)
-{
-    const auto f = stat_fields(pid);
-    if (f.size() < 15)
-        return 0;
-    double s = ticks_to_seconds(f[11]) + ticks_to_seconds(f[12]);
-    if (children)
-        s += ticks_to_seconds(f[13]) + ticks_to_seconds(f[14]);
-    return s;
-}
-
 int parent_of(int pid)
 {
     const auto f = stat_fields(pid);
@@ -233,14 +221,40 @@ Meter::Meter(int pg_backend_pid, const std::string& broker_control)
     }
 }
 
+namespace {
+
+// Nanosecond CPU time of every thread of `pid` (schedstat), in seconds: tick
+// sampling (stat's utime) misattributes the short bursts of a process that
+// sleeps on every round trip, which is what a backend serving one statement at
+// a time does.
+double threads_cpu(int pid)
+{
+    double total = 0;
+    const std::string dir = fmt::format("/proc/{}/task", pid);
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) {
+            if (std::atoi(e->d_name) <= 0)
+                continue;
+            total += std::strtod(read_file(dir + "/" + e->d_name + "/schedstat").c_str(), nullptr) / 1e9;
+        }
+        closedir(d);
+    }
+    return total;
+}
+
+} // namespace
+
 double Meter::postgres_cpu() const
 {
-    // Exited backends are in the postmaster's cutime/cstime; live ones are
-    // summed one by one.
-    double total = process_cpu(postmaster_, true);
+    // Backends that exited are only in the postmaster's cutime/cstime (ticks);
+    // live processes are read at nanosecond resolution.
+    const auto f = stat_fields(postmaster_);
+    double total = threads_cpu(postmaster_);
+    if (f.size() > 14)
+        total += ticks_to_seconds(f[13]) + ticks_to_seconds(f[14]);
     for (int pid : all_pids())
         if (pid != postmaster_ && parent_of(pid) == postmaster_)
-            total += process_cpu(pid, false);
+            total += threads_cpu(pid);
     return total;
 }
 
@@ -267,7 +281,7 @@ CpuSample Meter::sample() const
     if (postmaster_ > 0)
         s.postgres = postgres_cpu();
     if (broker_ > 0)
-        s.broker = process_cpu(broker_, false);
+        s.broker = threads_cpu(broker_);
     return s;
 }
 
@@ -534,6 +548,11 @@ std::map<std::string, std::string> common_consumer_props()
         {"auto.offset.reset", "earliest"},
         {"isolation.level", "read_committed"},
         {"enable.partition.eof", "false"},
+        // The mock broker answers an empty fetch only after the full wait (a
+        // real broker answers as soon as data arrives): the 500 ms default
+        // would put up to half a second of mock artefact into every latency.
+        // A drain never waits on it: fetches there always find data.
+        {"fetch.wait.max.ms", "5"},
     };
 }
 

@@ -261,6 +261,7 @@ std::string progress_line(const Result& r)
                          r.end_to_end.percentile_ms(99));
     else
         s += fmt::format("{:.0f} events/s in {:.2f} s", r.events_per_s, r.seconds);
+    s += fmt::format(" (startup {:.2f} s, wall {:.1f} s)", r.startup_seconds, r.wall_seconds);
     s += r.ok() ? " ok" : " ERROR: " + r.errors.front();
     for (const auto& n : r.notes)
         s += " (" + n + ")";

@@ -46,12 +46,15 @@ Result run_job(const RunEnv& env, const Job& job, const std::function<void()>& o
     r.paced = job.paced;
     r.rate = job.rate;
     RunState st(r, on_ready);
+    const auto wall_start = SteadyClock::now();
+    std::int64_t start_us = -1;
     try {
         if (job.kind != Kind::kafka_raw)
             st.tables = prepare_tables(env.services.postgres, env.schema, job.mode);
         Meter::reset_peak();
         r.rss_start_mb = Meter::rss_mb();
         st.cpu_before = env.meter->sample();
+        start_us = steady_us();
         switch (job.kind) {
         case Kind::kafka_raw:
             run_kafka_raw(env, job, st);
@@ -74,6 +77,8 @@ Result run_job(const RunEnv& env, const Job& job, const std::function<void()>& o
         // CPU of a paced run would include the producer's: not reported.
         r.has_cpu = !job.paced;
         r.cpu = Meter::split(st.cpu_before, st.cpu_after, job.count);
+        if (st.first_taken_us >= 0)
+            r.startup_seconds = static_cast<double>(st.first_taken_us - start_us) / 1e6;
         if (st.first_taken_us >= 0 && st.last_commit_us > st.first_taken_us) {
             r.seconds = static_cast<double>(st.last_commit_us - st.first_taken_us) / 1e6;
             r.events_per_s = static_cast<double>(job.count) / r.seconds;
@@ -85,6 +90,7 @@ Result run_job(const RunEnv& env, const Job& job, const std::function<void()>& o
     } catch (const std::exception& e) {
         r.errors.push_back(e.what());
     }
+    r.wall_seconds = seconds_between(wall_start, SteadyClock::now());
     return r;
 }
 

@@ -70,6 +70,8 @@ struct Result {
     bool paced = false;
     double rate = 0;
     double seconds = 0;       ///< first record taken -> last effect committed
+    double startup_seconds = 0; ///< run start -> first record taken (group join, first fetch)
+    double wall_seconds = 0;  ///< the whole run, set-up and verification included
     double events_per_s = 0;
     std::uint64_t transactions = 0;
     Histogram end_to_end;      ///< produce timestamp -> effect committed (meaningful when paced)

@@ -49,6 +49,8 @@ ordered_json run_json(const Result& r)
     if (r.paced)
         j["rate"] = r.rate;
     j["seconds"] = round_to(r.seconds, 4);
+    j["startup_seconds"] = round_to(r.startup_seconds, 3);
+    j["wall_seconds"] = round_to(r.wall_seconds, 3);
     j["events_per_s"] = round_to(r.events_per_s, 1);
     j["transactions"] = r.transactions;
     j["records_per_transaction"] =
@@ -167,7 +169,7 @@ ordered_json summarise(const Report& report)
                                {"idemkafka_per_event", "pg_floor_per_event", 0.90},
                                {"idemkafka_batch", "naive_listener", 20.0},
                                {"pg_floor_batch_rowwise", "pg_floor_batch", std::nullopt},
-                               {"kafka_raw", "idemkafka_batch", std::nullopt}};
+                               {"idemkafka_batch", "kafka_raw", std::nullopt}};
     for (const auto& m : modes) {
         if (m.rfind("idemkafka_batch_w", 0) == 0) {
             pairs.push_back({m, "pg_floor_batch", std::nullopt});
@@ -411,6 +413,18 @@ void write_plot_data(std::ostream& out, const std::string& json_path)
             slot = {events, r.at("events_per_s").get<double>()};
     }
     // Header row (gnuplot's columnhead): the bar titles.
+    // Ceiling first, then the batch modes and their floors, then the per-record ones.
+    auto rank = [](const std::string& m) {
+        static const std::vector<std::string> order = {
+            "kafka_raw",          "pg_floor_batch",      "pg_floor_batch_rowwise", "idemkafka_batch",
+            "idemkafka_batch_w",  "pg_floor_per_event",  "idemkafka_per_event",    "naive_listener"};
+        for (std::size_t i = 0; i < order.size(); ++i)
+            if (m.rfind(order[i], 0) == 0 && (m == order[i] || order[i].back() == 'w'))
+                return i;
+        return order.size();
+    };
+    std::stable_sort(modes.begin(), modes.end(),
+                     [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
     out << "\"mode\"";
     for (int d : dups)
         out << "\t\"" << d << "% re-sends\"";

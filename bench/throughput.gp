@@ -18,7 +18,7 @@ set yrange [100:*]
 set format y "%.0s%c"
 set ylabel "events/s"
 set grid ytics
-set xtics rotate by -30 left
+set xtics rotate by 25 right
 set key top right
 set bmargin 9
 

@@ -9,8 +9,10 @@
 #   scripts/bench.sh --events 10000,50000 --modes idemkafka_batch,pg_floor_batch
 #
 # Arguments go to idemkafka-bench (see --help). Environment: BUILD_DIR (default
-# <repo>/build-bench), RESULTS_DIR (default <repo>/bench/results), and
-# IDEMKAFKA_TEST_PG / IDEMKAFKA_TEST_BROKERS to measure existing services instead.
+# <repo>/build-bench), RESULTS_DIR (default <repo>/bench/results),
+# IDEMKAFKA_TEST_PG / IDEMKAFKA_TEST_BROKERS to measure existing services instead, and
+# IDEMKAFKA_BENCH_PERF=1 to run under `perf record` and write the consumer thread's
+# profile to RESULTS_DIR/perf.txt (best with one mode: --modes idemkafka_batch).
 set -euo pipefail
 
 IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,13 +46,30 @@ cmake --build "$BUILD_DIR" -j2 --target idemkafka-bench idemkafka-mock-broker
 ik_log "starting PostgreSQL"
 ik_start_postgres
 ik_log "starting the mock Kafka cluster"
-ik_start_broker
+ik_start_broker --brokers 1
 
 mkdir -p "$results"
 bench="$BUILD_DIR/bench/idemkafka-bench"
 ik_log "running the benchmark"
 status=0
-"$bench" --out "$results/latest.json" "$@" || status=$?
+if [ -n "${IDEMKAFKA_BENCH_PERF:-}" ]; then
+    command -v perf >/dev/null 2>&1 || ik_die "IDEMKAFKA_BENCH_PERF needs perf (apt-get install linux-perf)"
+    perf record -F 999 -o "$results/perf.data" -- "$bench" --out "$results/latest.json" "$@" || status=$?
+    # ik-run is the thread running IdempotentConsumer::run(); rdk:* are librdkafka's.
+    {
+        echo "# CPU samples per thread"
+        perf report -i "$results/perf.data" --sort comm --stdio 2>/dev/null | grep -v '^#' | sed '/^$/d' | head -20
+        echo "# consumer thread (ik-run) by shared object"
+        perf report -i "$results/perf.data" --comm ik-run --percentage relative --sort dso --stdio 2>/dev/null |
+            grep -v '^#' | sed '/^$/d' | head -20
+        echo "# consumer thread (ik-run) by symbol"
+        perf report -i "$results/perf.data" --comm ik-run --percentage relative --sort dso,sym --stdio 2>/dev/null |
+            grep -v '^#' | sed '/^$/d' | head -60
+    } >"$results/perf.txt"
+    ik_log "profile: $results/perf.txt"
+else
+    "$bench" --out "$results/latest.json" "$@" || status=$?
+fi
 if [ "$status" -eq 2 ]; then
     exit 2 # usage error: nothing ran
 fi

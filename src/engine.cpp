@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -19,6 +20,7 @@
 #include "idemkafka/publisher.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
+#include "lane_pool.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -67,6 +69,7 @@ struct Engine::Impl {
         std::int64_t resume_from = -1;     // after a rewind, drop records until this offset
         std::int64_t start_offset = -1;    // committed offset at assignment (for the lag gauge)
         bool start_known = false;
+        std::size_t lane = 0;             // worker that runs this partition's transactions
         bool needs_seek = false;
         bool retry_paused = false;
         Clock::time_point resume_at{};
@@ -81,6 +84,42 @@ struct Engine::Impl {
         PartitionState* part = nullptr;
         DeadLetterReason reason = DeadLetterReason::decode_error;
         std::string error;
+    };
+
+    // Where a partition must stop in this batch: records from `offset` on are
+    // not committed and come again after a rewind (and a backoff for
+    // `failures` > 0).
+    struct Hold {
+        std::int64_t offset;
+        int failures;
+    };
+    using Holds = std::map<PartitionState*, Hold>;
+
+    static void add_hold(Holds& holds, PartitionState* ps, std::int64_t offset, int failures)
+    {
+        auto [it, fresh] = holds.emplace(ps, Hold{offset, failures});
+        if (!fresh) {
+            it->second.offset = std::min(it->second.offset, offset);
+            it->second.failures = std::max(it->second.failures, failures);
+        }
+    }
+
+    static bool held(const Holds& holds, const Item& it)
+    {
+        auto h = holds.find(it.part);
+        return h != holds.end() && it.record.offset >= h->second.offset;
+    }
+
+    // A worker: one PostgreSQL connection and, per batch, its share of the records.
+    struct Lane {
+        std::unique_ptr<pqxx::connection> db;
+        std::vector<std::size_t> items; // indices into batch, in batch order
+        Holds holds;
+        BatchInfo info;
+        bool failed = false;            // nothing of this lane's final transaction committed
+        bool lost_connection = false;
+        bool abandoned = false;
+        std::exception_ptr error;       // an unexpected exception, rethrown on the poll thread
     };
 
     ConsumerConfig cfg;
@@ -98,9 +137,13 @@ struct Engine::Impl {
 
     std::string dlq_topic = cfg.effective_dead_letter_topic();
     bool reset_to_latest = false; // auto.offset.reset, for the lag of a partition without commits
+    std::mutex dlq_mu;
     std::unique_ptr<Publisher> dlq; // created on the first dead letter
 
-    std::unique_ptr<pqxx::connection> db;
+    std::vector<Lane> lanes;
+    std::unique_ptr<LanePool> pool;
+    std::mutex failures_mu; // PartitionState::failures, shared by lanes in per-key mode
+    std::size_t next_lane = 0;
     Clock::time_point db_retry_at{};
     milliseconds db_backoff = db_backoff_min;
     bool db_pause = false;
@@ -119,7 +162,7 @@ struct Engine::Impl {
         }
     }
 
-    Clock::time_point stop_seen{};
+    std::atomic<Clock::rep> stop_seen{0};
     Clock::time_point next_lag_update{};
     bool no_commit = false;  // set when run() leaves by an exception: commit nothing more
 
@@ -132,10 +175,11 @@ struct Engine::Impl {
             return true;
         if (stops == 0)
             return false;
-        const auto now = Clock::now();
-        if (stop_seen == Clock::time_point{})
-            stop_seen = now;
-        return now - stop_seen >= cfg.shutdown_timeout;
+        const auto now = Clock::now().time_since_epoch().count();
+        Clock::rep seen = 0;
+        stop_seen.compare_exchange_strong(seen, now);
+        seen = stop_seen.load();
+        return Clock::duration(now - seen) >= cfg.shutdown_timeout;
     }
 
     ~Impl()
@@ -152,31 +196,35 @@ struct Engine::Impl {
 
     // ---- PostgreSQL -------------------------------------------------------
 
-    void connect_db()
+    // One connection per lane; the schema is created once, by the first.
+    void connect_lane(Lane& lane, bool first)
     {
-        db = std::make_unique<pqxx::connection>(cfg.postgres);
-        if (cfg.create_schema) {
-            pqxx::work tx(*db);
+        lane.db = std::make_unique<pqxx::connection>(cfg.postgres);
+        if (first && cfg.create_schema) {
+            pqxx::work tx(*lane.db);
             store.ensure_schema(tx);
             tx.commit();
         }
-        db->prepare(claim_statement, store.claim_sql());
+        lane.db->prepare(claim_statement, store.claim_sql());
     }
 
-    // Returns true when PostgreSQL can take a transaction now; otherwise the
+    // Returns true when PostgreSQL can take transactions now; otherwise the
     // assignment stays paused until the backoff has passed (and, after a lost
     // connection, a reconnect succeeded).
     bool ensure_db()
     {
         if (Clock::now() < db_retry_at)
             return false;
-        if (!db) {
+        for (std::size_t i = 0; i < lanes.size(); ++i) {
+            auto& lane = lanes[i];
+            if (lane.db)
+                continue;
             try {
-                connect_db();
+                connect_lane(lane, false);
                 metrics.db_reconnects.add();
-                say(LogLevel::info, "reconnected to PostgreSQL");
+                say(LogLevel::info, "reconnected to PostgreSQL (worker {})", i);
             } catch (const std::exception& e) {
-                db.reset();
+                lane.db.reset();
                 say(LogLevel::warning, "PostgreSQL reconnect failed, next attempt in {} ms: {}",
                     db_backoff.count(), e.what());
                 db_hold();
@@ -196,14 +244,6 @@ struct Engine::Impl {
         db_backoff = std::min(db_backoff * 2, db_backoff_max);
         if (!db_pause)
             set_db_pause(true);
-    }
-
-    void drop_db(const char* why)
-    {
-        say(LogLevel::error, "PostgreSQL connection lost ({}); offsets of the batch are not committed, "
-                             "records will be redelivered", why);
-        db.reset();
-        db_hold();
     }
 
     // ---- Kafka ------------------------------------------------------------
@@ -281,8 +321,11 @@ struct Engine::Impl {
         metrics.rebalances.add();
         cooperative = std::strcmp(rd_kafka_rebalance_protocol(handle), "COOPERATIVE") == 0;
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-            for (int i = 0; i < list->cnt; ++i)
-                parts[{list->elems[i].topic, list->elems[i].partition}] = PartitionState{};
+            for (int i = 0; i < list->cnt; ++i) {
+                PartitionState ps;
+                ps.lane = next_lane++; // round robin spreads partitions over the workers
+                parts[{list->elems[i].topic, list->elems[i].partition}] = std::move(ps);
+            }
             say(LogLevel::info, "assigned {} partition(s) ({})", list->cnt, cooperative ? "cooperative" : "eager");
             if (cooperative) {
                 kafka::ErrorPtr e(rd_kafka_incremental_assign(handle, list));
@@ -630,6 +673,7 @@ struct Engine::Impl {
 
     Publisher& dead_letter_producer()
     {
+        std::lock_guard<std::mutex> lock(dlq_mu);
         if (!dlq) {
             PublisherConfig pc;
             pc.brokers = cfg.brokers;
@@ -671,9 +715,9 @@ struct Engine::Impl {
 
     // Produces the items to the dead-letter topic and waits for the broker's
     // acknowledgement. Acknowledged items are done; for the others the
-    // partition is cut off there, rewound and retried after a backoff, so their
-    // offsets never move before the dead letter is safe.
-    void dead_letter(const std::vector<std::size_t>& items, std::map<PartitionState*, std::int64_t>& cutoff)
+    // partition is held there, so their offsets never move before the dead
+    // letter is safe, and they are tried again after a backoff.
+    void dead_letter(const std::vector<std::size_t>& items, Holds& holds)
     {
         if (items.empty())
             return;
@@ -692,7 +736,7 @@ struct Engine::Impl {
             const auto& r = it.record;
             if (errors[k].empty()) {
                 it.state = State::done;
-                it.part->failures.erase(r.offset);
+                forget_failures(it);
                 metrics.dead_lettered[static_cast<std::size_t>(it.reason)].add();
                 say(LogLevel::error, "dead-lettered {} to {} (reason {}{}{}): {}", coords(r.topic, r.partition, r.offset),
                     dlq_topic, to_string(it.reason), it.id.is_nil() ? "" : ", event ",
@@ -702,30 +746,30 @@ struct Engine::Impl {
             metrics.dead_letter_failures.add();
             say(LogLevel::error, "dead letter for {} not acknowledged ({}); its offset does not move, retrying",
                 coords(r.topic, r.partition, r.offset), errors[k]);
-            hold_partition(it, cutoff, 1);
+            add_hold(holds, it.part, r.offset, 1);
         }
     }
 
-    int attempt_of(const Item& it) const
+    int attempt_of(const Item& it)
     {
+        std::lock_guard<std::mutex> lock(failures_mu);
         auto f = it.part->failures.find(it.record.offset);
         return f == it.part->failures.end() ? 1 : f->second + 1;
     }
 
-    // Cuts the partition of `it` off at its offset for this batch, rewinds the
-    // fetch position to it and pauses the partition for a backoff.
-    void hold_partition(const Item& it, std::map<PartitionState*, std::int64_t>& cutoff, int failures)
+    int count_failure(const Item& it)
     {
-        auto& ps = *it.part;
-        auto c = cutoff.find(&ps);
-        if (c == cutoff.end() || it.record.offset < c->second)
-            cutoff[&ps] = it.record.offset;
-        const std::string topic(it.record.topic);
-        rewind(ps, topic, it.record.partition, it.record.offset);
-        ps.retry_paused = true;
-        ps.resume_at = Clock::now() + backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max);
-        pause_one(topic, it.record.partition, true);
+        std::lock_guard<std::mutex> lock(failures_mu);
+        return ++it.part->failures[it.record.offset];
     }
+
+    void forget_failures(const Item& it)
+    {
+        std::lock_guard<std::mutex> lock(failures_mu);
+        it.part->failures.erase(it.record.offset);
+    }
+
+    // ---- transactions -----------------------------------------------------
 
     struct HandlerFailed {
         std::size_t index = 0;
@@ -748,38 +792,37 @@ struct Engine::Impl {
         }
     }
 
-    // One transaction over the pending records before each partition's cutoff.
-    Outcome try_transaction(const std::map<PartitionState*, std::int64_t>& cutoff, HandlerFailed& failure,
-                            BatchInfo& info)
+    // One transaction over the lane's pending records that are not held.
+    Outcome try_transaction(Lane& lane, HandlerFailed& failure)
     {
         std::vector<EventId> ids;
-        std::vector<std::size_t> first;  // index of the first pending item per id
-        std::unordered_map<EventId, std::size_t> seen;
-        ids.reserve(batch.size());
-        first.reserve(batch.size());
-        seen.reserve(batch.size());
+        std::vector<std::size_t> first; // index of the first pending item per id, in batch order
+        std::unordered_set<EventId> seen;
+        ids.reserve(lane.items.size());
+        first.reserve(lane.items.size());
+        seen.reserve(lane.items.size());
         std::size_t active = 0;
-        for (std::size_t i = 0; i < batch.size(); ++i) {
+        for (std::size_t i : lane.items) {
             const auto& it = batch[i];
-            if (it.state != State::pending)
-                continue;
-            auto c = cutoff.find(it.part);
-            if (c != cutoff.end() && it.record.offset >= c->second)
+            if (it.state != State::pending || held(lane.holds, it))
                 continue;
             ++active;
-            if (seen.emplace(it.id, i).second) {
+            if (seen.insert(it.id).second) {
                 ids.push_back(it.id);
                 first.push_back(i);
             }
         }
-        info = BatchInfo{};
-        info.records = active;
+        lane.info = BatchInfo{};
+        lane.info.records = active;
         if (ids.empty())
             return Outcome::committed;
+        // Claims in id order: lanes that share ids lock them in the same order
+        // and cannot deadlock each other.
+        std::sort(ids.begin(), ids.end());
 
-        std::size_t current = 0;
+        std::size_t current = SIZE_MAX;
         try {
-            pqxx::work tx(*db);
+            pqxx::work tx(*lane.db);
             auto claimed_list = ProcessedEventStore::claimed_ids(
                 tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
             std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
@@ -796,9 +839,7 @@ struct Engine::Impl {
                     throw;
                 } catch (const pqxx::in_doubt_error&) {
                     throw;
-                } catch (const pqxx::serialization_failure&) {
-                    throw;
-                } catch (const pqxx::deadlock_detected&) {
+                } catch (const pqxx::transaction_rollback&) {
                     throw;
                 } catch (const std::exception& e) {
                     failure = {i, e.what(), retryable(e)};
@@ -810,20 +851,18 @@ struct Engine::Impl {
             }
             current = SIZE_MAX;
             tx.commit();
-            info.claimed = claimed.size();
-            info.duplicates = active - claimed.size();
+            lane.info.claimed = claimed.size();
+            lane.info.duplicates = active - claimed.size();
             return Outcome::committed;
         } catch (const Abandon&) {
             return Outcome::abandoned;
         } catch (const pqxx::in_doubt_error& e) {
             // The commit may or may not have happened: never guess. Nothing is
             // committed to Kafka; redelivery and dedup settle it.
-            metrics.db_failures.add();
-            drop_db(e.what());
+            lost_connection(lane, e.what());
             return Outcome::db_failed;
         } catch (const pqxx::broken_connection& e) {
-            metrics.db_failures.add();
-            drop_db(e.what());
+            lost_connection(lane, e.what());
             return Outcome::db_failed;
         } catch (const pqxx::transaction_rollback& e) {
             // 40001 / 40P01: the whole transaction is safe to run again.
@@ -832,32 +871,30 @@ struct Engine::Impl {
         } catch (const std::exception& e) {
             metrics.db_failures.add();
             say(LogLevel::error, "PostgreSQL error outside the handler, batch rolled back and retried: {}", e.what());
-            if (db && !db->is_open())
-                drop_db(e.what());
-            else
-                db_hold(); // live connection: back off, do not reconnect
+            if (lane.db && !lane.db->is_open())
+                lost_connection(lane, e.what());
             return Outcome::db_failed;
         }
     }
 
-    void process_batch()
+    void lost_connection(Lane& lane, const char* why)
     {
-        decode_all();
-        std::map<PartitionState*, std::int64_t> cutoff;
-        {
-            std::vector<std::size_t> poisoned;
-            for (std::size_t i = 0; i < batch.size(); ++i)
-                if (batch[i].state == State::poison)
-                    poisoned.push_back(i);
-            dead_letter(poisoned, cutoff);
-        }
-        BatchInfo info;
+        metrics.db_failures.add();
+        say(LogLevel::error, "PostgreSQL connection lost ({}); offsets of the batch are not committed, "
+                             "records will be redelivered", why);
+        lane.lost_connection = true;
+    }
+
+    // The lane's transactions for this batch: a failing record is held (or
+    // dead-lettered) and the rest runs again without its partition's tail.
+    void run_lane(Lane& lane)
+    {
         int conflicts = 0;
         for (;;) {
             HandlerFailed failure{};
-            const Outcome out = try_transaction(cutoff, failure, info);
+            const Outcome out = try_transaction(lane, failure);
             if (out == Outcome::committed)
-                break;
+                return;
             if (out == Outcome::conflict) {
                 metrics.transaction_retries.add();
                 if (++conflicts <= cfg.transaction_retries) {
@@ -865,18 +902,116 @@ struct Engine::Impl {
                         cfg.transaction_retries, failure.what);
                     continue;
                 }
-                // Persistent conflicts: treat as a failure of the record that hit it.
-                conflicts = 0;
+                conflicts = 0; // persistent: a failure of the record that hit it
             }
             if (out == Outcome::handler_failed || out == Outcome::conflict) {
-                on_handler_failure(failure, cutoff);
-                continue; // the rest of the batch, without the failed partition's tail
+                on_handler_failure(lane, failure);
+                continue;
             }
-            // DB failure or forced stop: nothing of the batch is committed.
-            rewind_unfinished(cutoff);
-            batch.clear();
+            lane.failed = true;
+            lane.abandoned = out == Outcome::abandoned;
             return;
         }
+    }
+
+    void on_handler_failure(Lane& lane, const HandlerFailed& f)
+    {
+        auto& it = batch[f.index];
+        const int failures = count_failure(it);
+        metrics.handler_failures.add();
+        const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
+        if (!f.retryable || failures >= cfg.max_attempts) {
+            say(LogLevel::error, "handler failed on {} (event {}, attempt {} of {}{}): {}", where, it.id.to_string(),
+                failures, cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
+            it.reason = f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable;
+            it.error = f.what;
+            it.state = State::poison;
+            dead_letter({f.index}, lane.holds); // done when acknowledged, else held for another try
+            return;
+        }
+        metrics.retries.add();
+        say(LogLevel::warning, "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}", where,
+            it.id.to_string(), failures, cfg.max_attempts,
+            backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max).count(), f.what);
+        add_hold(lane.holds, it.part, it.record.offset, failures);
+    }
+
+    std::size_t lane_of(const Item& it) const
+    {
+        if (lanes.size() == 1)
+            return 0;
+        if (cfg.ordering == Ordering::key && it.record.key)
+            return std::hash<std::string_view>{}(*it.record.key) % lanes.size();
+        return it.part->lane % lanes.size();
+    }
+
+    void process_batch()
+    {
+        decode_all();
+        Holds holds;
+        {
+            std::vector<std::size_t> poisoned;
+            for (std::size_t i = 0; i < batch.size(); ++i)
+                if (batch[i].state == State::poison)
+                    poisoned.push_back(i);
+            dead_letter(poisoned, holds);
+        }
+        for (auto& lane : lanes) {
+            lane.items.clear();
+            lane.holds = holds; // a record held before the transactions is held in every lane
+            lane.info = BatchInfo{};
+            lane.failed = lane.lost_connection = lane.abandoned = false;
+            lane.error = nullptr;
+        }
+        for (std::size_t i = 0; i < batch.size(); ++i)
+            if (batch[i].state == State::pending)
+                lanes[lane_of(batch[i])].items.push_back(i);
+
+        auto work = [this](std::size_t n) {
+            auto& lane = lanes[n];
+            if (lane.items.empty())
+                return;
+            try {
+                run_lane(lane);
+            } catch (...) {
+                lane.failed = true;
+                lane.error = std::current_exception();
+            }
+        };
+        if (lanes.size() == 1)
+            work(0);
+        else
+            pool->run(lanes.size(), work);
+
+        // Merge: a partition stops at the earliest hold of any lane, and at the
+        // first unfinished record of a lane whose transaction did not commit.
+        BatchInfo info;
+        bool any_failed = false, lost = false;
+        std::exception_ptr error;
+        for (auto& lane : lanes) {
+            for (const auto& [ps, h] : lane.holds)
+                add_hold(holds, ps, h.offset, h.failures);
+            if (lane.failed) {
+                any_failed = true;
+                lost = lost || lane.lost_connection;
+                if (lane.error && !error)
+                    error = lane.error;
+                for (std::size_t i : lane.items)
+                    if (batch[i].state != State::done)
+                        add_hold(holds, batch[i].part, batch[i].record.offset, 0);
+                if (lane.lost_connection)
+                    lane.db.reset();
+                continue;
+            }
+            info.records += lane.info.records;
+            info.claimed += lane.info.claimed;
+            info.duplicates += lane.info.duplicates;
+        }
+        apply_holds(holds);
+        if (any_failed && !forced())
+            db_hold();
+        if (error)
+            std::rethrow_exception(error);
 
         if (info.records) {
             metrics.db_commits.add();
@@ -886,67 +1021,62 @@ struct Engine::Impl {
                 cfg.hooks.after_db_commit(info); // may throw: then nothing below happens
         }
         for (auto& it : batch) {
-            auto c = cutoff.find(it.part);
-            if (c != cutoff.end() && it.record.offset >= c->second)
+            if (held(holds, it))
                 continue;
             it.state = State::done;
             it.part->processed_next = std::max(it.part->processed_next, it.record.offset + 1);
             if (!it.part->failures.empty())
-                it.part->failures.erase(it.record.offset);
+                forget_failures(it);
         }
         batch.clear();
         commit_positions(nullptr, true);
     }
 
-    void on_handler_failure(const HandlerFailed& f, std::map<PartitionState*, std::int64_t>& cutoff)
+    // Rewinds every held partition to its hold; a hold after handler failures
+    // also pauses the partition for the backoff (other partitions go on).
+    void apply_holds(const Holds& holds)
     {
-        auto& it = batch[f.index];
-        const int failures = ++it.part->failures[it.record.offset];
-        metrics.handler_failures.add();
-        const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
-        if (!f.retryable || failures >= cfg.max_attempts) {
-            say(LogLevel::error, "handler failed on {} (event {}, attempt {} of {}{}): {}", where, it.id.to_string(),
-                failures, cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
-            it.reason = f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable;
-            it.error = f.what;
-            it.state = State::poison;
-            dead_letter({f.index}, cutoff); // done when acknowledged, else held for another try
-            return;
+        const auto now = Clock::now();
+        for (const auto& [ps, h] : holds) {
+            const Item* first = nullptr;
+            for (const auto& it : batch)
+                if (it.part == ps) {
+                    first = &it;
+                    break;
+                }
+            if (!first)
+                continue;
+            const std::string topic(first->record.topic);
+            rewind(*ps, topic, first->record.partition, h.offset);
+            if (h.failures > 0) {
+                ps->retry_paused = true;
+                ps->resume_at = now + backoff_for(h.failures, cfg.retry_backoff, cfg.retry_backoff_max);
+                pause_one(topic, first->record.partition, true);
+            }
         }
-        metrics.retries.add();
-        say(LogLevel::warning, "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}", where,
-            it.id.to_string(), failures, cfg.max_attempts,
-            backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max).count(), f.what);
-        hold_partition(it, cutoff, failures);
     }
 
-    // After an uncommitted transaction: a prefix of already finished (dead-
-    // lettered) records counts as processed; every partition goes back to its
-    // first record that is not finished.
-    void rewind_unfinished(const std::map<PartitionState*, std::int64_t>& cutoff)
+    // Nothing of the batch is processed (PostgreSQL unavailable): every
+    // partition goes back to its first record.
+    void rewind_batch()
     {
-        std::map<PartitionState*, const Item*> first;
-        for (const auto& it : batch) {
-            if (first.count(it.part))
-                continue;
-            auto c = cutoff.find(it.part);
-            if (c != cutoff.end() && it.record.offset >= c->second)
-                continue; // already rewound to the cutoff
-            if (it.state == State::done)
-                it.part->processed_next = std::max(it.part->processed_next, it.record.offset + 1);
-            else
-                first[it.part] = &it;
-        }
-        for (auto& [ps, it] : first)
-            rewind(*ps, std::string(it->record.topic), it->record.partition, it->record.offset);
+        Holds holds;
+        for (const auto& it : batch)
+            add_hold(holds, it.part, it.record.offset, 0);
+        apply_holds(holds);
+        batch.clear();
     }
 
     // ---- lifecycle --------------------------------------------------------
 
     void run()
     {
+        lanes = std::vector<Lane>(cfg.workers);
+        if (cfg.workers > 1)
+            pool = std::make_unique<LanePool>(cfg.workers - 1);
         try {
-            connect_db();
+            for (std::size_t i = 0; i < lanes.size(); ++i)
+                connect_lane(lanes[i], i == 0);
         } catch (const DatabaseError&) {
             throw;
         } catch (const std::exception& e) {
@@ -961,8 +1091,7 @@ struct Engine::Impl {
             if (batch.empty())
                 continue;
             if (!db_ready) {
-                rewind_unfinished({});
-                batch.clear();
+                rewind_batch();
                 continue;
             }
             process_batch();
@@ -980,7 +1109,7 @@ struct Engine::Impl {
         if (auto e = rd_kafka_consumer_close(rk.get()))
             say(LogLevel::warning, "consumer close: {}", rd_kafka_err2str(e));
         rk.reset();
-        db.reset();
+        lanes.clear();
     }
 };
 

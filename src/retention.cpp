@@ -142,6 +142,21 @@ bool keyed_by_event_id(const TableKind& k)
     return k.partkey == "RANGE (event_id)";
 }
 
+// Creates an index on processed_at of `target` unless one leads with it already;
+// returns whether it did. The purge finds its batches through it instead of
+// scanning the table once per batch.
+bool ensure_processed_at_index(pqxx::transaction_base& tx, const std::string& target, const std::string& index_name)
+{
+    const auto idx = tx.exec_params("SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                                    "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass($1) "
+                                    "AND a.attname = 'processed_at'",
+                                    target);
+    if (!idx.empty())
+        return false;
+    tx.exec(fmt::format("CREATE INDEX {} ON {} (processed_at)", quote_identifier(index_name), target));
+    return true;
+}
+
 struct Partition {
     std::string schema;
     std::string name;
@@ -713,18 +728,19 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
             tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
             tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", store_.quoted_schema()));
             const TableKind kind = table_kind(tx, t);
+            bool has_default = false;
             if (!kind.exists) {
                 if (config_.mode == RetentionMode::partitioned) {
                     tx.exec(fmt::format("CREATE TABLE {} ({}) PARTITION BY RANGE (event_id)", t, claim_columns));
                     tx.exec(fmt::format("CREATE TABLE {} PARTITION OF {} DEFAULT", def, t));
+                    has_default = true;
                 } else {
                     tx.exec(fmt::format("CREATE TABLE {} ({})", t, claim_columns));
-                    tx.exec(fmt::format("CREATE INDEX {} ON {} (processed_at)",
-                                        quote_identifier(derived_name(store_.table(), "_processed_at")), t));
+                    ensure_processed_at_index(tx, t, derived_name(store_.table(), "_processed_at"));
                 }
                 report.created = true;
                 report.mode = config_.mode;
-                report.notes.push_back(fmt::format("created {} ({})", t, to_string(config_.mode)));
+                report.notes.insert(report.notes.begin(), fmt::format("created {} ({})", t, to_string(config_.mode)));
             } else if (kind.partitioned) {
                 if (!keyed_by_event_id(kind))
                     throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); a key "
@@ -739,14 +755,17 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
                     tx.exec(fmt::format("CREATE TABLE {} PARTITION OF {} DEFAULT", def, t));
                     report.notes.push_back(fmt::format("added the default partition {}", def));
                 }
+                has_default = true;
             } else if (config_.mode == RetentionMode::partitioned && existing == Existing::convert) {
-                // The plain table becomes the default partition as it is (no row moves,
-                // no validation scan: with no other partition it accepts everything); its
-                // rows age out there by processed_at while new claims fill range partitions.
+                // The plain table becomes the default partition as it is (no validation
+                // scan: with no other partition it accepts everything). Creating the range
+                // partitions then moves the claims of their ranges out of it (up to
+                // max_move_rows each); the rest ages out there by processed_at.
                 tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t,
                                     quote_identifier(default_partition_name(store_.table()))));
                 tx.exec(fmt::format("CREATE TABLE {} ({}) PARTITION BY RANGE (event_id)", t, claim_columns));
                 tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
+                has_default = true;
                 report.converted = true;
                 report.mode = RetentionMode::partitioned;
                 report.notes.push_back(fmt::format("converted {} to partitioned: its rows are now in the default "
@@ -758,19 +777,16 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
                     report.notes.push_back(fmt::format("{} is a plain table and stays one (maintenance purges it); "
                                                        "convert it with `idemkafka-admin migrate --mode partitioned`",
                                                        t));
-                const auto idx =
-                    tx.exec_params("SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-                                   "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass($1) "
-                                   "AND a.attname = 'processed_at'",
-                                   t);
-                if (idx.empty()) {
-                    // Blocks writes while it builds; on a large table create it CONCURRENTLY by
-                    // hand first (docs/retention.md), migrate then finds it.
-                    tx.exec(fmt::format("CREATE INDEX {} ON {} (processed_at)",
-                                        quote_identifier(derived_name(store_.table(), "_processed_at")), t));
+                // On a large table this blocks writes while it builds: create the index
+                // CONCURRENTLY by hand first (docs/retention.md), migrate then finds it.
+                if (ensure_processed_at_index(tx, t, derived_name(store_.table(), "_processed_at")))
                     report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", t));
-                }
             }
+            // The default partition is purged by processed_at like a plain table.
+            if (has_default &&
+                ensure_processed_at_index(tx, def, derived_name(store_.table(), "_default_processed_at")) &&
+                !report.created)
+                report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", def));
             tx.commit();
         }
         // Logged once committed: a rolled-back migration changed nothing.

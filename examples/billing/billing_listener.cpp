@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <idemkafka/consumer.hpp>
+#include <idemkafka/store.hpp>
 
 #include "cli.hpp"
 #include "order_confirmed.hpp"
@@ -25,6 +26,9 @@ const char* usage = R"(usage: billing-listener [options]
   --topic NAME          topic (default order-service.order.confirmed)
   --group NAME          consumer group (default billing-service)
   --max-batch N         records per transaction (default 500)
+  --charge-table NAME   table of the charges (default charge)
+  --claims-table NAME   table of the dedup claims (default processed_event)
+  --dead-letter-topic NAME  where poison records go (default GROUP.dlq)
   --until-drained N     stop once N records were consumed and the lag is 0
                         (default 0: run until SIGINT/SIGTERM)
   --progress SECONDS    progress line interval on stderr (default 1, 0 = none)
@@ -42,7 +46,7 @@ extern "C" void on_signal(int)
         c->stop(); // async-signal-safe; a second signal forces a fast exit
 }
 
-std::int64_t scalar(const std::string& conninfo, const char* sql)
+std::int64_t scalar(const std::string& conninfo, const std::string& sql)
 {
     pqxx::connection c(conninfo);
     pqxx::nontransaction tx(c);
@@ -56,7 +60,8 @@ try {
     billing::Args args(argc, argv,
                        {{"brokers", ""}, {"postgres", ""}, {"topic", "order-service.order.confirmed"},
                         {"group", "billing-service"}, {"max-batch", "500"}, {"until-drained", "0"},
-                        {"progress", "1"}},
+                        {"progress", "1"}, {"charge-table", "charge"}, {"claims-table", "processed_event"},
+                        {"dead-letter-topic", ""}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -64,6 +69,10 @@ try {
     cfg.group_id = args.get("group");
     cfg.topics = {args.get("topic")};
     cfg.max_batch = static_cast<std::size_t>(args.number("max-batch"));
+    cfg.table = args.get("claims-table");
+    cfg.dead_letter_topic = args.get("dead-letter-topic");
+    // Quoted once here; every statement below splices only this.
+    const std::string charge_table = idemkafka::quote_identifier(args.get("charge-table"));
     cfg.kafka["session.timeout.ms"] = "6000";
     const auto until_drained = args.number("until-drained");
     const auto progress = std::chrono::seconds(args.number("progress"));
@@ -74,7 +83,7 @@ try {
     {
         pqxx::connection c(cfg.postgres);
         pqxx::work tx(c);
-        tx.exec("CREATE TABLE IF NOT EXISTS charge ("
+        tx.exec("CREATE TABLE IF NOT EXISTS " + charge_table + " ("
                 " id bigserial PRIMARY KEY,"
                 " order_id text NOT NULL,"
                 " customer_id text NOT NULL,"
@@ -88,12 +97,14 @@ try {
 
     billing::SimulatedPaymentProvider payments;
     Consumer consumer(cfg, billing::decode, billing::event_id_of,
-                      [&payments](pqxx::work& tx, const billing::OrderConfirmed& e, const idemkafka::Context& ctx) {
+                      [&payments, insert = "INSERT INTO " + charge_table +
+                                           " (order_id, customer_id, amount_cents, currency, payment_id,"
+                                           " idempotency_key) VALUES ($1, $2, $3, $4, $5, $6::uuid)"](
+                          pqxx::work& tx, const billing::OrderConfirmed& e, const idemkafka::Context& ctx) {
                           const auto key = ctx.idempotency_key();
                           const auto payment_id = payments.charge(e.order_id, e.amount_cents, e.currency, key);
-                          tx.exec_params("INSERT INTO charge (order_id, customer_id, amount_cents, currency,"
-                                         " payment_id, idempotency_key) VALUES ($1, $2, $3, $4, $5, $6::uuid)",
-                                         e.order_id, e.customer_id, e.amount_cents, e.currency, payment_id, key);
+                          tx.exec_params(insert, e.order_id, e.customer_id, e.amount_cents, e.currency, payment_id,
+                                         key);
                       });
     g_consumer = &consumer;
     std::signal(SIGINT, on_signal);
@@ -143,8 +154,8 @@ try {
                 static_cast<unsigned long long>(m.consumed), static_cast<unsigned long long>(m.claimed),
                 static_cast<unsigned long long>(m.duplicates),
                 static_cast<unsigned long long>(m.decode_errors + m.invalid_event_ids),
-                static_cast<long long>(scalar(cfg.postgres, "SELECT count(*) FROM charge")),
-                static_cast<long long>(scalar(cfg.postgres, "SELECT count(DISTINCT order_id) FROM charge")),
+                static_cast<long long>(scalar(cfg.postgres, "SELECT count(*) FROM " + charge_table)),
+                static_cast<long long>(scalar(cfg.postgres, "SELECT count(DISTINCT order_id) FROM " + charge_table)),
                 static_cast<unsigned long long>(payments.calls()), static_cast<unsigned long long>(payments.charges()));
     return 0;
 } catch (const std::exception& e) {

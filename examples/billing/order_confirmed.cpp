@@ -1,5 +1,8 @@
 #include "order_confirmed.hpp"
 
+#include <cstdint>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include <idemkafka/error.hpp>
@@ -35,11 +38,19 @@ OrderConfirmed decode(std::string_view payload)
         auto it = j.find(field);
         if (it == j.end() || !it->is_number_integer())
             throw idemkafka::DecodeError(std::string("missing or non-integer field \"") + field + "\"");
+        // nlohmann stores 2^63..2^64-1 as unsigned; get<int64_t> would wrap them to negatives.
+        if (it->is_number_unsigned() &&
+            it->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+            throw idemkafka::DecodeError(std::string("field \"") + field + "\" is out of range");
         return it->get<std::int64_t>();
     };
     auto id = j.find("event_id");
-    if (id == j.end() || !id->is_string())
-        throw idemkafka::InvalidEventId("missing event_id");
+    // Told apart so the dead letter says which: a producer that forgot the id
+    // needs a different fix from one that sends a malformed id.
+    if (id == j.end())
+        throw idemkafka::MissingEventId("missing event_id");
+    if (!id->is_string())
+        throw idemkafka::InvalidEventId("event_id is not a string");
     if (text("type") != "order.confirmed.v1")
         throw idemkafka::DecodeError("unexpected event type \"" + text("type") + "\"");
     OrderConfirmed e;

@@ -23,8 +23,9 @@ struct OrderConfirmed {
 std::string encode(const OrderConfirmed& e);
 
 /// Strict decoder: throws idemkafka::DecodeError for anything that is not a
-/// complete order.confirmed.v1 object, idemkafka::InvalidEventId for a missing
-/// or malformed event id.
+/// complete order.confirmed.v1 object, idemkafka::MissingEventId (an
+/// InvalidEventId) when there is no "event_id", idemkafka::InvalidEventId for a
+/// malformed one.
 OrderConfirmed decode(std::string_view payload);
 
 inline idemkafka::EventId event_id_of(const OrderConfirmed& e) { return e.event_id; }

@@ -14,6 +14,16 @@
 
 namespace idemkafka {
 
+/// How records may be processed in parallel when `workers` > 1.
+enum class Ordering {
+    /// Each partition belongs to one worker: records are processed in partition order.
+    partition,
+    /// Records of one partition with different keys may run on different workers;
+    /// records with the same key stay in order. Committed offsets never pass an
+    /// unfinished record. Lets a hot partition use more than one connection.
+    key,
+};
+
 /// What the after-DB-commit hook is told about the batch it follows.
 struct BatchInfo {
     std::size_t records = 0;     ///< records in the batch (including duplicates and poison)
@@ -50,6 +60,13 @@ struct ConsumerConfig {
 
     /// Records per PostgreSQL transaction (1 = one transaction per record).
     std::size_t max_batch = 500;
+    /// PostgreSQL connections working on a batch in parallel, each in its own
+    /// transaction over its share of the partitions (or keys, see `ordering`).
+    /// With more than one, the handler and the log sink are called from several
+    /// threads at once and must be thread-safe.
+    std::size_t workers = 1;
+    /// How records are spread over the workers.
+    Ordering ordering = Ordering::partition;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
     /// Handler attempts per record; after the last one fails the record goes to

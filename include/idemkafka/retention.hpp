@@ -322,7 +322,9 @@ public:
     /// Makes a running or later run_once() stop after its current batch. Thread-safe.
     void cancel() noexcept { cancel_.store(true); }
 
+    /// The table this object maintains. Never throws.
     const ProcessedEventStore& store() const noexcept { return store_; }
+    /// The validated configuration. Never throws.
     const RetentionConfig& config() const noexcept { return config_; }
 
 private:
@@ -349,10 +351,11 @@ public:
 
     /// Interrupts a purge after its current batch and joins the thread. Idempotent; never throws.
     void stop() noexcept;
-    /// Runs completed (whether or not they acted) and runs that failed.
+    /// Runs completed, whether or not they acted. Thread-safe; never throws.
     std::uint64_t runs() const noexcept { return runs_.load(); }
+    /// Runs that failed (logged, retried at the next interval). Thread-safe; never throws.
     std::uint64_t failures() const noexcept { return failures_.load(); }
-    /// The report of the latest completed run, if any.
+    /// The report of the latest completed run, if any. Thread-safe; throws only std::bad_alloc.
     std::optional<MaintenanceReport> last_report() const;
 
 private:

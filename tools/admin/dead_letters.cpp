@@ -55,7 +55,6 @@ The replayed record's partition is chosen by the producer's partitioner from its
 struct KafkaDeleter {
     void operator()(rd_kafka_t* p) const noexcept { rd_kafka_destroy(p); }
     void operator()(rd_kafka_conf_t* p) const noexcept { rd_kafka_conf_destroy(p); }
-    void operator()(rd_kafka_topic_t* p) const noexcept { rd_kafka_topic_destroy(p); }
     void operator()(rd_kafka_message_t* p) const noexcept { rd_kafka_message_destroy(p); }
     void operator()(rd_kafka_topic_partition_list_t* p) const noexcept { rd_kafka_topic_partition_list_destroy(p); }
     void operator()(const rd_kafka_metadata_t* p) const noexcept { rd_kafka_metadata_destroy(p); }
@@ -127,6 +126,10 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
     set("enable.auto.offset.store", "false", false);
     set("enable.partition.eof", "true", false);
     set("log_level", "3", false);
+    // librdkafka's own lines go through the redaction like everything printed.
+    rd_kafka_conf_set_log_cb(conf.get(), [](const rd_kafka_t*, int, const char* fac, const char* buf) {
+        err(fmt::format("idemkafka-admin: kafka: {}: {}", fac, buf));
+    });
     for (const auto& [k, v] : o.kafka)
         set(k, v, true);
     Owned<rd_kafka_t> rk(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), errstr, sizeof errstr));
@@ -136,21 +139,26 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
     rd_kafka_poll_set_consumer(rk.get());
 
     const int meta_timeout = static_cast<int>(std::min<std::int64_t>(o.timeout.count(), 30000));
-    Owned<rd_kafka_topic_t> rkt(rd_kafka_topic_new(rk.get(), o.topic.c_str(), nullptr));
+    // Metadata of all topics, not of this one: a request naming a topic lets a broker
+    // with auto.create.topics.enable create it, and a typo would become a topic.
     const rd_kafka_metadata_t* md_raw = nullptr;
-    const auto merr = rd_kafka_metadata(rk.get(), 0, rkt.get(), &md_raw, meta_timeout);
+    const auto merr = rd_kafka_metadata(rk.get(), 1, nullptr, &md_raw, meta_timeout);
     Owned<const rd_kafka_metadata_t> md(md_raw);
     if (merr != RD_KAFKA_RESP_ERR_NO_ERROR)
         throw KafkaError(fmt::format("cannot reach Kafka at {}: {}", o.brokers, rd_kafka_err2str(merr)));
-    if (md->topic_cnt < 1 || md->topics[0].err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+    const rd_kafka_metadata_topic_t* topic = nullptr;
+    for (int i = 0; i < md->topic_cnt; ++i)
+        if (o.topic == md->topics[i].topic)
+            topic = &md->topics[i];
+    if (!topic || topic->err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
         throw KafkaError(fmt::format("dead-letter topic {} does not exist", o.topic));
-    if (md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
-        throw KafkaError(fmt::format("topic {}: {}", o.topic, rd_kafka_err2str(md->topics[0].err)));
+    if (topic->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        throw KafkaError(fmt::format("topic {}: {}", o.topic, rd_kafka_err2str(topic->err)));
 
-    Owned<rd_kafka_topic_partition_list_t> assignment(rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt));
+    Owned<rd_kafka_topic_partition_list_t> assignment(rd_kafka_topic_partition_list_new(topic->partition_cnt));
     std::map<std::int32_t, std::int64_t> end; // partition -> high watermark still to reach
-    for (int i = 0; i < md->topics[0].partition_cnt; ++i) {
-        const std::int32_t p = md->topics[0].partitions[i].id;
+    for (int i = 0; i < topic->partition_cnt; ++i) {
+        const std::int32_t p = topic->partitions[i].id;
         std::int64_t lo = 0, hi = 0;
         const auto werr = rd_kafka_query_watermark_offsets(rk.get(), o.topic.c_str(), p, &lo, &hi, meta_timeout);
         if (werr != RD_KAFKA_RESP_ERR_NO_ERROR)

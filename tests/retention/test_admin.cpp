@@ -1,0 +1,571 @@
+// idemkafka-admin as a user runs it: each subcommand against a real PostgreSQL
+// (and the broker for dead letters), bad arguments, a wrong connection string,
+// concurrent migrations, odd names. Exit status 0 ok, 1 failure, 2 bad usage.
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+#include <idemkafka/dead_letter.hpp>
+#include <idemkafka/publisher.hpp>
+
+#include "catch_compat.hpp"
+#include "retention_support.hpp"
+
+using namespace idemkafka;
+using namespace idemkafka::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Result {
+    int rc = -1;
+    std::string out, err;
+    std::string all() const { return out + err; }
+};
+
+std::string shell_quote(const std::string& s)
+{
+    std::string q = "'";
+    for (char c : s) {
+        if (c == '\'')
+            q += "'\\''";
+        else
+            q.push_back(c);
+    }
+    return q + "'";
+}
+
+std::string slurp(const std::string& path)
+{
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::remove(path.c_str());
+    return ss.str();
+}
+
+// The command line of one run: the environment is cleared of the variables the
+// tool reads, then `env` is set.
+std::string command_line(const std::vector<std::string>& args, const std::map<std::string, std::string>& env)
+{
+    std::string cmd = "env -u IDEMKAFKA_POSTGRES -u IDEMKAFKA_BROKERS";
+    for (const auto& [k, v] : env)
+        cmd += " " + shell_quote(k + "=" + v);
+    cmd += " " + shell_quote(IDEMKAFKA_ADMIN_BIN);
+    for (const auto& a : args)
+        cmd += " " + shell_quote(a);
+    return cmd;
+}
+
+Result admin(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {})
+{
+    const std::string base = "/tmp/" + unique_name("ikadmin");
+    const std::string cmd = command_line(args, env) + " >" + base + ".out 2>" + base + ".err";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(base + ".out");
+    r.err = slurp(base + ".err");
+    return r;
+}
+
+// Runs several invocations at the same moment and returns their results.
+std::vector<Result> admin_parallel(const std::vector<std::vector<std::string>>& runs)
+{
+    const std::string base = "/tmp/" + unique_name("ikadminp");
+    std::string script;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+        const std::string p = base + "." + std::to_string(i);
+        script += "(" + command_line(runs[i], {}) + " >" + p + ".out 2>" + p + ".err; echo $? >" + p + ".rc) & ";
+    }
+    script += "wait";
+    std::system(("bash -c " + shell_quote(script)).c_str());
+    std::vector<Result> out;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+        const std::string p = base + "." + std::to_string(i);
+        Result r;
+        r.out = slurp(p + ".out");
+        r.err = slurp(p + ".err");
+        const std::string rc = slurp(p + ".rc");
+        r.rc = rc.empty() ? -1 : std::stoi(rc);
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+bool has(const std::string& text, const std::string& part)
+{
+    return text.find(part) != std::string::npos;
+}
+
+std::vector<std::string> with_db(std::vector<std::string> args, const std::string& table)
+{
+    args.push_back("--postgres");
+    args.push_back(pg());
+    args.push_back("--table");
+    args.push_back(table);
+    return args;
+}
+
+} // namespace
+
+TEST_CASE("admin: --help on every subcommand", "[retention][admin]")
+{
+    for (const std::string cmd : {"migrate", "maintain", "status", "dead-letters"}) {
+        CAPTURE(cmd);
+        for (const auto& args : {std::vector<std::string>{cmd, "--help"}, std::vector<std::string>{"help", cmd}}) {
+            const auto r = admin(args);
+            CAPTURE(r.out, r.err);
+            CHECK(r.rc == 0);
+            CHECK(has(r.out, "usage: idemkafka-admin " + cmd));
+        }
+    }
+    {
+        const auto r = admin({"--help"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "commands:"));
+    }
+    {
+        const auto r = admin({});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 2);
+        CHECK(has(r.err, "usage: idemkafka-admin"));
+    }
+}
+
+TEST_CASE("admin: bad arguments give a clear message and exit status 2", "[retention][admin]")
+{
+    struct Case {
+        std::vector<std::string> args;
+        std::string message;
+    };
+    const std::string db = pg();
+    const std::vector<Case> cases = {
+        {{"frobnicate"}, "unknown command 'frobnicate'"},
+        {{"maintain", "--bogus"}, "unknown option '--bogus'"},
+        {{"maintain", "--postgres", db, "stray"}, "unexpected argument 'stray'"},
+        {{"migrate", "--postgres", db, "--retention", "7x"}, "--retention: '7x' is not a duration"},
+        {{"migrate", "--postgres", db, "--mode", "sideways"}, "'sideways' is not a retention mode"},
+        {{"status", "--postgres"}, "option --postgres needs a value"},
+        {{"status"}, "no database: pass --postgres CONNINFO or set IDEMKAFKA_POSTGRES"},
+        {{"maintain", "--postgres", db, "--partition-width", "90s"}, "partition_width: must be a whole number"},
+        {{"maintain", "--postgres", db, "--partitions-ahead", "-1"}, "'-1' is not a non-negative whole number"},
+        {{"maintain", "--postgres", db, "--purge-batch", "many"}, "--purge-batch: 'many' is not"},
+        {{"migrate", "--postgres", db, "--table", ""}, "table: identifier must not be empty"},
+        {{"migrate", "--postgres", db, "--table", std::string(64, 't')}, "at most 63"},
+        {{"maintain", "--postgres", db, "--now", "yesterday"}, "--now: 'yesterday' is not a time"},
+        {{"dead-letters"}, "say `list` or `replay`"},
+        {{"dead-letters", "shred", "--brokers", "x", "--topic", "t"}, "unknown action 'shred'"},
+        {{"dead-letters", "list", "--brokers", "x"}, "--topic NAME (the dead-letter topic) is required"},
+        {{"dead-letters", "list", "--topic", "t"}, "no Kafka"},
+        {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--reason", "nope"}, "'nope' is not a dead-letter"},
+        {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--event-id", "123"}, "'123' is not a UUID"},
+        {{"dead-letters", "replay", "--brokers", "x", "--topic", "t", "--json"}, "--json belongs to list"},
+        {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--kafka", "novalue"}, "KEY=VALUE"},
+    };
+    for (const auto& c : cases) {
+        const auto r = admin(c.args);
+        CAPTURE(c.args, r.out, r.err);
+        CHECK(r.rc == 2);
+        CHECK(has(r.err, c.message));
+        CHECK(has(r.err, "--help"));
+    }
+}
+
+TEST_CASE("admin: a wrong connection string fails clearly and never prints the password", "[retention][admin]")
+{
+    const std::string secret = "S3cretPw-xyz";
+    const std::vector<std::string> conninfos = {
+        "host=/nonexistent-dir port=1 dbname=x user=bob password=" + secret,
+        "host=127.0.0.1 port=1 dbname=x user=bob password='" + secret + "' connect_timeout=3",
+        "postgresql://bob:" + secret + "@127.0.0.1:1/x?connect_timeout=3",
+        "postgresql://bob@127.0.0.1:1/x?password=" + secret + "&connect_timeout=3",
+        "host=127.0.0.1 port=1 password=" + secret + " bogus_option=1",
+    };
+    for (const auto& conninfo : conninfos) {
+        for (const std::string cmd : {"migrate", "maintain", "status"}) {
+            CAPTURE(conninfo, cmd);
+            const auto r = admin({cmd, "--postgres", conninfo});
+            CAPTURE(r.out, r.err);
+            CHECK(r.rc == 1);
+            CHECK(has(r.err, "cannot connect to PostgreSQL"));
+            CHECK_FALSE(has(r.all(), secret));
+            // The same from the environment.
+            const auto e = admin({cmd}, {{"IDEMKAFKA_POSTGRES", conninfo}});
+            CAPTURE(e.out, e.err);
+            CHECK(e.rc == 1);
+            CHECK_FALSE(has(e.all(), secret));
+        }
+    }
+    // A reachable server (trust authentication here) with a password in the string:
+    // nothing printed carries it either.
+    const auto table = unique_name("pe_adm_pw");
+    DropTable drop{"public." + table};
+    const std::string with_pw = pg() + " password=" + secret;
+    for (const std::string cmd : {"migrate", "maintain", "status"}) {
+        const auto r = admin({cmd, "--postgres", with_pw, "--table", table});
+        CAPTURE(cmd, r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK_FALSE(has(r.all(), secret));
+    }
+}
+
+TEST_CASE("admin: migrate twice and concurrently", "[retention][admin]")
+{
+    const auto table = unique_name("pe_adm_mig");
+    DropTable drop{"public." + table};
+    {
+        const auto r = admin(with_db({"migrate"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "created"));
+        CHECK(has(r.out, "11 partitions created"));
+    }
+    {
+        const auto r = admin(with_db({"migrate"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "(0 partitions created)"));
+    }
+
+    const auto table2 = unique_name("pe_adm_conc");
+    DropTable drop2{"public." + table2};
+    const auto results = admin_parallel(std::vector<std::vector<std::string>>(4, with_db({"migrate"}, table2)));
+    int created = 0;
+    for (const auto& res : results) {
+        CAPTURE(res.out, res.err);
+        CHECK(res.rc == 0);
+        created += has(res.out, "(created,") ? 1 : 0;
+    }
+    CHECK(created == 1);
+    auto conn = connect();
+    CHECK(partitions(*conn, ProcessedEventStore("public", table2)).size() == 12);
+
+    // A plain table is converted only on request.
+    const auto plain = unique_name("pe_adm_plain");
+    DropTable drop3{"public." + plain};
+    {
+        const auto r = admin(with_db({"migrate", "--mode", "purge"}, plain));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "plain table"));
+    }
+    {
+        const auto r = admin(with_db({"migrate"}, plain));
+        CAPTURE(r.out, r.err);
+        CHECK(has(r.out, "plain table"));
+    }
+    {
+        const auto r = admin(with_db({"migrate", "--mode", "partitioned"}, plain));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "converted"));
+    }
+    {
+        const auto r = admin(with_db({"migrate", "--mode", "purge"}, plain));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 1);
+        CHECK(has(r.err, "not supported"));
+    }
+}
+
+TEST_CASE("admin: status as a table and as JSON", "[retention][admin]")
+{
+    const auto table = unique_name("pe_adm_status");
+    DropTable drop{"public." + table};
+    {
+        const auto r = admin(with_db({"status"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 1);
+        CHECK(has(r.err, "does not exist; run `idemkafka-admin migrate` first"));
+    }
+    {
+        const auto r = admin(with_db({"status", "--json"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 1);
+        CHECK(nlohmann::json::parse(r.out)["exists"] == false);
+    }
+
+    REQUIRE(admin(with_db({"migrate"}, table)).rc == 0);
+    const ProcessedEventStore store("public", table);
+    auto conn = connect();
+    for (int i = 0; i < 5; ++i)
+        REQUIRE(claim(*conn, store, "billing", new_event_id()));
+    REQUIRE(claim(*conn, store, "analytics \"quoted\"", new_event_id()));
+
+    {
+        const auto r = admin(with_db({"status"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "partitioned by event id"));
+        CHECK(has(r.out, "claims        6"));
+        CHECK(has(r.out, "billing"));
+        CHECK(has(r.out, "dedup horizon 6d (retention 7d - margin 1d)"));
+        CHECK(has(r.out, partition_name(table, now_ms() - now_ms() % day_ms)));
+        CHECK(has(r.out, default_partition_name(table)));
+    }
+
+    {
+        const auto r = admin(with_db({"status", "--json", "--retention", "3d", "--horizon-margin", "12h"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["exists"] == true);
+        CHECK(j["mode"] == "partitioned");
+        CHECK(j["rows"] == 6);
+        CHECK(j["dedup_horizon_ms"] == 2 * day_ms + 12 * hour_ms);
+        REQUIRE(j["groups"].size() == 2);
+        CHECK(j["groups"][0]["consumer_group"] == "analytics \"quoted\"");
+        CHECK(j["groups"][1]["rows"] == 5);
+        CHECK(j["partitions"].size() == 12);
+        CHECK(j["partitions"].back()["default"] == true);
+        CHECK(j["partitions"][0]["from"].is_string());
+        CHECK(j["newest_claim"].is_string());
+    }
+}
+
+TEST_CASE("admin: maintain, with --dry-run, purge mode and the maintenance lock", "[retention][admin]")
+{
+    const auto table = unique_name("pe_adm_maint");
+    DropTable drop{"public." + table};
+    REQUIRE(admin(with_db({"migrate"}, table)).rc == 0);
+    const ProcessedEventStore store("public", table);
+    auto conn = connect();
+    const auto before = partitions(*conn, store);
+    const std::int64_t later = now_ms() + 20 * day_ms;
+    const std::string now_arg = "@" + std::to_string(later);
+
+    {
+        const auto r = admin(with_db({"maintain", "--dry-run", "--now", now_arg}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "would drop"));
+        CHECK(has(r.out, "would create"));
+        CHECK(has(r.out, "dry run: 11 partitions to create, 11 to drop"));
+        CHECK(partitions(*conn, store) == before);
+    }
+
+    {
+        const auto r = admin(with_db({"maintain", "--now", now_arg}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "dropped partition"));
+        CHECK(has(r.out, "done: 11 partitions created, 11 dropped"));
+        CHECK(partitions(*conn, store) != before);
+    }
+    const auto after = partitions(*conn, store);
+    CHECK(std::find(after.begin(), after.end(), partition_name(table, later - later % day_ms - 7 * day_ms)) !=
+          after.end());
+
+    // Another session maintaining: nothing done, and said so.
+    auto other = connect();
+    {
+        pqxx::nontransaction tx(*other);
+        tx.exec_params("SELECT pg_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
+                       store.qualified_name());
+    }
+    {
+        const auto r = admin(with_db({"maintain"}, table));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "another session holds the maintenance lock"));
+    }
+    other.reset();
+
+    // Purge mode, small batches, progress and totals printed.
+    const auto plain = unique_name("pe_adm_purge");
+    DropTable drop_plain{"public." + plain};
+    REQUIRE(admin(with_db({"migrate", "--mode", "purge"}, plain)).rc == 0);
+    exec(fmt::format("INSERT INTO {} (event_id, consumer_group, processed_at) SELECT gen_random_uuid(), 'g', "
+                     "now() - interval '9 days' FROM generate_series(1, 25)",
+                     plain));
+    exec(fmt::format("INSERT INTO {} (event_id, consumer_group) SELECT gen_random_uuid(), 'g' FROM "
+                     "generate_series(1, 4)",
+                     plain));
+    {
+        const auto r = admin(with_db({"maintain", "--purge-batch", "10", "--purge-pause", "1ms"}, plain));
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "purged 25 rows"));
+        CHECK(has(r.out, "in 3 batches"));
+        CHECK(scalar("SELECT count(*) FROM " + plain) == 4);
+    }
+}
+
+TEST_CASE("admin: odd names and injection attempts are quoted, never executed", "[retention][admin]")
+{
+    const std::string canary = unique_name("canary");
+    exec("CREATE TABLE " + canary + " (x int)");
+    DropTable drop_canary{canary};
+    const std::string table = "x\"; DROP TABLE " + canary + "; --";
+    DropTable drop{quote_identifier("public") + "." + quote_identifier(table)};
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"migrate"}, {"maintain"}, {"status"}, {"status", "--json"}}) {
+        const auto r = admin(with_db(args, table));
+        CAPTURE(args, r.out, r.err);
+        CHECK(r.rc == 0);
+    }
+    CHECK(scalar("SELECT count(*) FROM " + canary) == 0); // the canary is still there
+    CHECK(scalar(fmt::format("SELECT count(*) FROM pg_class WHERE relname = '{}'",
+                             std::string("x\"; DROP TABLE ") + canary + "; --")) == 1);
+    const auto r = admin(with_db({"status", "--json"}, table));
+    CHECK(nlohmann::json::parse(r.out)["name"] == table);
+
+    // A schema name is quoted the same way.
+    const std::string schema = "s'; DROP TABLE " + canary + "; --";
+    const auto rs = admin({"migrate", "--postgres", pg(), "--schema", schema, "--table", "t", "--mode", "purge"});
+    CHECK(rs.rc == 0);
+    CHECK(scalar("SELECT count(*) FROM " + canary) == 0);
+    exec("DROP SCHEMA " + quote_identifier(schema) + " CASCADE");
+}
+
+TEST_CASE("admin: dead-letters list and replay", "[retention][admin]")
+{
+    const auto dlq = unique_name("adm_dlq");
+    const auto source = unique_name("adm_src");
+    const auto other_source = unique_name("adm_src2");
+    create_topic(dlq, 2);
+    create_topic(source, 2);
+    create_topic(other_source, 1);
+
+    struct Letter {
+        std::string reason, topic, key, value, event_id;
+    };
+    const std::vector<Letter> letters = {
+        {"decode_error", source, "k1", "not json", ""},
+        {"decode_error", source, "k2", "{broken", ""},
+        {"handler_failed", source, "k3", "payload-3", new_event_id().to_string()},
+        {"beyond_dedup_horizon", other_source, "k4", "payload-4", new_event_id().to_string()},
+        {"decode_error", "", "k5", "orphan", ""},
+    };
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        int offset = 100;
+        for (const auto& l : letters) {
+            std::vector<Header> h = {{"trace-id", "t-" + l.key}, {"empty", std::nullopt}};
+            if (!l.topic.empty())
+                h.push_back({dead_letter_header::original_topic, l.topic});
+            h.push_back({dead_letter_header::reason, l.reason});
+            h.push_back({dead_letter_header::error, "it broke: " + l.reason});
+            h.push_back({dead_letter_header::original_partition, "1"});
+            h.push_back({dead_letter_header::original_offset, std::to_string(offset++)});
+            h.push_back({dead_letter_header::original_timestamp, "1700000000000"});
+            if (!l.event_id.empty())
+                h.push_back({dead_letter_header::event_id, l.event_id});
+            h.push_back({dead_letter_header::attempts, "1"});
+            h.push_back({dead_letter_header::consumer_group, "billing"});
+            pub.publish(dlq, l.key, l.value, h);
+        }
+    }
+    const std::vector<std::string> kafka = {"--brokers", brokers(), "--topic", dlq, "--timeout", "30s"};
+    auto cmd = [&](std::vector<std::string> args) {
+        args.insert(args.end(), kafka.begin(), kafka.end());
+        return admin(args);
+    };
+
+    {
+        const auto r = cmd({"dead-letters", "list"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "5 dead-letter record(s) read from " + dlq + ", 5 matching"));
+        CHECK(has(r.out, "reason=handler_failed"));
+        CHECK(has(r.out, "from=" + source + "/1@102"));
+        CHECK(has(r.out, "event=" + letters[2].event_id));
+    }
+
+    {
+        const auto r = cmd({"dead-letters", "list", "--reason", "decode_error", "--json"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["read"] == 5);
+        CHECK(j["matched"] == 3);
+        REQUIRE(j["records"].size() == 3);
+        for (const auto& rec : j["records"]) {
+            CHECK(rec["reason"] == "decode_error");
+            CHECK(rec["consumer_group"] == "billing");
+        }
+    }
+
+    {
+        const auto r = cmd({"dead-letters", "list", "--reason", "handler_failed", "--reason", "beyond_dedup_horizon",
+                            "--event-id", letters[3].event_id});
+        CAPTURE(r.out, r.err);
+        CHECK_FALSE(has(r.out, "5 matching"));
+        CHECK(has(r.out, ", 1 matching"));
+    }
+    {
+        const auto r = cmd({"dead-letters", "list", "--original-topic", other_source, "--limit", "1"});
+        CAPTURE(r.out, r.err);
+        CHECK(has(r.out, "reason=beyond_dedup_horizon"));
+    }
+
+    // Dry run: says what it would do, publishes nothing.
+    {
+        const auto r = cmd({"dead-letters", "replay", "--reason", "decode_error", "--dry-run"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "would replay " + dlq));
+        CHECK(has(r.out, "-> " + source));
+        CHECK(has(r.out, "2 would be replayed, 1 skipped"));
+        CHECK(has(r.err, "no idemkafka.original.topic header"));
+        CHECK(read_topic(source, 1, 3s).empty());
+    }
+
+    // Replay: the original key, value and headers (without idemkafka.*) to the source.
+    {
+        const auto r = cmd({"dead-letters", "replay", "--reason", "decode_error", "--reason", "handler_failed"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        CHECK(has(r.out, "3 replayed, 1 skipped, 0 failed"));
+    }
+    auto replayed = read_topic(source, 3, 30s);
+    REQUIRE(replayed.size() == 3);
+    std::sort(replayed.begin(), replayed.end(), [](const ReadRecord& a, const ReadRecord& b) { return a.key < b.key; });
+    for (std::size_t i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(replayed[i].key == letters[i].key);
+        CHECK(replayed[i].value == letters[i].value);
+        CHECK(replayed[i].header("trace-id") == "t-" + letters[i].key);
+        REQUIRE(replayed[i].headers.size() == 2);
+        CHECK(replayed[i].headers[1].name == "empty");
+        CHECK_FALSE(replayed[i].headers[1].value.has_value());
+        for (const auto& h : replayed[i].headers)
+            CHECK(h.name.rfind("idemkafka.", 0) != 0);
+    }
+    CHECK(read_topic(other_source, 1, 2s).empty());
+
+    // Failures: a topic that does not exist, a broker that cannot be reached (and a
+    // secret setting that must not show up in the error).
+    {
+        const auto r = admin({"dead-letters", "list", "--brokers", brokers(), "--topic", unique_name("no_such_topic"),
+                              "--timeout", "10s"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 1);
+        CHECK(has(r.err, "does not exist"));
+    }
+    {
+        const auto r = admin({"dead-letters", "list", "--brokers", "127.0.0.1:1", "--topic", dlq, "--timeout", "3s",
+                              "--kafka", "sasl.password=TopSecret-77"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 1);
+        CHECK(has(r.err, "idemkafka-admin: error:"));
+        CHECK_FALSE(has(r.all(), "TopSecret-77"));
+    }
+    {
+        const auto r =
+            admin({"dead-letters", "list", "--brokers", brokers(), "--topic", dlq, "--kafka", "no.such.property=1"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 2);
+        CHECK(has(r.err, "no.such.property"));
+    }
+}
