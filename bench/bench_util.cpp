@@ -278,6 +278,17 @@ CpuSample Meter::sample() const
         }
         closedir(d);
     }
+    {
+        // First line of /proc/stat: user nice system idle iowait irq softirq steal ...
+        std::istringstream in(read_file("/proc/stat"));
+        std::string cpu;
+        double v[8] = {};
+        in >> cpu;
+        for (double& x : v)
+            in >> x;
+        static const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+        s.machine_busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz;
+    }
     if (postmaster_ > 0)
         s.postgres = postgres_cpu();
     if (broker_ > 0)
@@ -303,6 +314,15 @@ CpuSplit Meter::split(const CpuSample& a, const CpuSample& b, std::size_t events
         out.postgres = (b.postgres - a.postgres) / n * 1e6;
     if (a.broker >= 0 && b.broker >= 0)
         out.broker = (b.broker - a.broker) / n * 1e6;
+    const double wall = seconds_between(a.at, b.at);
+    if (wall > 0) {
+        double ours = b.process - a.process;
+        if (a.postgres >= 0 && b.postgres >= 0)
+            ours += b.postgres - a.postgres;
+        if (a.broker >= 0 && b.broker >= 0)
+            ours += b.broker - a.broker;
+        out.other_cores = std::max(0.0, (b.machine_busy - a.machine_busy - ours) / wall);
+    }
     return out;
 }
 

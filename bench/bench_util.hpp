@@ -75,6 +75,8 @@ struct CpuSample {
     std::map<int, std::pair<std::string, double>> threads; // tid -> (name, seconds on CPU)
     double postgres = -1;                               // -1: not measurable (remote server)
     double broker = -1;
+    double machine_busy = 0;                            // all CPUs, /proc/stat (non-idle time)
+    SteadyClock::time_point at = SteadyClock::now();
 };
 
 /// CPU per event of a run, split by where it was spent, in microseconds.
@@ -84,6 +86,9 @@ struct CpuSplit {
     double app = 0;      ///< every other thread: consumer loop, library, libpq client, handler
     double postgres = -1;
     double broker = -1;
+    /// CPU cores kept busy by everything else on the machine during the run
+    /// (not per event): other work on a shared machine skews the numbers.
+    double other_cores = 0;
 };
 
 /// Finds the PostgreSQL and mock broker processes (when they run on this

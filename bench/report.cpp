@@ -66,6 +66,7 @@ ordered_json run_json(const Result& r)
                                  {"rdkafka_threads", round_to(r.cpu.rdkafka, 2)},
                                  {"postgres", optional_number(r.cpu.postgres, 2)},
                                  {"broker", optional_number(r.cpu.broker, 2)}};
+        j["other_processes_cores"] = round_to(r.cpu.other_cores, 2);
     } else {
         j["cpu_us_per_event"] = nullptr;
     }
@@ -314,26 +315,27 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
 {
     out << "\nthroughput: each mode drains the same backlog (seconds = first record taken -> last effect "
            "committed)\n";
-    out << fmt::format("{:<24} {:>4} {:>8} {:>8} {:>8} {:>10} {:>7} {:>8} {:>8}   {:>6} {:>6} {:>6} {:>6} {:>6}   "
-                       "{:>6} {:>6}  {}\n",
+    out << fmt::format("{:<24} {:>4} {:>8} {:>8} {:>8} {:>10} {:>7} {:>8} {:>8}   {:>6} {:>6} {:>6} {:>6} {:>6} "
+                       "{:>5}   {:>6} {:>6}  {}\n",
                        "", "dup", "events", "unique", "seconds", "events/s", "rec/tx", "take->commit ms", "",
-                       "CPU us/event", "", "", "", "", "RSS MB", "", "");
-    out << fmt::format("{:<24} {:>4} {:>8} {:>8} {:>8} {:>10} {:>7} {:>8} {:>8}   {:>6} {:>6} {:>6} {:>6} {:>6}   "
-                       "{:>6} {:>6}  {}\n",
-                       "mode", "%", "", "", "", "", "", "p50", "p99", "proc", "app", "rdk", "pg", "broker", "peak",
-                       "growth", "status");
+                       "CPU us/event", "", "", "", "", "other", "RSS MB", "", "");
+    out << fmt::format("{:<24} {:>4} {:>8} {:>8} {:>8} {:>10} {:>7} {:>8} {:>8}   {:>6} {:>6} {:>6} {:>6} {:>6} "
+                       "{:>5}   {:>6} {:>6}  {}\n",
+                       "mode", "%", "", "", "", "", "", "p50", "p99", "proc", "app", "rdk", "pg", "broker", "cores",
+                       "peak", "growth", "status");
     for (const auto& r : report.runs) {
         const auto j = run_json(r);
         const auto& cpu = j["cpu_us_per_event"];
         const auto& lat = j["latency_ms"]["taken_to_commit"];
         out << fmt::format(
-            "{:<24} {:>4} {:>8} {:>8} {:>8.2f} {:>10.0f} {:>7} {:>8} {:>8}   {:>6} {:>6} {:>6} {:>6} {:>6}   "
+            "{:<24} {:>4} {:>8} {:>8} {:>8.2f} {:>10.0f} {:>7} {:>8} {:>8}   {:>6} {:>6} {:>6} {:>6} {:>6} {:>5}   "
             "{:>6.1f} {:>6.1f}  {}\n",
             r.mode, r.dup_percent, r.events, r.unique, r.seconds, r.events_per_s,
             r.transactions ? cell(j["records_per_transaction"]) : "-", lat.is_null() ? "-" : cell(lat["p50"], 2),
             lat.is_null() ? "-" : cell(lat["p99"], 2), cpu.is_null() ? "-" : cell(cpu["process"]),
             cpu.is_null() ? "-" : cell(cpu["app_threads"]), cpu.is_null() ? "-" : cell(cpu["rdkafka_threads"]),
-            cpu.is_null() ? "-" : cell(cpu["postgres"]), cpu.is_null() ? "-" : cell(cpu["broker"]), r.rss_peak_mb,
+            cpu.is_null() ? "-" : cell(cpu["postgres"]), cpu.is_null() ? "-" : cell(cpu["broker"]),
+            cpu.is_null() ? "-" : cell(cpu["other_processes_cores"], 2), r.rss_peak_mb,
             std::max(0.0, r.rss_peak_mb - r.rss_start_mb), r.ok() ? "ok" : "ERROR: " + r.errors.front());
     }
 

@@ -284,6 +284,7 @@ struct Engine::Impl {
         std::map<std::string, std::string> props = {
             {"isolation.level", "read_committed"},
             {"auto.offset.reset", "earliest"},
+            {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
         };
         for (const auto& [k, v] : cfg.kafka)
             props[k] = v;
@@ -546,7 +547,8 @@ struct Engine::Impl {
     void fill_batch()
     {
         Clock::time_point deadline{};
-        while (batch.size() < cfg.max_batch) {
+        std::size_t bytes = 0;
+        while (batch.size() < cfg.max_batch && bytes < cfg.max_batch_bytes) {
             milliseconds timeout = idle_poll;
             if (!batch.empty()) {
                 timeout = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
@@ -575,6 +577,7 @@ struct Engine::Impl {
                 ps->resume_from = -1;
             }
             metrics.consumed.add();
+            bytes += m->len + m->key_len;
             if (batch.empty())
                 deadline = Clock::now() + cfg.max_batch_wait;
             add_item(std::move(m), topic, ps);

@@ -67,6 +67,13 @@ struct ConsumerConfig {
     std::size_t workers = 1;
     /// How records are spread over the workers.
     Ordering ordering = Ordering::partition;
+    /// A batch also closes once its payloads reach this many bytes.
+    std::size_t max_batch_bytes = 8 * 1024 * 1024;
+    /// Bytes the Kafka client may prefetch ahead of processing, for all assigned
+    /// partitions together (librdkafka queued.max.messages.kbytes; a value set
+    /// in `kafka` wins). With max_batch_bytes this bounds the consumer's memory
+    /// whatever the number of events.
+    std::size_t max_prefetch_bytes = 16 * 1024 * 1024;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
     /// Handler attempts per record; after the last one fails the record goes to

@@ -350,14 +350,26 @@ Redactor& redactor()
     return r;
 }
 
+namespace {
+
+// libpq's messages end in a newline of their own.
+std::string_view trim_end(std::string_view s)
+{
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
+        s.remove_suffix(1);
+    return s;
+}
+
+} // namespace
+
 void out(std::string_view line)
 {
-    std::cout << redactor()(line) << '\n' << std::flush;
+    std::cout << redactor()(trim_end(line)) << '\n' << std::flush;
 }
 
 void err(std::string_view line)
 {
-    std::cerr << redactor()(line) << '\n' << std::flush;
+    std::cerr << redactor()(trim_end(line)) << '\n' << std::flush;
 }
 
 // ---- JSON ------------------------------------------------------------------
