@@ -661,14 +661,29 @@ void produce_all(const Services& s, const std::string& topic, const Dataset& dat
     pub.flush(std::chrono::milliseconds(300000));
 }
 
+void wait_processed(std::size_t n, const std::function<std::size_t()>& processed, const std::atomic<bool>& abort)
+{
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(60);
+    while (processed() < n && !abort.load() && SteadyClock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
 void produce_paced(const Services& s, const std::string& topic, const Dataset& data, std::size_t count, double rate,
+                   std::size_t warmup, const std::function<std::size_t()>& processed,
                    const std::atomic<bool>& abort)
 {
     Publisher pub(publisher_config(s, {{"linger.ms", "1"}}));
-    const auto start = SteadyClock::now();
+    auto start = SteadyClock::now();
+    std::size_t first = 0;  // seq at `start`
     for (std::size_t seq = 0; seq < count && !abort.load(); ++seq) {
-        std::this_thread::sleep_until(
-            start + std::chrono::microseconds(static_cast<std::int64_t>(static_cast<double>(seq) * 1e6 / rate)));
+        if (seq == warmup && warmup > 0) {
+            pub.flush(std::chrono::milliseconds(60000));
+            wait_processed(warmup, processed, abort);
+            start = SteadyClock::now();
+            first = seq;
+        }
+        std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(
+                                                  static_cast<double>(seq - first) * 1e6 / rate)));
         const auto rec = data.at(seq);
         pub.publish_async(topic, data.key_of(rec.event), encode_payload(data.id_of(rec.event), seq, wall_us()));
     }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -256,10 +257,15 @@ Watermarks watermarks(const Services& s, const std::string& topic);
 void produce_all(const Services& s, const std::string& topic, const Dataset& data, std::size_t count);
 
 /// Publishes records [0, count) of `data` at `rate` per second (payload
-/// timestamps taken when each is sent), waits for acknowledgements. Stops early
-/// when `abort` becomes true.
+/// timestamps taken when each is sent), waits for acknowledgements. After the
+/// first `warmup` records it waits until `processed()` reaches `warmup`, then
+/// goes on at the same rate. Stops early when `abort` becomes true.
 void produce_paced(const Services& s, const std::string& topic, const Dataset& data, std::size_t count, double rate,
+                   std::size_t warmup, const std::function<std::size_t()>& processed,
                    const std::atomic<bool>& abort);
+
+/// Waits until `processed()` reaches `n`, `abort` is set or 60 s pass.
+void wait_processed(std::size_t n, const std::function<std::size_t()>& processed, const std::atomic<bool>& abort);
 
 /// Names the calling thread (visible in /proc and perf as the thread's comm).
 void name_thread(const char* name) noexcept;

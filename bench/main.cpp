@@ -383,7 +383,7 @@ int run(const Options& o)
 
     int serial = 0;
     auto kafka_mode = [](Kind k) { return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::naive_listener; };
-    const std::function<void()> no_op = [] {};
+    const OnReady no_op = [](const Counter&) {};
     for (const auto& data : datasets) {
         for (std::size_t n : sizes) {
             for (const auto& s : specs) {
@@ -417,7 +417,10 @@ int run(const Options& o)
     // also runs with records produced while it consumes, at a rate every mode
     // sustains.
     if (o.latency_seconds > 0) {
-        const auto count = static_cast<std::size_t>(o.latency_rate * o.latency_seconds);
+        // Half a second of warm-up records, produced and consumed before the
+        // measured ones (see Job::warmup).
+        const auto warmup = static_cast<std::size_t>(std::max(20.0, o.latency_rate / 2));
+        const auto count = warmup + static_cast<std::size_t>(o.latency_rate * o.latency_seconds);
         for (const auto& data : datasets) {
             for (const auto& s : specs) {
                 Job job;
@@ -427,6 +430,7 @@ int run(const Options& o)
                 job.count = count;
                 job.paced = true;
                 job.rate = o.latency_rate;
+                job.warmup = warmup;
                 job.batch = s.batch;
                 job.batch_wait = s.batch > 1 ? defaults.max_batch_wait : std::chrono::milliseconds(0);
                 job.workers = s.workers;
@@ -434,7 +438,7 @@ int run(const Options& o)
                 std::atomic<bool> abort{false};
                 std::thread producer;
                 std::string producer_error;
-                std::function<void()> on_ready = no_op;
+                OnReady on_ready = no_op;
                 if (kafka_mode(s.kind)) {
                     job.topic = fmt::format("ikbench-{}-paced-{}-d{}", run_tag, s.name, data.dup_percent());
                     try {
@@ -443,11 +447,12 @@ int run(const Options& o)
                         report.errors.push_back(fmt::format("creating {}: {}", job.topic, e.what()));
                         continue;
                     }
-                    on_ready = [&] {
-                        producer = std::thread([&] {
+                    on_ready = [&](Counter processed) {
+                        producer = std::thread([&, processed] {
                             name_thread("ik-producer");
                             try {
-                                produce_paced(o.services, job.topic, data, count, o.latency_rate, abort);
+                                produce_paced(o.services, job.topic, data, count, o.latency_rate, warmup,
+                                              [processed] { return processed->load(); }, abort);
                             } catch (const std::exception& e) {
                                 producer_error = e.what();
                             }

@@ -36,7 +36,7 @@ void verify_effects(const RunEnv& env, const RunState& st, Result& r)
 
 } // namespace
 
-Result run_job(const RunEnv& env, const Job& job, const std::function<void()>& on_ready)
+Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready)
 {
     Result r;
     r.mode = job.mode;
@@ -107,7 +107,7 @@ struct FloorItem {
 // generator thread releases them at the paced rate.
 class FloorSource {
 public:
-    FloorSource(const Job& job) : job_(job)
+    FloorSource(const Job& job, Counter processed) : job_(job), processed_(std::move(processed))
     {
         if (job.paced)
             generator_ = std::thread([this] { generate(); });
@@ -152,10 +152,16 @@ private:
     void generate()
     {
         name_thread("ik-generator");
-        const auto start = SteadyClock::now();
+        auto start = SteadyClock::now();
+        std::size_t first = 0;
         for (std::size_t seq = 0; seq < job_.count && !stop_; ++seq) {
+            if (seq == job_.warmup && seq > 0) {
+                wait_processed(seq, [this] { return processed_->load(); }, stop_);
+                start = SteadyClock::now();
+                first = seq;
+            }
             std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(
-                                                      static_cast<double>(seq) * 1e6 / job_.rate)));
+                                                      static_cast<double>(seq - first) * 1e6 / job_.rate)));
             std::lock_guard<std::mutex> lock(mu_);
             queue_.push_back({job_.data->at(seq), wall_us()});
             cv_.notify_all();
@@ -163,6 +169,7 @@ private:
     }
 
     const Job& job_;
+    Counter processed_;
     std::size_t next_seq_ = 0;
     std::mutex mu_;
     std::condition_variable cv_;
@@ -191,6 +198,7 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
         std::array<char, 37> id_text;
         std::string key;
         std::int64_t produced_us;
+        std::size_t seq;
     };
     std::vector<FloorItem> items;
     std::vector<Row> rows;
@@ -199,8 +207,8 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
     std::unordered_map<EventId, std::size_t> seen;
     std::vector<const Row*> fresh;
 
-    FloorSource source(job);
-    st.on_ready();
+    FloorSource source(job, st.processed);
+    st.ready();
     while (source.next(job.batch, items)) {
         const std::int64_t taken = steady_us();
         if (st.first_taken_us < 0)
@@ -218,6 +226,7 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
             row.id_text[36] = '\0';
             row.key = job.data->key_of(it.rec.event);
             row.produced_us = it.produced_us;
+            row.seq = it.rec.seq;
             rows.push_back(std::move(row));
             if (seen.emplace(rows.back().id, rows.size() - 1).second) {
                 ids.push_back(rows.back().id);
@@ -251,8 +260,10 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
         const std::int64_t now_s = steady_us();
         st.last_commit_us = now_s;
         for (const Row* row : fresh)
-            st.latency.record(row->produced_us, taken, now_w, now_s);
+            if (st.measured(static_cast<std::int64_t>(row->seq), job))
+                st.latency.record(row->produced_us, taken, now_w, now_s);
         st.effects_reported += fresh.size();
+        *st.processed += items.size();
     }
     st.take_cpu_after(*env.meter);
     if (st.effects_reported != st.result.unique)

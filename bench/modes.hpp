@@ -3,10 +3,12 @@
 // a Kafka topic, or generated in process for the PostgreSQL floors), writes
 // into its own freshly emptied tables, and verifies what it wrote.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -56,6 +58,10 @@ struct Job {
     std::string topic;         ///< Kafka modes: the topic, holding exactly `count` records
     bool paced = false;        ///< records are produced during the run at `rate`
     double rate = 0;
+    /// Paced: records [0, warmup) are produced first; the rest follows once the
+    /// consumer has processed them, and only the rest counts for latency (the
+    /// first records of a run meet connection set-up and first fetches).
+    std::size_t warmup = 0;
     std::size_t batch = 1;     ///< floors: records per transaction; idemkafka: max_batch
     std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
     int workers = 0;           ///< idemkafka: 0 leaves the library's default
@@ -92,10 +98,14 @@ struct RunEnv {
     bool verbose = false;
 };
 
-/// Runs one job. `on_ready` is called once the consumer can receive records
-/// (assigned, or at once for the floors); paced runs start producing then.
-/// Never throws: failures end up in Result::errors.
-Result run_job(const RunEnv& env, const Job& job, const std::function<void()>& on_ready);
+/// Called once the consumer can receive records (assigned, or at once for the
+/// floors) with the run's count of processed records; paced runs start
+/// producing then. Shared: a producer thread may outlive the run by a moment.
+using Counter = std::shared_ptr<const std::atomic<std::size_t>>;
+using OnReady = std::function<void(Counter processed)>;
+
+/// Runs one job. Never throws: failures end up in Result::errors.
+Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready);
 
 // The modes, called by run_job after the tables are prepared.
 struct RunState;
@@ -108,7 +118,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st);
 struct RunState {
     Tables tables;
     Result& result;
-    const std::function<void()>& on_ready;
+    const OnReady& on_ready;
     LatencyRecorder latency;
     CpuSample cpu_before;
     CpuSample cpu_after;       ///< taken by the mode when the last record is committed
@@ -116,8 +126,17 @@ struct RunState {
     std::int64_t first_taken_us = -1;  ///< steady_us() of the first record
     std::int64_t last_commit_us = -1;  ///< steady_us() of the last commit
     std::size_t effects_reported = 0;  ///< effects the mode itself counted as committed
+    /// Records processed so far (any thread may read it): paces the warm-up.
+    std::shared_ptr<std::atomic<std::size_t>> processed = std::make_shared<std::atomic<std::size_t>>(0);
 
-    RunState(Result& r, const std::function<void()>& ready) : result(r), on_ready(ready) {}
+    RunState(Result& r, const OnReady& ready) : result(r), on_ready(ready) {}
+    void ready() { on_ready(processed); }
+    void set_processed(std::size_t n) noexcept { processed->store(n); }
+    /// Whether the record with sequence number `seq` counts for latency.
+    bool measured(std::int64_t seq, const Job& job) const noexcept
+    {
+        return seq >= static_cast<std::int64_t>(job.warmup);
+    }
     void take_cpu_after(const Meter& m)
     {
         cpu_after = m.sample();

@@ -114,7 +114,7 @@ void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
     while (seen.distinct() < job.count) {
         if (!ready && assigned(rk.get())) {
             ready = true;
-            st.on_ready();
+            st.ready();
         }
         MessagePtr m(rd_kafka_consumer_poll(rk.get(), 100));
         if (!m || m->err) {
@@ -131,8 +131,10 @@ void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
         const auto d = decode_payload(
             std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
         if (seen.mark(d.seq)) {
-            st.latency.record(d.produced_us, -1, wall_us(), now_s);
+            if (st.measured(d.seq, job))
+                st.latency.record(d.produced_us, -1, wall_us(), now_s);
             st.last_commit_us = now_s;
+            st.set_processed(seen.distinct());
             progress.advanced();
         }
     }
@@ -161,7 +163,7 @@ void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
     while (seen.distinct() < job.count) {
         if (!ready && assigned(rk.get())) {
             ready = true;
-            st.on_ready();
+            st.ready();
         }
         MessagePtr m(rd_kafka_consumer_poll(rk.get(), 100));
         if (!m || m->err) {
@@ -189,13 +191,16 @@ void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
         const std::int64_t now_s = steady_us();
         st.last_commit_us = now_s;
         if (fresh) {
-            st.latency.record(d.produced_us, taken, wall_us(), now_s);
+            if (st.measured(d.seq, job))
+                st.latency.record(d.produced_us, taken, wall_us(), now_s);
             ++st.effects_reported;
         }
         if (rd_kafka_commit_message(rk.get(), m.get(), 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
             ++commit_failures;
-        if (seen.mark(d.seq))
+        if (seen.mark(d.seq)) {
+            st.set_processed(seen.distinct());
             progress.advanced();
+        }
     }
     st.take_cpu_after(*env.meter);
     close_consumer(rk.get());

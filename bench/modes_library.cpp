@@ -29,6 +29,7 @@ struct BenchEvent {
 struct Pending {
     std::int64_t produced_us;
     std::int64_t taken_us;
+    bool measured;
 };
 
 void atomic_max(std::atomic<std::int64_t>& a, std::int64_t v) noexcept
@@ -76,7 +77,8 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
             flushing.swap(pending);
         }
         for (const auto& p : flushing)
-            latency.record(p.produced_us, p.taken_us, now_w, now_s);
+            if (p.measured)
+                latency.record(p.produced_us, p.taken_us, now_w, now_s);
         if (flushing.size() != info.claimed)
             unmatched_batches.fetch_add(1);
         stamped.fetch_add(flushing.size());
@@ -97,7 +99,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         const auto key = ctx.key() ? std::string(*ctx.key()) : std::string();
         tx.exec_prepared(effect_statement, e.d.id_text.data(), key, amount_of(e.d.id), e.d.produced_us);
         std::lock_guard<std::mutex> lock(pending_mu);
-        pending.push_back({e.d.produced_us, e.taken_us});
+        pending.push_back({e.d.produced_us, e.taken_us, st.measured(e.d.seq, job)});
     };
 
     IdempotentConsumer<BenchEvent> consumer(
@@ -129,9 +131,10 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         m = consumer.metrics().snapshot();
         if (!ready && m.assigned_partitions > 0) {
             ready = true;
-            st.on_ready();
+            st.ready();
         }
         const std::uint64_t processed = m.claimed + m.duplicates + m.decode_errors + m.invalid_event_ids;
+        st.set_processed(static_cast<std::size_t>(processed));
         if (processed >= expected)
             break;
         if (finished) {

@@ -69,6 +69,7 @@ ordered_json run_json(const Result& r)
         j["other_processes_cores"] = round_to(r.cpu.other_cores, 2);
     } else {
         j["cpu_us_per_event"] = nullptr;
+        j["other_processes_cores"] = nullptr;
     }
     j["rss_mb"] = {{"start", round_to(r.rss_start_mb, 1)},
                    {"peak", round_to(r.rss_peak_mb, 1)},
@@ -335,7 +336,7 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
             lat.is_null() ? "-" : cell(lat["p99"], 2), cpu.is_null() ? "-" : cell(cpu["process"]),
             cpu.is_null() ? "-" : cell(cpu["app_threads"]), cpu.is_null() ? "-" : cell(cpu["rdkafka_threads"]),
             cpu.is_null() ? "-" : cell(cpu["postgres"]), cpu.is_null() ? "-" : cell(cpu["broker"]),
-            cpu.is_null() ? "-" : cell(cpu["other_processes_cores"], 2), r.rss_peak_mb,
+            cpu.is_null() ? "-" : cell(j["other_processes_cores"], 2), r.rss_peak_mb,
             std::max(0.0, r.rss_peak_mb - r.rss_start_mb), r.ok() ? "ok" : "ERROR: " + r.errors.front());
     }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
 
 namespace idemkafka {
@@ -59,6 +60,10 @@ void ConsumerConfig::validate() const
     // The table names are quoted, not checked against a pattern; this only
     // refuses what cannot be quoted.
     ProcessedEventStore(schema, table);
+    if (offsets_in_database) {
+        OffsetStore(schema, offsets_table);
+        require(offsets_table != table, "offsets_table: must differ from table");
+    }
 
     for (const auto& [key, value] : kafka) {
         if ((key == "enable.auto.commit" || key == "enable.auto.offset.store") && is_true(value))

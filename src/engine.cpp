@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -17,6 +18,7 @@
 
 #include "idemkafka/dead_letter.hpp"
 #include "idemkafka/error.hpp"
+#include "idemkafka/offset_store.hpp"
 #include "idemkafka/publisher.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
@@ -57,6 +59,8 @@ milliseconds backoff_for(int failures, milliseconds base, milliseconds cap)
 
 // Thrown inside the batch transaction to abandon it on a forced stop.
 struct Abandon {};
+// Thrown inside the batch transaction when the offset table refused our epoch.
+struct Fenced {};
 
 } // namespace
 
@@ -70,6 +74,8 @@ struct Engine::Impl {
         std::int64_t start_offset = -1;    // committed offset at assignment (for the lag gauge)
         bool start_known = false;
         std::size_t lane = 0;             // worker that runs this partition's transactions
+        std::int64_t epoch = 0;           // offsets_in_database: our ownership epoch
+        bool position_verified = true;    // offsets_in_database: stored position applied
         bool needs_seek = false;
         bool retry_paused = false;
         Clock::time_point resume_at{};
@@ -119,6 +125,7 @@ struct Engine::Impl {
         bool failed = false;            // nothing of this lane's final transaction committed
         bool lost_connection = false;
         bool abandoned = false;
+        bool fenced = false;            // the offset table refused our epoch: we lost a partition
         std::exception_ptr error;       // an unexpected exception, rethrown on the poll thread
     };
 
@@ -140,6 +147,7 @@ struct Engine::Impl {
     std::mutex dlq_mu;
     std::unique_ptr<Publisher> dlq; // created on the first dead letter
 
+    std::optional<OffsetStore> offset_store; // offsets_in_database
     std::vector<Lane> lanes;
     std::unique_ptr<LanePool> pool;
     std::mutex failures_mu; // PartitionState::failures, shared by lanes in per-key mode
@@ -151,6 +159,8 @@ struct Engine::Impl {
     Impl(ConsumerConfig c, Stage& s)
         : cfg(std::move(c)), stage(s), log(cfg.log ? cfg.log : stderr_sink()), store(cfg.schema, cfg.table)
     {
+        if (cfg.offsets_in_database)
+            offset_store.emplace(cfg.schema, cfg.offsets_table);
     }
 
     template <class... Args>
@@ -203,6 +213,8 @@ struct Engine::Impl {
         if (first && cfg.create_schema) {
             pqxx::work tx(*lane.db);
             store.ensure_schema(tx);
+            if (offset_store)
+                offset_store->ensure_schema(tx);
             tx.commit();
         }
         lane.db->prepare(claim_statement, store.claim_sql());
@@ -230,6 +242,14 @@ struct Engine::Impl {
                 db_hold();
                 return false;
             }
+        }
+        if (offset_store) {
+            verify_positions();
+            for (const auto& [tp, ps] : parts)
+                if (!ps.position_verified) {
+                    db_hold();
+                    return false;
+                }
         }
         db_backoff = db_backoff_min;
         if (db_pause)
@@ -328,6 +348,8 @@ struct Engine::Impl {
                 parts[{list->elems[i].topic, list->elems[i].partition}] = std::move(ps);
             }
             say(LogLevel::info, "assigned {} partition(s) ({})", list->cnt, cooperative ? "cooperative" : "eager");
+            if (offset_store)
+                start_from_database(handle, list);
             if (cooperative) {
                 kafka::ErrorPtr e(rd_kafka_incremental_assign(handle, list));
                 if (e)
@@ -367,6 +389,96 @@ struct Engine::Impl {
         } else {
             rd_kafka_assign(handle, nullptr);
         }
+    }
+
+    // offsets_in_database: takes the partitions over in the offset table (new
+    // epoch, fencing the previous owner) and starts each at max(stored
+    // position, Kafka committed offset) by setting the offsets in the
+    // assignment itself. Without PostgreSQL the partitions stay unverified and
+    // paused until a reconnect verifies them (see verify_positions).
+    void start_from_database(rd_kafka_t* handle, rd_kafka_topic_partition_list_t* list)
+    {
+        std::map<TopicPartition, std::int64_t> target;
+        if (!acquire_positions(handle, list, target)) {
+            for (int i = 0; i < list->cnt; ++i)
+                if (auto* ps = state_of(list->elems[i].topic, list->elems[i].partition))
+                    ps->position_verified = false;
+            if (!db_pause)
+                db_hold();
+            return;
+        }
+        for (int i = 0; i < list->cnt; ++i) {
+            auto t = target.find({list->elems[i].topic, list->elems[i].partition});
+            if (t != target.end())
+                list->elems[i].offset = t->second;
+        }
+    }
+
+    // Fills `target` with the start offsets that the database raises above
+    // Kafka's committed offsets. Returns false when PostgreSQL is unavailable.
+    bool acquire_positions(rd_kafka_t* handle, const rd_kafka_topic_partition_list_t* list,
+                           std::map<TopicPartition, std::int64_t>& target)
+    {
+        auto& lane = lanes.front();
+        if (!lane.db)
+            return false;
+        std::vector<std::pair<std::string, std::int32_t>> wanted;
+        for (int i = 0; i < list->cnt; ++i)
+            wanted.emplace_back(list->elems[i].topic, list->elems[i].partition);
+        std::vector<OffsetStore::Stored> stored;
+        try {
+            pqxx::work tx(*lane.db);
+            stored = offset_store->acquire(tx, cfg.group_id, wanted);
+            tx.commit();
+        } catch (const std::exception& e) {
+            say(LogLevel::warning, "cannot read stored positions, partitions wait for PostgreSQL: {}", e.what());
+            if (!lane.db->is_open())
+                lane.db.reset();
+            return false;
+        }
+        kafka::PartitionListPtr committed(rd_kafka_topic_partition_list_copy(list));
+        const bool kafka_known = rd_kafka_committed(handle, committed.get(), 10000) == RD_KAFKA_RESP_ERR_NO_ERROR;
+        for (const auto& st : stored) {
+            if (auto* ps = state_of(st.topic, st.partition)) {
+                ps->epoch = st.epoch;
+                ps->position_verified = true;
+            }
+            if (!st.next_offset)
+                continue;
+            std::int64_t kafka_offset = RD_KAFKA_OFFSET_INVALID;
+            if (kafka_known)
+                if (auto* c = rd_kafka_topic_partition_list_find(committed.get(), st.topic.c_str(), st.partition))
+                    kafka_offset = c->err ? RD_KAFKA_OFFSET_INVALID : c->offset;
+            if (*st.next_offset > kafka_offset) {
+                target[{st.topic, st.partition}] = *st.next_offset;
+                if (auto* ps = state_of(st.topic, st.partition)) {
+                    ps->start_offset = *st.next_offset; // for the lag gauge
+                    ps->start_known = true;
+                }
+                say(LogLevel::info, "{}/{} starts at stored position {} (Kafka committed {})", st.topic,
+                    st.partition, *st.next_offset, kafka_offset);
+            }
+        }
+        return true;
+    }
+
+    // After PostgreSQL comes back: partitions assigned while it was away take
+    // their stored positions now (a seek), before they are resumed.
+    void verify_positions()
+    {
+        auto list = kafka::make_list(static_cast<int>(parts.size()));
+        for (auto& [tp, ps] : parts)
+            if (!ps.position_verified)
+                rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
+        if (list->cnt == 0)
+            return;
+        std::map<TopicPartition, std::int64_t> target;
+        if (!acquire_positions(rk.get(), list.get(), target))
+            return;
+        for (const auto& [tp, offset] : target)
+            if (auto* ps = state_of(tp.topic, tp.partition))
+                if (ps->processed_next < offset)
+                    rewind(*ps, tp.topic, tp.partition, offset);
     }
 
     void on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets)
@@ -853,11 +965,16 @@ struct Engine::Impl {
                 }
             }
             current = SIZE_MAX;
+            if (offset_store && !positions_after_merge())
+                write_positions(tx, lane_positions(lane));
             tx.commit();
             lane.info.claimed = claimed.size();
             lane.info.duplicates = active - claimed.size();
             return Outcome::committed;
         } catch (const Abandon&) {
+            return Outcome::abandoned;
+        } catch (const Fenced&) {
+            lane.fenced = true;
             return Outcome::abandoned;
         } catch (const pqxx::in_doubt_error& e) {
             // The commit may or may not have happened: never guess. Nothing is
@@ -878,6 +995,46 @@ struct Engine::Impl {
                 lost_connection(lane, e.what());
             return Outcome::db_failed;
         }
+    }
+
+    // Per-key mode spreads a partition over several lanes: no lane alone knows
+    // the partition's contiguous position, so it is written after the merge.
+    bool positions_after_merge() const { return cfg.ordering == Ordering::key && lanes.size() > 1; }
+
+    // Next offset per partition of the lane: past every record of this batch
+    // that is not held (all of them are finished when the transaction commits).
+    std::vector<OffsetStore::Position> lane_positions(const Lane& lane)
+    {
+        std::map<PartitionState*, OffsetStore::Position> by_part;
+        for (std::size_t i : lane.items) {
+            const auto& it = batch[i];
+            if (held(lane.holds, it))
+                continue;
+            auto& p = by_part[it.part];
+            if (p.topic.empty()) {
+                p.topic = std::string(it.record.topic);
+                p.partition = it.record.partition;
+                p.epoch = it.part->epoch;
+            }
+            p.next_offset = std::max(p.next_offset, it.record.offset + 1);
+        }
+        std::vector<OffsetStore::Position> out;
+        for (auto& [ps, p] : by_part)
+            out.push_back(std::move(p));
+        return out;
+    }
+
+    void write_positions(pqxx::transaction_base& tx, const std::vector<OffsetStore::Position>& positions)
+    {
+        const auto fenced = offset_store->write(tx, cfg.group_id, positions);
+        if (fenced.empty())
+            return;
+        metrics.fenced_writes.add(fenced.size());
+        for (const auto& p : fenced)
+            say(LogLevel::error, "position write for {}/{} refused: epoch {} is stale, another member owns the "
+                                 "partition now; rolling back this transaction",
+                p.topic, p.partition, p.epoch);
+        throw Fenced{};
     }
 
     void lost_connection(Lane& lane, const char* why)
@@ -912,7 +1069,7 @@ struct Engine::Impl {
                 continue;
             }
             lane.failed = true;
-            lane.abandoned = out == Outcome::abandoned;
+            lane.abandoned = out == Outcome::abandoned && !lane.fenced;
             return;
         }
     }
@@ -995,7 +1152,7 @@ struct Engine::Impl {
             for (const auto& [ps, h] : lane.holds)
                 add_hold(holds, ps, h.offset, h.failures);
             if (lane.failed) {
-                any_failed = true;
+                any_failed = any_failed || !lane.fenced;
                 lost = lost || lane.lost_connection;
                 if (lane.error && !error)
                     error = lane.error;
@@ -1023,16 +1180,42 @@ struct Engine::Impl {
             if (cfg.hooks.after_db_commit)
                 cfg.hooks.after_db_commit(info); // may throw: then nothing below happens
         }
+        std::set<PartitionState*> moved;
         for (auto& it : batch) {
             if (held(holds, it))
                 continue;
             it.state = State::done;
             it.part->processed_next = std::max(it.part->processed_next, it.record.offset + 1);
+            moved.insert(it.part);
             if (!it.part->failures.empty())
                 forget_failures(it);
         }
         batch.clear();
+        if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
+            return; // not stored: Kafka must not get ahead of the database either
         commit_positions(nullptr, true);
+    }
+
+    bool store_merged_positions(const std::set<PartitionState*>& moved)
+    {
+        std::vector<OffsetStore::Position> positions;
+        for (auto& [tp, ps] : parts)
+            if (moved.count(&ps))
+                positions.push_back({tp.topic, tp.partition, ps.processed_next, ps.epoch});
+        try {
+            pqxx::work tx(*lanes.front().db);
+            write_positions(tx, positions);
+            tx.commit();
+            return true;
+        } catch (const Fenced&) {
+            return false;
+        } catch (const std::exception& e) {
+            say(LogLevel::warning, "storing positions failed (records are redelivered and deduplicated): {}",
+                e.what());
+            if (!lanes.front().db->is_open())
+                lanes.front().db.reset();
+            return false;
+        }
     }
 
     // Rewinds every held partition to its hold; a hold after handler failures

@@ -30,6 +30,8 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::transaction_retries},
     {"dead_letter_failures", "Dead-letter records the broker did not acknowledge.",
      &MetricsSnapshot::dead_letter_failures},
+    {"fenced_writes", "Position writes refused because another member owns the partition.",
+     &MetricsSnapshot::fenced_writes},
 };
 
 std::string escape_label(const std::string& v)
@@ -94,6 +96,7 @@ MetricsSnapshot Metrics::snapshot() const noexcept
     s.retries = retries.get();
     s.transaction_retries = transaction_retries.get();
     s.dead_letter_failures = dead_letter_failures.get();
+    s.fenced_writes = fenced_writes.get();
     for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
         s.dead_lettered[i] = dead_lettered[i].get();
     s.assigned_partitions = assigned_partitions.get();

@@ -55,8 +55,16 @@ struct ConsumerConfig {
     /// Schema and table of the dedup claims; always quoted as identifiers.
     std::string schema = "public";
     std::string table = "processed_event";
-    /// Create the schema and table on start-up if they do not exist.
+    /// Create the schema and tables on start-up if they do not exist.
     bool create_schema = true;
+
+    /// Keep each partition's position in PostgreSQL (`offsets_table`), written
+    /// in the same transaction as the claims and effects; on assignment a
+    /// partition starts at max(stored position, Kafka committed offset). Kafka
+    /// offsets are still committed afterwards, for lag tools. A member that
+    /// lost its partitions cannot write positions any more (epoch fencing).
+    bool offsets_in_database = false;
+    std::string offsets_table = "consumer_offset";
 
     /// Records per PostgreSQL transaction (1 = one transaction per record).
     std::size_t max_batch = 500;

@@ -29,6 +29,7 @@ struct MetricsSnapshot {
     std::uint64_t retries = 0;           ///< handler failures scheduled for another attempt
     std::uint64_t transaction_retries = 0; ///< transactions re-run after 40001/40P01
     std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
+    std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
     /// Records dead-lettered, by DeadLetterReason.
     std::array<std::uint64_t, dead_letter_reason_count> dead_lettered{};
     /// Sum of dead_lettered.
@@ -65,7 +66,7 @@ public:
 
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
-        rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures;
+        rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures, fenced_writes;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     Gauge assigned_partitions;
     Gauge lag{{-1}};

@@ -54,9 +54,9 @@ enum class NonV7Policy {
 
 /// What a reconcile hook decided for an event beyond the dedup horizon.
 enum class ReconcileOutcome {
-    process,     ///< the effect is not there: run the handler
-    skip,        ///< the effect is already there: treat the event as a duplicate
-    dead_letter, ///< cannot tell: dead letter with reason `beyond_dedup_horizon`
+    process,     ///< the effect is not there: claim the event and run the handler
+    skip,        ///< the effect is already there: claim it, count a duplicate, no handler
+    dead_letter, ///< cannot tell: no claim, dead letter with reason `beyond_dedup_horizon`
 };
 
 /// "partitioned", "purge".
@@ -113,8 +113,9 @@ struct RetentionConfig {
     /// Policy for events beyond the dedup horizon.
     HorizonPolicy beyond_horizon = HorizonPolicy::dead_letter;
     /// Called for an event beyond the horizon when beyond_horizon == reconcile,
-    /// inside the batch transaction, after the event's claim: it checks whether the
-    /// effect exists already. Required for that policy.
+    /// inside the batch transaction and before the claim: it looks for the effect
+    /// (the charge of that order, say) and returns what to do. Required for that
+    /// policy. An exception from it counts as a handler failure of the record.
     std::function<ReconcileOutcome(pqxx::work& tx, const Context& ctx)> reconcile;
     /// How long the downstream service remembers an Idempotency-Key (payment
     /// providers often keep keys for 24 hours); zero when not configured.
@@ -141,7 +142,7 @@ struct RetentionConfig {
 enum class HorizonAction {
     process,     ///< hand the event to the handler (claim first, as always)
     dead_letter, ///< dead letter with HorizonDecision::reason, do not claim
-    reconcile,   ///< claim, then call RetentionConfig::reconcile instead of the handler
+    reconcile,   ///< call RetentionConfig::reconcile in the transaction before the claim
 };
 
 /// The verdict of HorizonGuard::check().

@@ -544,8 +544,12 @@ public:
         setup();
         start_producer();
         kill_phase();
+        // Started before the producer is waited for, so whatever is still
+        // being published is consumed as it arrives.
+        auto last = start_listener("listener-final", 500);
+        timeline.say("final run: listener started");
         finish_producer();
-        final_run();
+        final_run(*last);
         verify();
         return report();
     }
@@ -613,10 +617,12 @@ private:
     void start_producer()
     {
         // A killed consumer's partitions wait out its 6 s session before the
-        // restarted one gets them, so each kill costs about 7 s. Publishing over
-        // that long keeps every listener busy with fresh records, not just with
-        // the backlog of the previous one.
-        const double seconds = std::max(30.0, 6.5 * opt_.kills);
+        // restarted one gets them (the mock group sometimes takes a second 5 s
+        // round), so a kill costs 6 to 13 s. Publishing over about that long
+        // keeps every listener busy with fresh records, not just with the
+        // backlog of the previous one; the kill phase goes on while they come.
+        const double seconds = std::max(30.0, 9.0 * opt_.kills);
+        publish_until_ = Clock::now() + std::chrono::seconds(static_cast<long long>(seconds));
         const auto rate = std::max<long long>(1, static_cast<long long>(static_cast<double>(opt_.events) / seconds));
         producer_ = std::make_unique<Child>(
             std::vector<std::string>{opt_.producer, "--brokers", brokers_, "--topic", topic_, "--events",
@@ -664,6 +670,21 @@ private:
         return true;
     }
 
+    // Claims committed for the group so far (-1 before the table exists).
+    long long claims_so_far()
+    {
+        try {
+            pqxx::connection c(pg_);
+            pqxx::nontransaction tx(c);
+            return tx.exec_params("SELECT count(*) FROM " + idemkafka::quote_identifier(claims_table_) +
+                                      " WHERE consumer_group = $1",
+                                  group_)[0][0]
+                .as<long long>();
+        } catch (const std::exception&) {
+            return -1;
+        }
+    }
+
     void fail(std::string what)
     {
         timeline.say("FAILURE: {}", what);
@@ -679,7 +700,10 @@ private:
     void kill_phase()
     {
         static const std::size_t batch_sizes[] = {1, 20, 100, 500};
-        for (int run = 1; kills_ < opt_.kills; ++run) {
+        // Beyond the required kills while events still stream in, but not much
+        // past the planned publishing time, which bounds the test's duration.
+        const auto phase_end = publish_until_ + std::chrono::seconds(10);
+        for (int run = 1; kills_ < opt_.kills || (!producer_->poll_exit() && Clock::now() < phase_end); ++run) {
             const auto max_batch = batch_sizes[rng_() % 4];
             const auto fault = fault_at_.count(run) ? fault_at_[run] : Fault::none;
             // Some kills hit start-up (schema, connections, group join) rather
@@ -723,11 +747,10 @@ private:
                 listener_ended(*l, run);
                 continue;
             }
-            const auto consumed = l->consumed();
             l->kill_now();
             ++kills_;
-            timeline.say("run {:2} (max-batch {}): assigned after {:.1f} s, {}SIGKILL {} ms later (consumed about {})",
-                         run, max_batch, assigned_after, note, d.count(), consumed);
+            timeline.say("run {:2} (max-batch {}): assigned after {:.1f} s, {}SIGKILL {} ms later; {} claims so far",
+                         run, max_batch, assigned_after, note, d.count(), claims_so_far());
         }
     }
 
@@ -850,14 +873,14 @@ private:
 
     // ---- the final run ------------------------------------------------------------
 
-    void final_run()
+    void final_run(Child& last)
     {
+        auto* l = &last;
         mock_control(control_, "clear-errors OffsetCommit");
         OffsetProbe probe(group_);
         const auto ends = probe.ends(topic_, opt_.partitions);
-        auto l = start_listener("listener-final", 500);
-        timeline.say("final run: listener started, waiting for its assignment and for the group's committed "
-                     "offsets to reach the end of every partition");
+        timeline.say("final run: waiting for the listener's assignment and for the group's committed offsets to "
+                     "reach the end of every partition");
         std::vector<std::int64_t> committed;
         // Waiting for the assignment too means the last run resumed from the
         // committed offsets and found nothing left to do, or did it.
@@ -1130,6 +1153,7 @@ private:
     std::string group_, topic_, dlq_, charge_table_, claims_table_, app_name_, listener_pg_;
     std::map<int, Fault> fault_at_;
     std::unique_ptr<Child> producer_;
+    Clock::time_point publish_until_;
     std::map<std::string, long long> producer_summary_;
     std::vector<std::int64_t> source_ends_;
     std::map<std::string, Poison> poison_;

@@ -182,6 +182,47 @@ std::int64_t committed_offset(const std::string& group, const std::string& topic
     return offset;
 }
 
+void reset_group_offsets(const std::string& group, const std::string& topic, int partitions, std::int64_t offset)
+{
+    // Joins the group as a member (a broker may refuse commits from outside
+    // the group), commits the reset offsets, and leaves.
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+             {"bootstrap.servers", brokers()}, {"group.id", group}, {"enable.auto.commit", "false"},
+             {"session.timeout.ms", "6000"}})
+        rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err);
+    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
+    if (!rk)
+        throw std::runtime_error(err);
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t* sub = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(sub, topic.c_str(), RD_KAFKA_PARTITION_UA);
+    rd_kafka_subscribe(rk, sub);
+    rd_kafka_topic_partition_list_destroy(sub);
+    const bool joined = wait_until(
+        [&] {
+            if (rd_kafka_message_t* m = rd_kafka_consumer_poll(rk, 100))
+                rd_kafka_message_destroy(m);
+            rd_kafka_topic_partition_list_t* a = nullptr;
+            rd_kafka_assignment(rk, &a);
+            const bool all = a && a->cnt == partitions;
+            if (a)
+                rd_kafka_topic_partition_list_destroy(a);
+            return all;
+        },
+        std::chrono::seconds(30));
+    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(partitions);
+    for (int p = 0; p < partitions; ++p)
+        rd_kafka_topic_partition_list_add(list, topic.c_str(), p)->offset = offset;
+    const auto e = joined ? rd_kafka_commit(rk, list, 0) : RD_KAFKA_RESP_ERR__TIMED_OUT;
+    rd_kafka_topic_partition_list_destroy(list);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    if (e)
+        throw std::runtime_error(std::string("offset reset: ") + rd_kafka_err2str(e));
+}
+
 std::string ReadRecord::header(std::string_view name) const
 {
     for (const auto& h : headers)

@@ -34,6 +34,10 @@ void mock_control(const std::string& command);
 /// The offset committed in Kafka for `group` on topic/partition (-1001 when none).
 std::int64_t committed_offset(const std::string& group, const std::string& topic, std::int32_t partition);
 
+/// Commits `offset` for every partition of `topic` in `group`, as an operator's
+/// offset reset does (the group must have no active member).
+void reset_group_offsets(const std::string& group, const std::string& topic, int partitions, std::int64_t offset);
+
 /// A record read back from a topic.
 struct ReadRecord {
     std::int32_t partition = 0;
