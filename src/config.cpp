@@ -40,6 +40,7 @@ void ConsumerConfig::validate() const
     require(max_prefetch_bytes >= 1024, "max_prefetch_bytes: must be at least 1024");
     require(workers >= 1, "workers: must be at least 1");
     require(workers <= 256, "workers: must be at most 256");
+    require(max_batch_duration.count() >= 0, "max_batch_duration: must not be negative");
     require(max_attempts >= 1, "max_attempts: must be at least 1");
     require(transaction_retries >= 0, "transaction_retries: must not be negative");
     require(max_payload_bytes >= 1, "max_payload_bytes: must be at least 1");

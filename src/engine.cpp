@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -152,6 +153,8 @@ struct Engine::Impl {
     std::unique_ptr<LanePool> pool;
     std::mutex failures_mu; // PartitionState::failures, shared by lanes in per-key mode
     std::size_t next_lane = 0;
+    Clock::time_point batch_deadline{}; // time budget of the current batch
+    milliseconds batch_budget{120000};
     Clock::time_point db_retry_at{};
     milliseconds db_backoff = db_backoff_min;
     bool db_pause = false;
@@ -310,6 +313,17 @@ struct Engine::Impl {
             props[k] = v;
         reset_to_latest = props["auto.offset.reset"] == "latest" || props["auto.offset.reset"] == "largest" ||
                           props["auto.offset.reset"] == "end";
+        if (cfg.max_batch_duration.count() > 0) {
+            batch_budget = cfg.max_batch_duration;
+        } else {
+            // 40% of max.poll.interval.ms: a batch ends well before the group
+            // would drop this member for not polling.
+            long interval = 300000;
+            auto mp = props.find("max.poll.interval.ms");
+            if (mp != props.end())
+                interval = std::strtol(mp->second.c_str(), nullptr, 10);
+            batch_budget = milliseconds(std::max(100L, interval * 2 / 5));
+        }
         props["bootstrap.servers"] = cfg.brokers;
         props["group.id"] = cfg.group_id;
         props["enable.auto.commit"] = "false";
@@ -907,6 +921,30 @@ struct Engine::Impl {
         }
     }
 
+    // Releases the claims of the records from first[k] on (their handlers have
+    // not run) and holds their partitions there, so this transaction commits
+    // only finished work. Returns how many records are given back.
+    std::size_t give_back(pqxx::transaction_base& tx, Lane& lane, const std::vector<std::size_t>& first,
+                          std::size_t k, const std::unordered_set<EventId>& claimed)
+    {
+        std::vector<EventId> release;
+        for (std::size_t j = k; j < first.size(); ++j) {
+            const auto& it = batch[first[j]];
+            add_hold(lane.holds, it.part, it.record.offset, 0);
+            if (claimed.count(it.id))
+                release.push_back(it.id);
+        }
+        if (!release.empty())
+            tx.exec_params(fmt::format("DELETE FROM {} WHERE consumer_group = $1 AND event_id = ANY($2::uuid[])",
+                                       store.qualified_name()),
+                           cfg.group_id, ProcessedEventStore::array_literal(release));
+        std::size_t n = 0;
+        for (std::size_t j : lane.items)
+            if (held(lane.holds, batch[j]))
+                ++n;
+        return n;
+    }
+
     // One transaction over the lane's pending records that are not held.
     Outcome try_transaction(Lane& lane, HandlerFailed& failure)
     {
@@ -936,18 +974,36 @@ struct Engine::Impl {
         std::sort(ids.begin(), ids.end());
 
         std::size_t current = SIZE_MAX;
+        std::size_t lane_claimed_override = SIZE_MAX;
         try {
             pqxx::work tx(*lane.db);
             auto claimed_list = ProcessedEventStore::claimed_ids(
                 tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
             std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
-            for (std::size_t i : first) {
+            std::size_t handled = 0;
+            for (std::size_t k = 0; k < first.size(); ++k) {
+                const std::size_t i = first[k];
                 auto& it = batch[i];
                 if (!claimed.count(it.id))
                     continue;
                 if (forced())
                     throw Abandon{};
+                if (handled > 0 && Clock::now() >= batch_deadline) {
+                    // Over the time budget: commit what ran, give the rest back
+                    // so the consumer polls again long before max.poll.interval.ms.
+                    const auto given_back = give_back(tx, lane, first, k, claimed);
+                    say(LogLevel::info, "batch over its time budget after {} handler calls; {} records come again",
+                        handled, given_back);
+                    active = 0;
+                    for (std::size_t j : lane.items)
+                        if (batch[j].state == State::pending && !held(lane.holds, batch[j]))
+                            ++active;
+                    lane.info.records = active;
+                    lane_claimed_override = handled;
+                    break;
+                }
                 current = i;
+                ++handled;
                 try {
                     stage.handle(i, tx, Context(it.record, it.id, attempt_of(it)));
                 } catch (const pqxx::broken_connection&) {
@@ -968,8 +1024,8 @@ struct Engine::Impl {
             if (offset_store && !positions_after_merge())
                 write_positions(tx, lane_positions(lane));
             tx.commit();
-            lane.info.claimed = claimed.size();
-            lane.info.duplicates = active - claimed.size();
+            lane.info.claimed = lane_claimed_override != SIZE_MAX ? lane_claimed_override : claimed.size();
+            lane.info.duplicates = active - lane.info.claimed;
             return Outcome::committed;
         } catch (const Abandon&) {
             return Outcome::abandoned;
@@ -1107,6 +1163,7 @@ struct Engine::Impl {
 
     void process_batch()
     {
+        batch_deadline = Clock::now() + batch_budget;
         decode_all();
         Holds holds;
         {

@@ -87,6 +87,12 @@ struct ConsumerConfig {
     /// Handler attempts per record; after the last one fails the record goes to
     /// the dead-letter topic (reason handler_failed) and its partition moves on.
     int max_attempts = 5;
+    /// Time budget of one batch's handler calls. Past it, the transaction
+    /// commits the records already handled and gives the rest back (their claims
+    /// are released in the same transaction; they are delivered again), so a
+    /// slow handler never keeps the consumer from polling past
+    /// max.poll.interval.ms. Zero: 40% of max.poll.interval.ms.
+    std::chrono::milliseconds max_batch_duration{0};
     /// Delay before a record whose handler threw is delivered again; doubles per
     /// attempt up to retry_backoff_max. Other partitions go on meanwhile.
     std::chrono::milliseconds retry_backoff{100};

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -403,4 +404,26 @@ TEST_CASE("stop() mid-batch commits the batch; a second stop() abandons it; rest
                   [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
     run_until(rest, [&] { return f.rows() == 600 && rest.metrics().snapshot().lag == 0; });
     f.check_exact(600);
+}
+
+TEST_CASE("a slow batch commits within its time budget and gives the rest back", "[fault]")
+{
+    Fixture f(2);
+    f.publish(120);
+    auto cfg = f.config();
+    cfg.max_batch = 500;
+    cfg.max_batch_wait = 2s; // one big batch
+    cfg.max_batch_duration = 300ms;
+    std::atomic<int> calls{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx);
+        ++calls;
+        std::this_thread::sleep_for(10ms);
+    });
+    run_until(c, [&] { return f.rows() == 120 && c.metrics().snapshot().lag == 0; });
+    const auto m = c.metrics().snapshot();
+    CHECK(m.db_commits >= 3); // ~30 handler calls per 300 ms budget
+    CHECK(calls == 120);      // given-back records ran once, later, not twice
+    CHECK(m.claimed == 120);
+    f.check_exact(120);
 }
