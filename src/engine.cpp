@@ -1005,7 +1005,9 @@ struct Engine::Impl {
                 current = i;
                 ++handled;
                 try {
+                    const auto t0 = Clock::now();
                     stage.handle(i, tx, Context(it.record, it.id, attempt_of(it)));
+                    metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
                 } catch (const pqxx::broken_connection&) {
                     throw;
                 } catch (const pqxx::in_doubt_error&) {
@@ -1230,8 +1232,10 @@ struct Engine::Impl {
         if (error)
             std::rethrow_exception(error);
 
+        const auto committed_at = Clock::now();
         if (info.records) {
             metrics.db_commits.add();
+            metrics.batch_records.observe(static_cast<double>(info.records));
             metrics.claimed.add(info.claimed);
             metrics.duplicates.add(info.duplicates);
             if (cfg.hooks.after_db_commit)
@@ -1251,6 +1255,8 @@ struct Engine::Impl {
         if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
             return; // not stored: Kafka must not get ahead of the database either
         commit_positions(nullptr, true);
+        if (info.records)
+            metrics.commit_delay_seconds.observe(std::chrono::duration<double>(Clock::now() - committed_at).count());
     }
 
     bool store_merged_positions(const std::set<PartitionState*>& moved)

@@ -34,6 +34,18 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::fenced_writes},
 };
 
+void render_histogram(std::string& out, const char* name, const char* help, const std::string& label,
+                      const HistogramSnapshot& h)
+{
+    out += fmt::format("# HELP idemkafka_{} {}\n# TYPE idemkafka_{} histogram\n", name, help, name);
+    for (std::size_t i = 0; i < h.bounds.size(); ++i)
+        out += fmt::format("idemkafka_{}_bucket{{group=\"{}\",le=\"{}\"}} {}\n", name, label, h.bounds[i],
+                           h.buckets[i]);
+    out += fmt::format("idemkafka_{}_bucket{{group=\"{}\",le=\"+Inf\"}} {}\n", name, label, h.count);
+    out += fmt::format("idemkafka_{}_sum{{group=\"{}\"}} {}\n", name, label, h.sum);
+    out += fmt::format("idemkafka_{}_count{{group=\"{}\"}} {}\n", name, label, h.count);
+}
+
 std::string escape_label(const std::string& v)
 {
     std::string out;
@@ -61,6 +73,10 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
                            "idemkafka_{}_total{{group=\"{}\"}} {}\n",
                            c.name, c.help, c.name, c.name, label, this->*c.field);
     }
+    render_histogram(out, "handler_seconds", "Handler call duration.", label, handler_seconds);
+    render_histogram(out, "batch_records", "Records per committed batch.", label, batch_records);
+    render_histogram(out, "commit_delay_seconds", "From the PostgreSQL commit to the Kafka offset commit.", label,
+                     commit_delay_seconds);
     out += "# HELP idemkafka_dead_lettered_total Records sent to the dead-letter topic.\n"
            "# TYPE idemkafka_dead_lettered_total counter\n";
     for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
@@ -77,7 +93,38 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     return out;
 }
 
-MetricsSnapshot Metrics::snapshot() const noexcept
+Metrics::Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(new std::atomic<std::uint64_t>[bounds_.size() + 1])
+{
+    for (std::size_t i = 0; i <= bounds_.size(); ++i)
+        counts_[i].store(0);
+}
+
+void Metrics::Histogram::observe(double v) noexcept
+{
+    std::size_t i = 0;
+    while (i < bounds_.size() && v > bounds_[i])
+        ++i;
+    counts_[i].fetch_add(1, std::memory_order_relaxed);
+    count_.fetch_add(1, std::memory_order_relaxed);
+    sum_micro_.fetch_add(static_cast<std::uint64_t>(v < 0 ? 0 : v * 1e6), std::memory_order_relaxed);
+}
+
+HistogramSnapshot Metrics::Histogram::snapshot() const
+{
+    HistogramSnapshot h;
+    h.bounds = bounds_;
+    std::uint64_t running = 0;
+    for (std::size_t i = 0; i < bounds_.size(); ++i) {
+        running += counts_[i].load(std::memory_order_relaxed);
+        h.buckets.push_back(running);
+    }
+    h.count = count_.load(std::memory_order_relaxed);
+    h.sum = static_cast<double>(sum_micro_.load(std::memory_order_relaxed)) / 1e6;
+    return h;
+}
+
+MetricsSnapshot Metrics::snapshot() const
 {
     MetricsSnapshot s;
     s.consumed = consumed.get();
@@ -99,6 +146,9 @@ MetricsSnapshot Metrics::snapshot() const noexcept
     s.fenced_writes = fenced_writes.get();
     for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
         s.dead_lettered[i] = dead_lettered[i].get();
+    s.handler_seconds = handler_seconds.snapshot();
+    s.batch_records = batch_records.snapshot();
+    s.commit_delay_seconds = commit_delay_seconds.snapshot();
     s.assigned_partitions = assigned_partitions.get();
     s.lag = lag.get();
     return s;

@@ -5,11 +5,21 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "idemkafka/dead_letter.hpp"
 
 namespace idemkafka {
+
+/// A point-in-time copy of a histogram: cumulative counts per upper bound.
+struct HistogramSnapshot {
+    std::vector<double> bounds;          ///< bucket upper bounds (the +Inf bucket is implied)
+    std::vector<std::uint64_t> buckets;  ///< observations <= bounds[i] (cumulative), then +Inf
+    std::uint64_t count = 0;
+    double sum = 0;
+};
 
 /// A point-in-time copy of a consumer's counters.
 struct MetricsSnapshot {
@@ -32,6 +42,12 @@ struct MetricsSnapshot {
     std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
     /// Records dead-lettered, by DeadLetterReason.
     std::array<std::uint64_t, dead_letter_reason_count> dead_lettered{};
+    /// Handler call duration in seconds.
+    HistogramSnapshot handler_seconds;
+    /// Records per committed batch.
+    HistogramSnapshot batch_records;
+    /// Seconds from the PostgreSQL commit to the Kafka offset commit request.
+    HistogramSnapshot commit_delay_seconds;
     /// Sum of dead_lettered.
     std::uint64_t dead_lettered_total() const noexcept;
     std::uint64_t dead_lettered_for(DeadLetterReason r) const noexcept
@@ -68,11 +84,28 @@ public:
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures, fenced_writes;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
+    /// Fixed-bucket histogram; observe() is lock-free.
+    class Histogram {
+    public:
+        explicit Histogram(std::vector<double> bounds);
+        void observe(double v) noexcept;
+        HistogramSnapshot snapshot() const;
+
+    private:
+        std::vector<double> bounds_;
+        std::unique_ptr<std::atomic<std::uint64_t>[]> counts_; // per bucket, not cumulative
+        std::atomic<std::uint64_t> count_{0};
+        std::atomic<std::uint64_t> sum_micro_{0}; // sum in millionths, to stay lock-free
+    };
+
+    Histogram handler_seconds{{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}};
+    Histogram batch_records{{1, 10, 50, 100, 250, 500, 1000, 5000}};
+    Histogram commit_delay_seconds{{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}};
     Gauge assigned_partitions;
     Gauge lag{{-1}};
 
     /// Copies every counter.
-    MetricsSnapshot snapshot() const noexcept;
+    MetricsSnapshot snapshot() const;
 };
 
 } // namespace idemkafka

@@ -1,3 +1,6 @@
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include <idemkafka/config.hpp>
@@ -126,4 +129,44 @@ TEST_CASE("metrics render as Prometheus text", "[unit]")
     CHECK(text.find("# TYPE idemkafka_consumed_total counter\n") != std::string::npos);
     CHECK(text.find("idemkafka_consumed_total{group=\"bill\\\"ing\"} 3\n") != std::string::npos);
     CHECK(text.find("idemkafka_duplicates_total{group=\"bill\\\"ing\"} 1\n") != std::string::npos);
+}
+
+TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
+{
+    Metrics m;
+    m.handler_seconds.observe(0.0003);
+    m.handler_seconds.observe(2);
+    m.batch_records.observe(500);
+    m.dead_lettered[static_cast<std::size_t>(DeadLetterReason::decode_error)].add(2);
+    const auto text = m.snapshot().to_prometheus("billing");
+    const std::regex help(R"(# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .+)");
+    const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
+    const std::regex sample(
+        R"(([a-zA-Z_:][a-zA-Z0-9_:]*)\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*)\} (-?[0-9.e+-]+|\+Inf|NaN))");
+    std::istringstream in(text);
+    std::string line, typed;
+    std::set<std::string> families;
+    int samples = 0;
+    while (std::getline(in, line)) {
+        std::smatch mt;
+        if (std::regex_match(line, help))
+            continue;
+        if (std::regex_match(line, mt, type)) {
+            typed = mt[1];
+            CHECK(families.insert(typed).second); // each family declared once
+            continue;
+        }
+        INFO(line);
+        REQUIRE(std::regex_match(line, mt, sample));
+        const std::string name = mt[1];
+        // A sample belongs to the family declared just before it.
+        CHECK((name == typed || name == typed + "_bucket" || name == typed + "_sum" || name == typed + "_count"));
+        ++samples;
+    }
+    CHECK(samples > 20);
+    CHECK(text.find("idemkafka_handler_seconds_bucket{group=\"billing\",le=\"0.0005\"} 1\n") != std::string::npos);
+    CHECK(text.find("idemkafka_handler_seconds_bucket{group=\"billing\",le=\"+Inf\"} 2\n") != std::string::npos);
+    CHECK(text.find("idemkafka_handler_seconds_count{group=\"billing\"} 2\n") != std::string::npos);
+    CHECK(text.find("idemkafka_dead_lettered_total{group=\"billing\",reason=\"decode_error\"} 2\n") !=
+          std::string::npos);
 }

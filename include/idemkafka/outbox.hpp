@@ -1,0 +1,279 @@
+#pragma once
+/// \file
+/// Transactional outbox: Outbox writes an outgoing event into a PostgreSQL table
+/// inside the caller's transaction (a consumer handler's, or any service code's),
+/// so the event exists if and only if that transaction commits. OutboxRelay
+/// publishes the rows with the idempotent Publisher, in order per key, and marks
+/// them sent only after the broker acknowledged them. See docs/outbox.md.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/context.hpp"
+#include "idemkafka/event_id.hpp"
+#include "idemkafka/log.hpp"
+#include "idemkafka/publisher.hpp"
+
+namespace idemkafka {
+
+/// Header the relay puts on every published record: the row's event id in
+/// canonical text form. A user header of the same name is replaced.
+inline constexpr const char* outbox_event_id_header = "idemkafka.event_id";
+
+/// Bounds of one Outbox::purge_sent() call.
+struct OutboxPurgeLimits {
+    /// Rows deleted per statement (one short transaction each).
+    std::size_t batch = 5000;
+    /// Most statements per call; the rest waits for the next call.
+    std::size_t max_batches = 2000;
+    /// Pause between two statements, so a long purge never competes with the
+    /// relay and the writers for long.
+    std::chrono::milliseconds pause{50};
+};
+
+/// The outbox table:
+///
+///     id bigserial PRIMARY KEY, event_id uuid, topic text, key bytea (NULL: no key),
+///     payload bytea, headers bytea (NULL: none), created_at timestamptz,
+///     sent_at timestamptz (NULL until the broker acknowledged the record),
+///     UNIQUE (event_id, topic)
+///
+/// plus a partial index over the unsent rows (what the relay reads) and one
+/// over sent_at (what the purge reads). Rows are published in `id` order.
+/// Cheap to copy; thread-safe (immutable).
+class Outbox {
+public:
+    /// Names are quoted, never spliced into SQL as they are. Throws ConfigError
+    /// for a name quote_identifier() refuses.
+    explicit Outbox(std::string schema = "public", std::string table = "outbox");
+
+    /// `"schema"."table"`, quoted. Never throws.
+    const std::string& qualified_name() const noexcept { return qualified_; }
+    /// The schema name as configured (unquoted). Never throws.
+    const std::string& schema() const noexcept { return schema_; }
+    /// The table name as configured (unquoted). Never throws.
+    const std::string& table() const noexcept { return table_; }
+
+    /// Creates the schema, table and indexes if they do not exist. Safe to run
+    /// from several processes at once (serialised with a transaction-level
+    /// advisory lock). Throws DatabaseError on failure.
+    void ensure_schema(pqxx::work& tx) const;
+    /// Same, in a connection and transaction of its own. Throws DatabaseError.
+    void ensure_schema(const std::string& conninfo) const;
+
+    /// A new UUIDv7 for an outgoing event. Take the id first, put it in the
+    /// payload, then pass it to enqueue(): the id a downstream consumer
+    /// deduplicates on is then the one in the payload. Never throws.
+    static EventId new_event_id() noexcept { return idemkafka::new_event_id(); }
+
+    /// Writes one outgoing event into the outbox in `tx`; it is published only
+    /// if `tx` commits, and nothing is left if `tx` rolls back. Use the handler's
+    /// `pqxx::work&` inside a consumer handler, so the event commits atomically
+    /// with the claim and the business effect. `key` should be the entity id:
+    /// rows with the same topic and key are published in the order of their
+    /// insertion. `event_id` defaults to a new UUIDv7; the payload is stored and
+    /// published byte for byte (embed the id in it yourself). Returns the event
+    /// id. Throws ConfigError for an empty topic or one Kafka would refuse,
+    /// InvalidEventId for a nil `event_id`, and the pqxx exception of a failed
+    /// INSERT (pqxx::unique_violation when `event_id` is already in the outbox
+    /// for `topic`), which leaves `tx` aborted.
+    EventId enqueue(pqxx::transaction_base& tx, std::string_view topic, std::optional<std::string_view> key,
+                    std::string_view payload, const std::vector<Header>& headers = {},
+                    std::optional<EventId> event_id = {}) const;
+
+    /// Number of rows not yet marked sent, as seen by `tx`. Throws the pqxx
+    /// exception of the failed query.
+    std::int64_t pending(pqxx::transaction_base& tx) const;
+
+    /// Deletes rows whose sent_at is older than `older_than` (by the database
+    /// clock), `limits.batch` rows per short transaction, at most
+    /// `limits.max_batches` transactions. Unsent rows are never deleted.
+    /// Returns the number of rows deleted. Throws DatabaseError on failure
+    /// (batches committed before it stay deleted).
+    std::uint64_t purge_sent(pqxx::connection& conn, std::chrono::milliseconds older_than,
+                             const OutboxPurgeLimits& limits = {}) const;
+
+private:
+    std::string schema_;
+    std::string table_;
+    std::string schema_q_;
+    std::string qualified_;
+    std::string insert_sql_;
+};
+
+/// Callbacks into the relay, for tests and tools.
+struct OutboxRelayHooks {
+    /// Called after the broker acknowledged the records of a batch and before
+    /// their rows are marked sent, with the number acknowledged. An exception
+    /// thrown here rolls the marking back, exactly the state of a crash at that
+    /// point: the rows are published again, with the same event ids.
+    std::function<void(std::size_t acknowledged)> after_publish;
+};
+
+/// Settings of an OutboxRelay. Plain data; validate() throws ConfigError
+/// naming the bad field.
+struct OutboxRelayOptions {
+    /// Rows read, published and marked per cycle (one transaction).
+    std::size_t batch_size = 500;
+    /// Wait between two cycles when the outbox had nothing more to publish, and
+    /// between two attempts of a relay standing by for the active one.
+    std::chrono::milliseconds poll_interval{100};
+    /// How long a cycle waits for the broker's acknowledgements.
+    std::chrono::milliseconds publish_timeout{30000};
+    /// Delay before retrying after a failed cycle or a failed record, doubling
+    /// per consecutive failure up to retry_backoff_max.
+    std::chrono::milliseconds retry_backoff{100};
+    std::chrono::milliseconds retry_backoff_max{10000};
+    /// Keys held back at once after record failures; beyond this, failures
+    /// back off the whole relay instead of single keys.
+    std::size_t max_held_keys = 10000;
+    /// The relay thread purges sent rows older than this every purge_interval;
+    /// zero turns the purge off (call Outbox::purge_sent() yourself).
+    std::chrono::milliseconds retention = std::chrono::hours(24 * 7);
+    std::chrono::milliseconds purge_interval = std::chrono::minutes(5);
+    /// Bounds of each purge.
+    OutboxPurgeLimits purge_limits;
+    /// Where log lines go. Default: stderr, level info and above.
+    LogSink log;
+    /// Test and tool callbacks.
+    OutboxRelayHooks hooks;
+
+    /// Throws ConfigError naming the first invalid field.
+    void validate() const;
+};
+
+/// Counters of an OutboxRelay.
+struct OutboxRelayStats {
+    std::uint64_t published = 0; ///< rows acknowledged by the broker and marked sent
+    std::uint64_t failed = 0;    ///< records the broker did not acknowledge (rows stay unsent, retried)
+    std::uint64_t errors = 0;    ///< cycles that failed as a whole (PostgreSQL, client, hook): retried
+    std::uint64_t cycles = 0;    ///< cycles run as the active relay
+    std::uint64_t standby = 0;   ///< cycles skipped because another relay was active
+    std::uint64_t purged = 0;    ///< sent rows purged by this relay's thread
+    std::uint64_t held_keys = 0; ///< keys currently held back after a failed record (gauge)
+};
+
+/// The outbox settings of a consumer (for ConsumerConfig). Plain data.
+struct OutboxConfig {
+    /// Where the outbox lives; always quoted as identifiers.
+    std::string schema = "public";
+    std::string table = "outbox";
+    /// Run an OutboxRelay thread alongside the consumer. Turn it off when a
+    /// separate relay process publishes this outbox.
+    bool relay = true;
+    /// Settings of that relay. An empty `log` uses the consumer's sink.
+    OutboxRelayOptions relay_options;
+    /// Extra librdkafka properties of the relay's producer. Security settings
+    /// (security.protocol, sasl.*, ssl.*) and client.id/client.rack are copied
+    /// from the consumer's `kafka` unless set here.
+    std::map<std::string, std::string> kafka;
+
+    /// The Outbox these settings name. Throws ConfigError for a bad name.
+    Outbox outbox() const { return Outbox(schema, table); }
+    /// Throws ConfigError naming the first invalid field (`outbox.table`, ...).
+    void validate() const;
+};
+
+/// Publishes outbox rows. Each cycle is one PostgreSQL transaction: take a
+/// transaction-level advisory lock on the outbox (only one relay is active at a
+/// time; others stand by and take over at their next cycle), read the oldest
+/// unsent rows in id order, publish them with the idempotent Publisher and wait
+/// for the acknowledgements, mark the acknowledged rows sent, commit. A row is
+/// marked sent only after its acknowledgement, and only if no earlier row of the
+/// same topic and key in the batch failed, so a row is never lost and a key's
+/// rows reach the broker in order. A crash between acknowledgement and commit
+/// publishes the rows again with the same event ids (at least once): downstream
+/// dedup absorbs the repeat. A record that fails holds back its key (the rest of
+/// the outbox goes on) and is retried with backoff.
+///
+/// Use it from a thread of its own (start()/stop()) or drive it with
+/// run_once(). The log sink and hooks are called from the relay's thread.
+class OutboxRelay {
+public:
+    /// Owns a Publisher made from `publisher` (an empty `log` there uses the
+    /// relay's). Throws ConfigError for invalid options or publisher
+    /// configuration, KafkaError if the producer cannot be created. Nothing
+    /// connects to PostgreSQL until the first cycle.
+    OutboxRelay(std::string conninfo, Outbox outbox, PublisherConfig publisher, OutboxRelayOptions options = {});
+    /// Uses `publisher`, which must outlive the relay. Throws ConfigError for
+    /// invalid options.
+    OutboxRelay(std::string conninfo, Outbox outbox, Publisher& publisher, OutboxRelayOptions options = {});
+    /// stop().
+    ~OutboxRelay();
+    OutboxRelay(const OutboxRelay&) = delete;
+    OutboxRelay& operator=(const OutboxRelay&) = delete;
+
+    /// The relay a consumer runs for `config`: a Publisher on `brokers` with the
+    /// security settings of `consumer_kafka` (see OutboxConfig::kafka), logging
+    /// to `log` unless relay_options.log is set. Not started. Throws ConfigError
+    /// and KafkaError as the constructor does.
+    static std::unique_ptr<OutboxRelay> for_consumer(const OutboxConfig& config, const std::string& conninfo,
+                                                     const std::string& brokers,
+                                                     const std::map<std::string, std::string>& consumer_kafka,
+                                                     const LogSink& log);
+
+    /// Starts the relay thread (no-op when it runs). Failures inside are logged,
+    /// counted and retried with backoff, never thrown. Throws std::system_error
+    /// if the thread cannot be started.
+    void start();
+    /// Stops and joins the thread: the current cycle finishes (at most
+    /// publish_timeout). Idempotent; start() may be called again. Never throws.
+    void stop() noexcept;
+    /// Makes the thread run its next cycle now instead of after poll_interval
+    /// (e.g. right after a transaction that enqueued). Never throws.
+    void wake() noexcept;
+
+    /// Runs one cycle on the calling thread (serialised with the relay thread)
+    /// and returns the number of rows published and marked sent: 0 also when
+    /// another relay is active. Records the broker did not acknowledge are
+    /// counted in stats().failed and retried by later cycles, not thrown.
+    /// Throws DatabaseError when PostgreSQL fails, KafkaError when the producer
+    /// fails, and whatever the after_publish hook throws; nothing is marked then.
+    std::size_t run_once();
+
+    /// A copy of the counters. Thread-safe; never throws.
+    OutboxRelayStats stats() const noexcept;
+    /// The outbox this relay publishes. Never throws.
+    const Outbox& outbox() const noexcept { return outbox_; }
+
+private:
+    struct State;
+    struct Outcome;
+    OutboxRelay(std::string conninfo, Outbox outbox, std::unique_ptr<Publisher> owned, Publisher* publisher,
+                OutboxRelayOptions options);
+    void loop() noexcept;
+    void cycle(Outcome& out);
+    void cycle_unchecked(Outcome& out);
+    void purge_step();
+
+    std::string conninfo_;
+    Outbox outbox_;
+    OutboxRelayOptions options_;
+    std::unique_ptr<Publisher> owned_publisher_;
+    Publisher* publisher_;
+    std::unique_ptr<State> state_; // connection and held keys, used under cycle_mutex_
+    std::mutex cycle_mutex_;
+    std::mutex mutex_;             // stopping_, woken_
+    std::condition_variable wake_;
+    bool stopping_ = false;
+    bool woken_ = false;
+    std::atomic<std::uint64_t> published_{0}, failed_{0}, errors_{0}, cycles_{0}, standby_{0}, purged_{0},
+        held_keys_{0};
+    std::thread thread_;
+};
+
+} // namespace idemkafka

@@ -1,0 +1,604 @@
+#include "idemkafka/outbox.hpp"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+#include "idemkafka/offset_store.hpp"
+#include "idemkafka/store.hpp"
+
+namespace idemkafka {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// bytea crosses the wire as hex text: the one form that libpqxx 6.4 and 7.x
+// both accept as a parameter and return as a field without deprecated APIs.
+std::string to_hex(std::string_view bytes)
+{
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    out.resize(bytes.size() * 2);
+    std::size_t o = 0;
+    for (unsigned char c : bytes) {
+        out[o++] = digits[c >> 4];
+        out[o++] = digits[c & 0x0F];
+    }
+    return out;
+}
+
+int hex_value(char c) noexcept
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+bool from_hex(std::string_view hex, std::string& out)
+{
+    if (hex.size() % 2 != 0)
+        return false;
+    out.resize(hex.size() / 2);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        const int hi = hex_value(hex[2 * i]);
+        const int lo = hex_value(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return false;
+        out[i] = static_cast<char>((hi << 4) | lo);
+    }
+    return true;
+}
+
+// Headers column format: per header a 4-byte big-endian name length, the name,
+// a 4-byte big-endian value length (0xFFFFFFFF for a null value), the value.
+// Header names and values are bytes in Kafka; jsonb could not hold them all.
+constexpr std::uint32_t null_length = 0xFFFFFFFFu;
+
+void put_u32(std::string& out, std::uint32_t v)
+{
+    out.push_back(static_cast<char>((v >> 24) & 0xFF));
+    out.push_back(static_cast<char>((v >> 16) & 0xFF));
+    out.push_back(static_cast<char>((v >> 8) & 0xFF));
+    out.push_back(static_cast<char>(v & 0xFF));
+}
+
+bool get_u32(std::string_view in, std::size_t& pos, std::uint32_t& v)
+{
+    if (in.size() - pos < 4)
+        return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i)
+        v = (v << 8) | static_cast<unsigned char>(in[pos++]);
+    return true;
+}
+
+std::string encode_headers(const std::vector<Header>& headers)
+{
+    std::string out;
+    for (const auto& h : headers) {
+        if (h.name.size() >= null_length || (h.value && h.value->size() >= null_length))
+            throw ConfigError(fmt::format("enqueue: header \"{}\" is too large", h.name.substr(0, 64)));
+        put_u32(out, static_cast<std::uint32_t>(h.name.size()));
+        out += h.name;
+        if (!h.value) {
+            put_u32(out, null_length);
+            continue;
+        }
+        put_u32(out, static_cast<std::uint32_t>(h.value->size()));
+        out += *h.value;
+    }
+    return out;
+}
+
+bool decode_headers(std::string_view in, std::vector<Header>& out)
+{
+    std::size_t pos = 0;
+    while (pos < in.size()) {
+        std::uint32_t n = 0;
+        if (!get_u32(in, pos, n) || n == null_length || in.size() - pos < n)
+            return false;
+        Header h;
+        h.name = std::string(in.substr(pos, n));
+        pos += n;
+        if (!get_u32(in, pos, n))
+            return false;
+        if (n != null_length) {
+            if (in.size() - pos < n)
+                return false;
+            h.value.emplace(in.substr(pos, n));
+            pos += n;
+        }
+        out.push_back(std::move(h));
+    }
+    return true;
+}
+
+// Kafka's own rule for topic names; checked at enqueue so a bad name fails the
+// writer's transaction instead of becoming a row no relay can ever publish.
+void check_topic(std::string_view topic)
+{
+    if (topic.empty())
+        throw ConfigError("enqueue: topic must not be empty");
+    if (topic.size() > 249)
+        throw ConfigError(fmt::format("enqueue: topic is {} bytes long; Kafka allows at most 249", topic.size()));
+    if (topic == "." || topic == "..")
+        throw ConfigError(fmt::format("enqueue: \"{}\" is not a valid topic name", topic));
+    for (char c : topic) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                        c == '_' || c == '-';
+        if (!ok)
+            throw ConfigError(fmt::format("enqueue: topic \"{}\" has a character Kafka does not allow (only "
+                                          "ASCII letters, digits, '.', '_' and '-')",
+                                          topic));
+    }
+}
+
+std::string int_array(const std::vector<std::int64_t>& values)
+{
+    std::string out = "{";
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        if (i)
+            out += ',';
+        out += std::to_string(values[i]);
+    }
+    out += '}';
+    return out;
+}
+
+void say(const LogSink& log, LogLevel level, const std::string& line) noexcept
+{
+    if (!log)
+        return;
+    try {
+        log(level, line);
+    } catch (...) {
+    }
+}
+
+std::string prefixed(std::string_view prefix, const ConfigError& e)
+{
+    return std::string(prefix) + e.what();
+}
+
+} // namespace
+
+// ---- Outbox ------------------------------------------------------------------
+
+Outbox::Outbox(std::string schema, std::string table) : schema_(std::move(schema)), table_(std::move(table))
+{
+    try {
+        schema_q_ = quote_identifier(schema_);
+    } catch (const ConfigError& e) {
+        throw ConfigError(prefixed("schema: ", e));
+    }
+    try {
+        qualified_ = schema_q_ + "." + quote_identifier(table_);
+    } catch (const ConfigError& e) {
+        throw ConfigError(prefixed("table: ", e));
+    }
+    insert_sql_ = fmt::format("INSERT INTO {} (event_id, topic, key, payload, headers) VALUES ($1::uuid, $2, "
+                              "CASE WHEN $3::boolean THEN decode($4, 'hex') END, decode($5, 'hex'), "
+                              "CASE WHEN $6::boolean THEN decode($7, 'hex') END)",
+                              qualified_);
+}
+
+void Outbox::ensure_schema(pqxx::work& tx) const
+{
+    try {
+        // Concurrent CREATE ... IF NOT EXISTS can still fail on the catalog's
+        // unique indexes; the lock every idemkafka table shares serialises them.
+        tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
+        tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q_));
+        // Table and indexes are created together, so an existing table has its
+        // indexes, and PostgreSQL picks index names that fit its 63-byte limit.
+        if (!tx.exec_params("SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
+            return;
+        tx.exec(fmt::format("CREATE TABLE {} ("
+                            " id bigserial PRIMARY KEY,"
+                            " event_id uuid NOT NULL,"
+                            " topic text NOT NULL,"
+                            " key bytea,"
+                            " payload bytea NOT NULL,"
+                            " headers bytea,"
+                            " created_at timestamptz NOT NULL DEFAULT now(),"
+                            " sent_at timestamptz,"
+                            " UNIQUE (event_id, topic))",
+                            qualified_));
+        // What the relay reads: small, because sent rows leave it.
+        tx.exec(fmt::format("CREATE INDEX ON {} (id) WHERE sent_at IS NULL", qualified_));
+        // What the purge reads.
+        tx.exec(fmt::format("CREATE INDEX ON {} (sent_at) WHERE sent_at IS NOT NULL", qualified_));
+    } catch (const pqxx::sql_error& e) {
+        throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
+    }
+}
+
+void Outbox::ensure_schema(const std::string& conninfo) const
+{
+    try {
+        pqxx::connection conn(conninfo);
+        pqxx::work tx(conn);
+        ensure_schema(tx);
+        tx.commit();
+    } catch (const pqxx::broken_connection& e) {
+        throw DatabaseError(std::string("cannot connect to PostgreSQL: ") + e.what());
+    }
+}
+
+EventId Outbox::enqueue(pqxx::transaction_base& tx, std::string_view topic, std::optional<std::string_view> key,
+                        std::string_view payload, const std::vector<Header>& headers,
+                        std::optional<EventId> event_id) const
+{
+    check_topic(topic);
+    if (event_id && event_id->is_nil())
+        throw InvalidEventId("enqueue: the event id is the nil UUID");
+    const EventId id = event_id ? *event_id : new_event_id();
+    tx.exec_params(insert_sql_, id.to_string(), std::string(topic), key.has_value(), key ? to_hex(*key) : std::string(),
+                   to_hex(payload), !headers.empty(), to_hex(encode_headers(headers)));
+    return id;
+}
+
+std::int64_t Outbox::pending(pqxx::transaction_base& tx) const
+{
+    return tx.exec(fmt::format("SELECT count(*) FROM {} WHERE sent_at IS NULL", qualified_))[0][0].as<std::int64_t>();
+}
+
+std::uint64_t Outbox::purge_sent(pqxx::connection& conn, std::chrono::milliseconds older_than,
+                                 const OutboxPurgeLimits& limits) const
+{
+    if (older_than.count() < 0)
+        throw ConfigError("purge_sent: older_than must not be negative");
+    if (limits.batch == 0 || limits.max_batches == 0)
+        throw ConfigError("purge_sent: batch and max_batches must be at least 1");
+    // An id array keeps each statement to its own small set of rows, found
+    // through the sent_at index.
+    const std::string sql = fmt::format(
+        "DELETE FROM {0} WHERE id = ANY(ARRAY(SELECT id FROM {0} WHERE sent_at < now() - $1::bigint * "
+        "interval '1 millisecond' LIMIT $2))",
+        qualified_);
+    std::uint64_t total = 0;
+    try {
+        for (std::size_t b = 0; b < limits.max_batches; ++b) {
+            if (b > 0 && limits.pause.count() > 0)
+                std::this_thread::sleep_for(limits.pause);
+            pqxx::work tx(conn);
+            const auto n = static_cast<std::uint64_t>(
+                tx.exec_params(sql, static_cast<std::int64_t>(older_than.count()),
+                               static_cast<std::int64_t>(limits.batch))
+                    .affected_rows());
+            tx.commit();
+            total += n;
+            if (n < limits.batch)
+                break;
+        }
+    } catch (const pqxx::failure& e) {
+        throw DatabaseError(fmt::format("purging sent rows of {} failed after {} rows: {}", qualified_, total,
+                                        e.what()));
+    }
+    return total;
+}
+
+// ---- options -----------------------------------------------------------------
+
+void OutboxRelayOptions::validate() const
+{
+    auto require = [](bool ok, const char* what) {
+        if (!ok)
+            throw ConfigError(what);
+    };
+    require(batch_size >= 1 && batch_size <= 100000, "batch_size: must be between 1 and 100000");
+    require(poll_interval.count() > 0, "poll_interval: must be positive");
+    require(publish_timeout.count() > 0, "publish_timeout: must be positive");
+    require(retry_backoff.count() > 0, "retry_backoff: must be positive");
+    require(retry_backoff_max >= retry_backoff, "retry_backoff_max: must not be below retry_backoff");
+    require(max_held_keys >= 1, "max_held_keys: must be at least 1");
+    require(retention.count() >= 0, "retention: must not be negative (zero turns the purge off)");
+    require(retention.count() == 0 || purge_interval.count() > 0, "purge_interval: must be positive");
+    require(purge_limits.batch >= 1, "purge_limits.batch: must be at least 1");
+    require(purge_limits.max_batches >= 1, "purge_limits.max_batches: must be at least 1");
+    require(purge_limits.pause.count() >= 0, "purge_limits.pause: must not be negative");
+}
+
+void OutboxConfig::validate() const
+{
+    try {
+        (void)outbox();
+    } catch (const ConfigError& e) {
+        throw ConfigError(prefixed("outbox.", e));
+    }
+    try {
+        relay_options.validate();
+    } catch (const ConfigError& e) {
+        throw ConfigError(prefixed("outbox.relay_options.", e));
+    }
+    // Only `kafka` is checked here; the brokers are the consumer's own.
+    PublisherConfig pc;
+    pc.brokers = "unused";
+    pc.kafka = kafka;
+    try {
+        pc.validate();
+    } catch (const ConfigError& e) {
+        throw ConfigError(prefixed("outbox.", e));
+    }
+}
+
+// ---- OutboxRelay ---------------------------------------------------------------
+
+namespace {
+
+// What a failed record holds back: its topic and key (the records after it must
+// wait), or for a record without a key just that row (no order to keep).
+struct HoldKey {
+    std::string topic;
+    std::optional<std::string> key;
+    std::int64_t row = 0;
+
+    friend bool operator<(const HoldKey& a, const HoldKey& b)
+    {
+        return std::tie(a.topic, a.key, a.row) < std::tie(b.topic, b.key, b.row);
+    }
+};
+
+struct Hold {
+    int attempts = 0;
+    Clock::time_point next_try{};
+};
+
+struct Row {
+    std::int64_t id = 0;
+    EventId event_id;
+    std::string topic;
+    std::optional<std::string> key;
+    std::string payload;
+    std::vector<Header> headers;
+    std::string malformed; // why the row cannot be published, if it cannot
+
+    HoldKey hold_key() const { return key ? HoldKey{topic, key, 0} : HoldKey{topic, std::nullopt, id}; }
+};
+
+milliseconds backoff_after(int attempts, const OutboxRelayOptions& o)
+{
+    milliseconds d = o.retry_backoff;
+    for (int i = 1; i < attempts && d < o.retry_backoff_max; ++i)
+        d *= 2;
+    return std::min(d, o.retry_backoff_max);
+}
+
+// First half of the relay's advisory lock key ("ikob"); the second is a hash of
+// the qualified table name.
+constexpr std::int32_t outbox_lock_class = 0x696b6f62;
+
+std::int32_t lock_key(std::string_view qualified) noexcept
+{
+    std::uint32_t h = 2166136261u; // FNV-1a
+    for (unsigned char c : qualified) {
+        h ^= c;
+        h *= 16777619u;
+    }
+    return static_cast<std::int32_t>(h);
+}
+
+std::string describe_key(const std::optional<std::string>& key)
+{
+    if (!key)
+        return "no key";
+    const bool printable = std::all_of(key->begin(), key->end(), [](char c) { return c >= 0x20 && c < 0x7F; });
+    if (printable && key->size() <= 64)
+        return fmt::format("key \"{}\"", *key);
+    return fmt::format("key 0x{}", to_hex(std::string_view(*key).substr(0, 32)));
+}
+
+} // namespace
+
+struct OutboxRelay::State {
+    std::unique_ptr<pqxx::connection> conn;
+    std::map<HoldKey, Hold> held;
+    std::string lock_sql;
+    std::string fetch_sql;
+    std::string mark_sql;
+    // Relay thread only.
+    milliseconds backoff{0};
+    bool was_active = false;
+    bool purging = false;
+    std::size_t purge_batches = 0;
+    Clock::time_point next_purge{};
+};
+
+struct OutboxRelay::Outcome {
+    bool active = false;
+    std::size_t fetched = 0;
+    std::size_t published = 0;
+    std::size_t failed = 0;
+    bool all_failed = false; // records were sent and none was acknowledged
+};
+
+OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, std::unique_ptr<Publisher> owned,
+                         Publisher* publisher, OutboxRelayOptions options)
+    : conninfo_(std::move(conninfo)), outbox_(std::move(outbox)), options_(std::move(options)),
+      owned_publisher_(std::move(owned)), publisher_(publisher), state_(std::make_unique<State>())
+{
+    if (!options_.log)
+        options_.log = stderr_sink();
+    const std::string& t = outbox_.qualified_name();
+    // The lock key is derived from the table, so relays of different outboxes
+    // never wait for each other. It is computed here, not by hashtext(), so the
+    // isolation level and the lock go in one round trip without parameters.
+    state_->lock_sql = fmt::format("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                                   "SELECT pg_try_advisory_xact_lock({}, {})",
+                                   outbox_lock_class, lock_key(t));
+    state_->fetch_sql = fmt::format(
+        "SELECT id, event_id, topic, encode(key, 'hex'), encode(payload, 'hex'), encode(headers, 'hex') "
+        "FROM {} o WHERE sent_at IS NULL "
+        "AND NOT (key IS NOT NULL AND (topic, key) IN "
+        "(SELECT h.t, decode(h.k, 'hex') FROM unnest($2::text[], $3::text[]) AS h(t, k))) "
+        "AND NOT (id = ANY($4::bigint[])) "
+        "ORDER BY id LIMIT $1 FOR UPDATE",
+        t);
+    state_->mark_sql =
+        fmt::format("UPDATE {} SET sent_at = clock_timestamp() WHERE id = ANY($1::bigint[]) AND sent_at IS NULL", t);
+}
+
+
+OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, PublisherConfig publisher, OutboxRelayOptions options)
+    : OutboxRelay(std::move(conninfo), std::move(outbox), nullptr, nullptr, [&] {
+          options.validate();
+          return std::move(options);
+      }())
+{
+    if (!publisher.log)
+        publisher.log = options_.log;
+    owned_publisher_ = std::make_unique<Publisher>(std::move(publisher));
+    publisher_ = owned_publisher_.get();
+}
+
+OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher& publisher, OutboxRelayOptions options)
+    : OutboxRelay(std::move(conninfo), std::move(outbox), nullptr, &publisher, [&] {
+          options.validate();
+          return std::move(options);
+      }())
+{
+}
+
+OutboxRelay::~OutboxRelay()
+{
+    stop();
+}
+
+std::unique_ptr<OutboxRelay> OutboxRelay::for_consumer(const OutboxConfig& config, const std::string& conninfo,
+                                                       const std::string& brokers,
+                                                       const std::map<std::string, std::string>& consumer_kafka,
+                                                       const LogSink& log)
+{
+    config.validate();
+    OutboxRelayOptions options = config.relay_options;
+    if (!options.log)
+        options.log = log;
+    PublisherConfig pc;
+    pc.brokers = brokers;
+    // The relay talks to the consumer's cluster, so it needs the same credentials.
+    for (const auto& [k, v] : consumer_kafka)
+        if (k.rfind("security.", 0) == 0 || k.rfind("sasl.", 0) == 0 || k.rfind("ssl.", 0) == 0 ||
+            k == "client.id" || k == "client.rack")
+            pc.kafka[k] = v;
+    for (const auto& [k, v] : config.kafka)
+        pc.kafka[k] = v;
+    pc.log = options.log;
+    return std::make_unique<OutboxRelay>(conninfo, config.outbox(), std::move(pc), std::move(options));
+}
+
+void OutboxRelay::start()
+{
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (thread_.joinable())
+        return;
+    stopping_ = false;
+    thread_ = std::thread([this] { loop(); });
+}
+
+void OutboxRelay::stop() noexcept
+{
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
+        thread_.join();
+}
+
+void OutboxRelay::wake() noexcept
+{
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        woken_ = true;
+    }
+    wake_.notify_all();
+}
+
+OutboxRelayStats OutboxRelay::stats() const noexcept
+{
+    OutboxRelayStats s;
+    s.published = published_.load();
+    s.failed = failed_.load();
+    s.errors = errors_.load();
+    s.cycles = cycles_.load();
+    s.standby = standby_.load();
+    s.purged = purged_.load();
+    s.held_keys = held_keys_.load();
+    return s;
+}
+
+namespace {
+
+Row read_row(const pqxx::row& r)
+{
+    Row row;
+    row.id = r[0].as<std::int64_t>();
+    row.event_id = EventId::parse(std::string_view(r[1].c_str(), r[1].size()));
+    row.topic = r[2].c_str();
+    if (!r[3].is_null()) {
+        row.key.emplace();
+        if (!from_hex(std::string_view(r[3].c_str(), r[3].size()), *row.key))
+            row.malformed = "key column is not valid hex";
+    }
+    if (!from_hex(std::string_view(r[4].c_str(), r[4].size()), row.payload))
+        row.malformed = "payload column is not valid hex";
+    if (!r[5].is_null()) {
+        std::string raw;
+        if (!from_hex(std::string_view(r[5].c_str(), r[5].size()), raw) || !decode_headers(raw, row.headers))
+            row.malformed = "headers column is not in the outbox header format";
+    }
+    return row;
+}
+
+OutgoingRecord record_of(const Row& row)
+{
+    OutgoingRecord out;
+    out.topic = row.topic;
+    out.key = row.key;
+    out.value = row.payload;
+    out.headers.reserve(row.headers.size() + 1);
+    for (const auto& h : row.headers)
+        if (h.name != outbox_event_id_header)
+            out.headers.push_back(h);
+    out.headers.push_back(Header{outbox_event_id_header, row.event_id.to_string()});
+    return out;
+}
+
+} // namespace
+
+std::size_t OutboxRelay::run_once()
+{
+    std::lock_guard<std::mutex> lock(cycle_mutex_);
+    Outcome outcome;
+    cycle(outcome);
+    return outcome.published;
+}
+
+void OutboxRelay::cycle(Outcome& out)
+{
+    State& st = *state_;
+    try {
+        cycle_unchecked(out);
+    } catch (const pqxx::failure& e) {
+        // Whatever state the session is in (broken, in doubt), a new one is
+        // the safe start for the next cycle; unmarked rows are simply sent again.
+        st.conn.reset();
+        errors_.fetch_add(1);
+        throw DatabaseError(fmt::format("outbox relay of {}: PostgreSQL: {}", outbox_.qualified_name(), e.what()));
+    } catch (...) {
+        errors_.fetch_add(1);
+        throw;
+    }
+}
+
+} // namespace idemkafka
