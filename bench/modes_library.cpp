@@ -68,21 +68,20 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     LatencyRecorder& latency = st.latency;
     std::mutex pending_mu;
     std::vector<Pending> pending;
-    std::vector<Pending> flushing;
     cfg.hooks.after_db_commit = [&](const BatchInfo& info) {
         const std::int64_t now_w = wall_us();
         const std::int64_t now_s = steady_us();
+        std::vector<Pending> committed;
         {
             std::lock_guard<std::mutex> lock(pending_mu);
-            flushing.swap(pending);
+            committed.swap(pending);
         }
-        for (const auto& p : flushing)
+        for (const auto& p : committed)
             if (p.measured)
                 latency.record(p.produced_us, p.taken_us, now_w, now_s);
-        if (flushing.size() != info.claimed)
+        if (committed.size() != info.claimed)
             unmatched_batches.fetch_add(1);
-        stamped.fetch_add(flushing.size());
-        flushing.clear();
+        stamped.fetch_add(committed.size());
         atomic_max(last_commit, now_s);
     };
 
@@ -116,6 +115,18 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         }
         finished = true;
     });
+    // Whatever happens below, the consumer thread is stopped and joined.
+    struct Joiner {
+        IdempotentConsumer<BenchEvent>& consumer;
+        std::thread& thread;
+        ~Joiner()
+        {
+            if (thread.joinable()) {
+                consumer.stop();
+                thread.join();
+            }
+        }
+    } joiner{consumer, runner};
 
     // Watch the counters until every record is accounted for: claimed (effect
     // committed) or skipped as a duplicate or as poison.

@@ -82,5 +82,5 @@ if [ -f "$results/latest.json" ] && command -v gnuplot >/dev/null 2>&1; then
     gnuplot -e "datafile='$results/throughput.dat'; outfile='$results/throughput.png'" \
         "$IK_ROOT/bench/throughput.gp" && ik_log "chart: $results/throughput.png"
 fi
-ik_log "report: $results/latest.json"
+[ -f "$results/latest.json" ] && ik_log "report: $results/latest.json"
 exit "$status"

@@ -410,6 +410,7 @@ struct OutboxRelay::State {
     bool was_active = false;
     bool purging = false;
     std::size_t purge_batches = 0;
+    std::uint64_t purge_total = 0;
     Clock::time_point next_purge{};
 };
 
@@ -598,6 +599,273 @@ void OutboxRelay::cycle(Outcome& out)
     } catch (...) {
         errors_.fetch_add(1);
         throw;
+    }
+}
+
+void OutboxRelay::cycle_unchecked(Outcome& out)
+{
+    State& st = *state_;
+    if (!st.conn)
+        st.conn = std::make_unique<pqxx::connection>(conninfo_);
+    pqxx::work tx(*st.conn);
+    // Read committed, so the rows read next reflect every cycle that committed
+    // before this one got the lock, whatever the database's default level.
+    if (!tx.exec(st.lock_sql)[0][0].as<bool>()) {
+        standby_.fetch_add(1);
+        return;
+    }
+    out.active = true;
+    cycles_.fetch_add(1);
+
+    // Keys waiting for their retry stay out of the query, so a stuck key never
+    // fills the batch and the rest of the outbox goes on.
+    const auto now = Clock::now();
+    std::vector<std::string> held_topics, held_keys;
+    std::vector<std::int64_t> held_rows;
+    for (const auto& [k, h] : st.held) {
+        if (h.next_try <= now)
+            continue;
+        if (k.key) {
+            held_topics.push_back(k.topic);
+            held_keys.push_back(to_hex(*k.key));
+        } else {
+            held_rows.push_back(k.row);
+        }
+    }
+    const pqxx::result r =
+        tx.exec_params(st.fetch_sql, static_cast<std::int64_t>(options_.batch_size), OffsetStore::text_array(held_topics),
+                       OffsetStore::text_array(held_keys), int_array(held_rows));
+    out.fetched = r.size();
+
+    // A key whose retry is due sends only its first row: if that fails again,
+    // its later rows have not gone out ahead of it.
+    std::vector<Row> rows;
+    rows.reserve(r.size());
+    std::set<HoldKey> seen;
+    for (const auto& fields : r) {
+        Row row = read_row(fields);
+        const HoldKey hk = row.hold_key();
+        const bool first_of_key = seen.insert(hk).second;
+        if (row.key && !first_of_key && st.held.count(hk))
+            continue;
+        rows.push_back(std::move(row));
+    }
+    // Every unsent row of a due key was read (the batch was not full) and none
+    // is left: the key's hold is stale (its rows were marked or deleted by hand).
+    if (r.size() < options_.batch_size) {
+        for (auto it = st.held.begin(); it != st.held.end();) {
+            if (it->second.next_try <= now && !seen.count(it->first))
+                it = st.held.erase(it);
+            else
+                ++it;
+        }
+    }
+    if (rows.empty()) {
+        tx.commit();
+        held_keys_.store(st.held.size());
+        return;
+    }
+
+    std::vector<std::string> errors(rows.size());
+    std::vector<OutgoingRecord> records;
+    std::vector<std::size_t> record_row;
+    records.reserve(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (!rows[i].malformed.empty()) {
+            errors[i] = rows[i].malformed;
+            continue;
+        }
+        records.push_back(record_of(rows[i]));
+        record_row.push_back(i);
+    }
+    if (!records.empty()) {
+        auto results = publisher_->publish_all(records, options_.publish_timeout);
+        for (std::size_t k = 0; k < results.size(); ++k)
+            errors[record_row[k]] = std::move(results[k]);
+    }
+
+    // Mark a row only if no earlier row of its key failed in this batch: the
+    // ones after a failure went out too, but are sent again after it, so the
+    // key's last record on the topic is its newest row.
+    std::set<HoldKey> blocked;
+    std::vector<std::int64_t> mark;
+    std::vector<HoldKey> recovered;
+    std::vector<std::size_t> failed_rows;
+    std::size_t acknowledged = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        const bool ok = errors[i].empty();
+        if (ok)
+            ++acknowledged;
+        const HoldKey hk = rows[i].hold_key();
+        if (rows[i].key && blocked.count(hk))
+            continue;
+        if (ok) {
+            mark.push_back(rows[i].id);
+            if (st.held.count(hk))
+                recovered.push_back(hk);
+        } else {
+            failed_rows.push_back(i);
+            if (rows[i].key)
+                blocked.insert(hk);
+        }
+    }
+    if (options_.hooks.after_publish)
+        options_.hooks.after_publish(acknowledged);
+    std::size_t marked = 0;
+    if (!mark.empty())
+        marked = static_cast<std::size_t>(tx.exec_params(st.mark_sql, int_array(mark)).affected_rows());
+    tx.commit();
+
+    const std::size_t unacknowledged = rows.size() - acknowledged;
+    published_.fetch_add(marked);
+    failed_.fetch_add(unacknowledged);
+    out.published = marked;
+    out.failed = unacknowledged;
+    // Nothing acknowledged and a failure that is not just a held key's retry:
+    // most likely the broker, not a record.
+    out.all_failed = acknowledged == 0 && std::any_of(failed_rows.begin(), failed_rows.end(), [&](std::size_t i) {
+                         return !st.held.count(rows[i].hold_key());
+                     });
+
+    for (const auto& hk : recovered) {
+        const auto it = st.held.find(hk);
+        say(options_.log, LogLevel::info,
+            fmt::format("outbox relay of {}: topic {} {} published again after {} failed attempt(s)",
+                        outbox_.qualified_name(), hk.topic, describe_key(hk.key), it->second.attempts));
+        st.held.erase(it);
+    }
+    // A failure of the whole batch (broker down) backs off the whole relay;
+    // holding every key of the outbox one by one would only grow the hold list.
+    // The backoff runs from now, not from the start of a cycle that may have
+    // waited long for the broker.
+    const auto failed_at = Clock::now();
+    bool capped = false;
+    for (std::size_t i : failed_rows) {
+        const HoldKey hk = rows[i].hold_key();
+        auto it = st.held.find(hk);
+        if (it == st.held.end()) {
+            if (out.all_failed)
+                continue;
+            if (st.held.size() >= options_.max_held_keys) {
+                capped = true;
+                continue;
+            }
+            it = st.held.emplace(hk, Hold{}).first;
+        }
+        ++it->second.attempts;
+        it->second.next_try = failed_at + backoff_after(it->second.attempts, options_);
+    }
+    if (capped)
+        out.all_failed = true;
+    held_keys_.store(st.held.size());
+
+    if (!failed_rows.empty()) {
+        const Row& first = rows[failed_rows.front()];
+        say(options_.log, LogLevel::error,
+            fmt::format("outbox relay of {}: {} of {} record(s) not acknowledged, left unsent for a retry "
+                        "({} published); first: row {} (event id {}, topic {}, {}): {}; {} key(s) held back",
+                        outbox_.qualified_name(), unacknowledged, rows.size(), marked, first.id,
+                        first.event_id.to_string(), first.topic, describe_key(first.key),
+                        errors[failed_rows.front()], st.held.size()));
+    }
+}
+
+void OutboxRelay::purge_step()
+{
+    State& st = *state_;
+    if (options_.retention.count() == 0)
+        return;
+    const auto now = Clock::now();
+    if (now < st.next_purge)
+        return;
+    if (!st.purging) {
+        st.purging = true;
+        st.purge_batches = 0;
+        st.purge_total = 0;
+    }
+    // One batch per call, between cycles: a long purge never delays publishing.
+    const OutboxPurgeLimits one{options_.purge_limits.batch, 1, milliseconds(0)};
+    std::uint64_t n = 0;
+    try {
+        std::lock_guard<std::mutex> lock(cycle_mutex_);
+        try {
+            if (!st.conn)
+                st.conn = std::make_unique<pqxx::connection>(conninfo_);
+            n = outbox_.purge_sent(*st.conn, options_.retention, one);
+        } catch (...) {
+            st.conn.reset();
+            throw;
+        }
+    } catch (const std::exception& e) {
+        st.purging = false;
+        st.next_purge = now + options_.purge_interval;
+        say(options_.log, LogLevel::warning,
+            fmt::format("outbox relay of {}: purge of sent rows failed, next attempt in {} ms: {}",
+                        outbox_.qualified_name(), options_.purge_interval.count(), e.what()));
+        return;
+    }
+    purged_.fetch_add(n);
+    st.purge_total += n;
+    ++st.purge_batches;
+    if (n < one.batch || st.purge_batches >= options_.purge_limits.max_batches) {
+        st.purging = false;
+        st.next_purge = now + options_.purge_interval;
+        if (st.purge_total > 0)
+            say(options_.log, LogLevel::info,
+                fmt::format("outbox relay of {}: purged {} sent row(s) older than {} ms{}", outbox_.qualified_name(),
+                            st.purge_total, options_.retention.count(),
+                            n < one.batch ? "" : "; more remain for the next purge"));
+    } else {
+        st.next_purge = now + options_.purge_limits.pause;
+    }
+}
+
+void OutboxRelay::loop() noexcept
+{
+    State& st = *state_;
+    auto next_backoff = [this](milliseconds current) {
+        return current.count() == 0 ? options_.retry_backoff : std::min(current * 2, options_.retry_backoff_max);
+    };
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+        woken_ = false;
+        lock.unlock();
+        milliseconds wait = options_.poll_interval;
+        Outcome out;
+        try {
+            {
+                std::lock_guard<std::mutex> cycle_lock(cycle_mutex_);
+                cycle(out);
+            }
+            if (out.all_failed) {
+                st.backoff = next_backoff(st.backoff);
+                wait = st.backoff;
+            } else {
+                st.backoff = milliseconds(0);
+                if (out.fetched >= options_.batch_size)
+                    wait = milliseconds(0); // more rows are waiting
+            }
+            st.was_active = out.active;
+        } catch (const std::exception& e) {
+            st.backoff = next_backoff(st.backoff);
+            wait = st.backoff;
+            say(options_.log, LogLevel::error,
+                fmt::format("outbox relay of {}: cycle failed, nothing marked sent; retried in {} ms: {}",
+                            outbox_.qualified_name(), wait.count(), e.what()));
+        } catch (...) {
+            st.backoff = next_backoff(st.backoff);
+            wait = st.backoff;
+            say(options_.log, LogLevel::error,
+                fmt::format("outbox relay of {}: cycle failed (non-standard exception), nothing marked sent; "
+                            "retried in {} ms",
+                            outbox_.qualified_name(), wait.count()));
+        }
+        // Only the active relay purges, so standing-by relays do not repeat its work.
+        if (st.was_active)
+            purge_step();
+        lock.lock();
+        if (wait.count() > 0 && !stopping_)
+            wake_.wait_for(lock, wait, [&] { return stopping_ || (woken_ && st.backoff.count() == 0); });
     }
 }
 
