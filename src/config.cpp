@@ -61,6 +61,7 @@ void ConsumerConfig::validate() const
     // The table names are quoted, not checked against a pattern; this only
     // refuses what cannot be quoted.
     ProcessedEventStore(schema, table);
+    retention.validate();
     if (offsets_in_database) {
         OffsetStore(schema, offsets_table);
         require(offsets_table != table, "offsets_table: must differ from table");

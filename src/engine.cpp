@@ -21,6 +21,7 @@
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/publisher.hpp"
+#include "idemkafka/retention.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
 #include "lane_pool.hpp"
@@ -91,6 +92,8 @@ struct Engine::Impl {
         PartitionState* part = nullptr;
         DeadLetterReason reason = DeadLetterReason::decode_error;
         std::string error;
+        bool key_window_open = true;
+        bool retry_later = false; // held for another try before any transaction
     };
 
     // Where a partition must stop in this batch: records from `offset` on are
@@ -149,6 +152,9 @@ struct Engine::Impl {
     std::unique_ptr<Publisher> dlq; // created on the first dead letter
 
     std::optional<OffsetStore> offset_store; // offsets_in_database
+    RetentionMode layout = cfg.retention.mode; // of the claims table as found at start-up
+    std::optional<HorizonGuard> guard;
+    std::unique_ptr<MaintenanceRunner> maintenance;
     std::vector<Lane> lanes;
     std::unique_ptr<LanePool> pool;
     std::mutex failures_mu; // PartitionState::failures, shared by lanes in per-key mode
@@ -214,11 +220,20 @@ struct Engine::Impl {
     {
         lane.db = std::make_unique<pqxx::connection>(cfg.postgres);
         if (first && cfg.create_schema) {
-            pqxx::work tx(*lane.db);
-            store.ensure_schema(tx);
-            if (offset_store)
+            const auto report = Maintenance(store, cfg.retention, log).migrate(*lane.db);
+            layout = report.mode;
+            if (offset_store) {
+                pqxx::work tx(*lane.db);
                 offset_store->ensure_schema(tx);
-            tx.commit();
+                tx.commit();
+            }
+        }
+        if (first && !guard) {
+            // The guard follows the table's real layout: a plain table kept from
+            // before has no reason to refuse non-v7 ids.
+            auto g = cfg.retention;
+            g.mode = layout;
+            guard.emplace(g);
         }
         lane.db->prepare(claim_statement, store.claim_sql());
     }
@@ -766,6 +781,56 @@ struct Engine::Impl {
             metrics.decode_errors.add();
     }
 
+    // The dedup-horizon guard: an event whose claim may already be purged is
+    // not handed to the handler blindly.
+    void apply_horizon(Item& it)
+    {
+        const auto d = guard->check(it.id);
+        it.key_window_open = d.key_window_open;
+        if (d.beyond_horizon)
+            metrics.beyond_dedup_horizon.add();
+        const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
+        if (d.action == HorizonAction::dead_letter) {
+            it.state = State::poison;
+            it.reason = d.reason == reason_non_v7_event_id ? DeadLetterReason::non_v7_event_id
+                                                           : DeadLetterReason::beyond_dedup_horizon;
+            it.error = fmt::format("event {} is {} ms old; dedup horizon is {} ms", it.id.to_string(), d.age.count(),
+                                   std::chrono::duration_cast<milliseconds>(cfg.retention.dedup_horizon()).count());
+            if (it.reason == DeadLetterReason::non_v7_event_id)
+                it.error = "event id " + it.id.to_string() + " is not a UUIDv7; the partitioned claims table needs one";
+            return;
+        }
+        if (d.action == HorizonAction::reconcile) {
+            ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
+            try {
+                pqxx::work tx(*lanes.front().db);
+                outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, 1, it.key_window_open));
+                tx.commit();
+            } catch (const std::exception& e) {
+                say(LogLevel::warning, "reconcile hook failed on {}: {}; the record comes again", where, e.what());
+                it.retry_later = true;
+                return;
+            }
+            if (outcome == ReconcileOutcome::skip) {
+                say(LogLevel::info, "reconcile hook skipped {} (event {})", where, it.id.to_string());
+                it.state = State::done;
+                metrics.duplicates.add();
+            } else if (outcome == ReconcileOutcome::dead_letter) {
+                it.state = State::poison;
+                it.reason = DeadLetterReason::beyond_dedup_horizon;
+                it.error = "reconcile hook chose the dead letter";
+            } else {
+                metrics.horizon_processed.add();
+            }
+            return;
+        }
+        if (d.beyond_horizon) {
+            metrics.horizon_processed.add();
+            say(LogLevel::warning, "{} (event {}) is beyond the dedup horizon; processed by policy", where,
+                it.id.to_string());
+        }
+    }
+
     void decode_all()
     {
         stage.prepare(batch.size());
@@ -786,6 +851,7 @@ struct Engine::Impl {
                 it.id = stage.decode(i, r);
                 if (it.id.is_nil())
                     throw InvalidEventId("event id is the nil UUID");
+                apply_horizon(it);
             } catch (const MissingEventId& e) {
                 poison(it, DeadLetterReason::missing_event_id, e.what());
             } catch (const InvalidEventId& e) {
@@ -1006,7 +1072,9 @@ struct Engine::Impl {
                 ++handled;
                 try {
                     const auto t0 = Clock::now();
-                    stage.handle(i, tx, Context(it.record, it.id, attempt_of(it)));
+                    if (!it.key_window_open)
+                        metrics.key_window_closed.add();
+                    stage.handle(i, tx, Context(it.record, it.id, attempt_of(it), it.key_window_open));
                     metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
                 } catch (const pqxx::broken_connection&) {
                     throw;
@@ -1042,6 +1110,11 @@ struct Engine::Impl {
         } catch (const pqxx::broken_connection& e) {
             lost_connection(lane, e.what());
             return Outcome::db_failed;
+        } catch (const pqxx::check_violation& e) {
+            // 23514 on the claim: maintenance attached the partition for this
+            // id at that moment (handler errors never get here). Run it again.
+            failure = {current == SIZE_MAX ? first.front() : current, e.what(), true};
+            return Outcome::conflict;
         } catch (const pqxx::transaction_rollback& e) {
             // 40001 / 40P01: the whole transaction is safe to run again.
             failure = {current == SIZE_MAX ? first.front() : current, e.what(), true};
@@ -1168,10 +1241,13 @@ struct Engine::Impl {
         batch_deadline = Clock::now() + batch_budget;
         decode_all();
         Holds holds;
+        for (auto& it : batch)
+            if (it.retry_later)
+                add_hold(holds, it.part, it.record.offset, count_failure(it));
         {
             std::vector<std::size_t> poisoned;
             for (std::size_t i = 0; i < batch.size(); ++i)
-                if (batch[i].state == State::poison)
+                if (batch[i].state == State::poison && !held(holds, batch[i]))
                     poisoned.push_back(i);
             dead_letter(poisoned, holds);
         }
@@ -1331,6 +1407,8 @@ struct Engine::Impl {
         } catch (const std::exception& e) {
             throw DatabaseError(fmt::format("cannot start: PostgreSQL: {}", e.what()));
         }
+        if (cfg.retention.maintenance)
+            maintenance = std::make_unique<MaintenanceRunner>(cfg.postgres, store, cfg.retention, log);
         create_consumer();
 
         while (stop_requests.load() == 0) {
@@ -1358,6 +1436,7 @@ struct Engine::Impl {
         if (auto e = rd_kafka_consumer_close(rk.get()))
             say(LogLevel::warning, "consumer close: {}", rd_kafka_err2str(e));
         rk.reset();
+        maintenance.reset();
         lanes.clear();
     }
 };

@@ -30,6 +30,11 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::transaction_retries},
     {"dead_letter_failures", "Dead-letter records the broker did not acknowledge.",
      &MetricsSnapshot::dead_letter_failures},
+    {"beyond_dedup_horizon", "Events older than the dedup horizon.", &MetricsSnapshot::beyond_dedup_horizon},
+    {"horizon_processed", "Events beyond the dedup horizon handed on by policy or reconcile hook.",
+     &MetricsSnapshot::horizon_processed},
+    {"key_window_closed", "Records handled after their downstream idempotency-key window.",
+     &MetricsSnapshot::key_window_closed},
     {"fenced_writes", "Position writes refused because another member owns the partition.",
      &MetricsSnapshot::fenced_writes},
 };
@@ -144,6 +149,9 @@ MetricsSnapshot Metrics::snapshot() const
     s.transaction_retries = transaction_retries.get();
     s.dead_letter_failures = dead_letter_failures.get();
     s.fenced_writes = fenced_writes.get();
+    s.beyond_dedup_horizon = beyond_dedup_horizon.get();
+    s.horizon_processed = horizon_processed.get();
+    s.key_window_closed = key_window_closed.get();
     for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
         s.dead_lettered[i] = dead_lettered[i].get();
     s.handler_seconds = handler_seconds.snapshot();

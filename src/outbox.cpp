@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -261,28 +262,27 @@ std::uint64_t Outbox::purge_sent(pqxx::connection& conn, std::chrono::millisecon
         throw ConfigError("purge_sent: batch and max_batches must be at least 1");
     // An id array keeps each statement to its own small set of rows, found
     // through the sent_at index.
-    const std::string sql = fmt::format(
-        "DELETE FROM {0} WHERE id = ANY(ARRAY(SELECT id FROM {0} WHERE sent_at < now() - $1::bigint * "
-        "interval '1 millisecond' LIMIT $2))",
-        qualified_);
+    const std::string sql =
+        fmt::format("DELETE FROM {0} WHERE id = ANY(ARRAY(SELECT id FROM {0} WHERE sent_at < now() - $1::bigint * "
+                    "interval '1 millisecond' LIMIT $2))",
+                    qualified_);
     std::uint64_t total = 0;
     try {
         for (std::size_t b = 0; b < limits.max_batches; ++b) {
             if (b > 0 && limits.pause.count() > 0)
                 std::this_thread::sleep_for(limits.pause);
             pqxx::work tx(conn);
-            const auto n = static_cast<std::uint64_t>(
-                tx.exec_params(sql, static_cast<std::int64_t>(older_than.count()),
-                               static_cast<std::int64_t>(limits.batch))
-                    .affected_rows());
+            const auto n = static_cast<std::uint64_t>(tx.exec_params(sql, static_cast<std::int64_t>(older_than.count()),
+                                                                     static_cast<std::int64_t>(limits.batch))
+                                                          .affected_rows());
             tx.commit();
             total += n;
             if (n < limits.batch)
                 break;
         }
     } catch (const pqxx::failure& e) {
-        throw DatabaseError(fmt::format("purging sent rows of {} failed after {} rows: {}", qualified_, total,
-                                        e.what()));
+        throw DatabaseError(
+            fmt::format("purging sent rows of {} failed after {} rows: {}", qualified_, total, e.what()));
     }
     return total;
 }
@@ -422,11 +422,11 @@ struct OutboxRelay::Outcome {
     bool all_failed = false; // records were sent and none was acknowledged
 };
 
-OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, std::unique_ptr<Publisher> owned,
-                         Publisher* publisher, OutboxRelayOptions options)
-    : conninfo_(std::move(conninfo)), outbox_(std::move(outbox)), options_(std::move(options)),
-      owned_publisher_(std::move(owned)), publisher_(publisher), state_(std::make_unique<State>())
+OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher* publisher, OutboxRelayOptions options)
+    : conninfo_(std::move(conninfo)), outbox_(std::move(outbox)), options_(std::move(options)), publisher_(publisher),
+      state_(std::make_unique<State>())
 {
+    options_.validate();
     if (!options_.log)
         options_.log = stderr_sink();
     const std::string& t = outbox_.qualified_name();
@@ -436,24 +436,20 @@ OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, std::unique_ptr<Pu
     state_->lock_sql = fmt::format("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
                                    "SELECT pg_try_advisory_xact_lock({}, {})",
                                    outbox_lock_class, lock_key(t));
-    state_->fetch_sql = fmt::format(
-        "SELECT id, event_id, topic, encode(key, 'hex'), encode(payload, 'hex'), encode(headers, 'hex') "
-        "FROM {} o WHERE sent_at IS NULL "
-        "AND NOT (key IS NOT NULL AND (topic, key) IN "
-        "(SELECT h.t, decode(h.k, 'hex') FROM unnest($2::text[], $3::text[]) AS h(t, k))) "
-        "AND NOT (id = ANY($4::bigint[])) "
-        "ORDER BY id LIMIT $1 FOR UPDATE",
-        t);
+    state_->fetch_sql =
+        fmt::format("SELECT id, event_id, topic, encode(key, 'hex'), encode(payload, 'hex'), encode(headers, 'hex') "
+                    "FROM {} o WHERE sent_at IS NULL "
+                    "AND NOT (key IS NOT NULL AND (topic, key) IN "
+                    "(SELECT h.t, decode(h.k, 'hex') FROM unnest($2::text[], $3::text[]) AS h(t, k))) "
+                    "AND NOT (id = ANY($4::bigint[])) "
+                    "ORDER BY id LIMIT $1 FOR UPDATE",
+                    t);
     state_->mark_sql =
         fmt::format("UPDATE {} SET sent_at = clock_timestamp() WHERE id = ANY($1::bigint[]) AND sent_at IS NULL", t);
 }
 
-
 OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, PublisherConfig publisher, OutboxRelayOptions options)
-    : OutboxRelay(std::move(conninfo), std::move(outbox), nullptr, nullptr, [&] {
-          options.validate();
-          return std::move(options);
-      }())
+    : OutboxRelay(std::move(conninfo), std::move(outbox), nullptr, std::move(options))
 {
     if (!publisher.log)
         publisher.log = options_.log;
@@ -462,10 +458,7 @@ OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, PublisherConfig pu
 }
 
 OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher& publisher, OutboxRelayOptions options)
-    : OutboxRelay(std::move(conninfo), std::move(outbox), nullptr, &publisher, [&] {
-          options.validate();
-          return std::move(options);
-      }())
+    : OutboxRelay(std::move(conninfo), std::move(outbox), &publisher, std::move(options))
 {
 }
 
@@ -487,8 +480,8 @@ std::unique_ptr<OutboxRelay> OutboxRelay::for_consumer(const OutboxConfig& confi
     pc.brokers = brokers;
     // The relay talks to the consumer's cluster, so it needs the same credentials.
     for (const auto& [k, v] : consumer_kafka)
-        if (k.rfind("security.", 0) == 0 || k.rfind("sasl.", 0) == 0 || k.rfind("ssl.", 0) == 0 ||
-            k == "client.id" || k == "client.rack")
+        if (k.rfind("security.", 0) == 0 || k.rfind("sasl.", 0) == 0 || k.rfind("ssl.", 0) == 0 || k == "client.id" ||
+            k == "client.rack")
             pc.kafka[k] = v;
     for (const auto& [k, v] : config.kafka)
         pc.kafka[k] = v;
@@ -498,15 +491,19 @@ std::unique_ptr<OutboxRelay> OutboxRelay::for_consumer(const OutboxConfig& confi
 
 void OutboxRelay::start()
 {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> control(control_mutex_);
     if (thread_.joinable())
         return;
-    stopping_ = false;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = false;
+    }
     thread_ = std::thread([this] { loop(); });
 }
 
 void OutboxRelay::stop() noexcept
 {
+    std::lock_guard<std::mutex> control(control_mutex_);
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stopping_ = true;
@@ -600,6 +597,12 @@ void OutboxRelay::cycle(Outcome& out)
         errors_.fetch_add(1);
         throw;
     }
+    if (out.active && options_.hooks.after_cycle) {
+        try {
+            options_.hooks.after_cycle(out.published, out.failed);
+        } catch (...) {
+        }
+    }
 }
 
 void OutboxRelay::cycle_unchecked(Outcome& out)
@@ -633,8 +636,8 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
         }
     }
     const pqxx::result r =
-        tx.exec_params(st.fetch_sql, static_cast<std::int64_t>(options_.batch_size), OffsetStore::text_array(held_topics),
-                       OffsetStore::text_array(held_keys), int_array(held_rows));
+        tx.exec_params(st.fetch_sql, static_cast<std::int64_t>(options_.batch_size),
+                       OffsetStore::text_array(held_topics), OffsetStore::text_array(held_keys), int_array(held_rows));
     out.fetched = r.size();
 
     // A key whose retry is due sends only its first row: if that fails again,
@@ -765,8 +768,8 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
             fmt::format("outbox relay of {}: {} of {} record(s) not acknowledged, left unsent for a retry "
                         "({} published); first: row {} (event id {}, topic {}, {}): {}; {} key(s) held back",
                         outbox_.qualified_name(), unacknowledged, rows.size(), marked, first.id,
-                        first.event_id.to_string(), first.topic, describe_key(first.key),
-                        errors[failed_rows.front()], st.held.size()));
+                        first.event_id.to_string(), first.topic, describe_key(first.key), errors[failed_rows.front()],
+                        st.held.size()));
     }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "idemkafka/log.hpp"
+#include "idemkafka/retention.hpp"
 
 namespace idemkafka {
 
@@ -57,6 +58,11 @@ struct ConsumerConfig {
     std::string table = "processed_event";
     /// Create the schema and tables on start-up if they do not exist.
     bool create_schema = true;
+
+    /// Retention of the claims table (partitioned by event id by default, or a
+    /// background purge), the dedup-horizon guard and the maintenance thread;
+    /// see docs/retention.md.
+    RetentionConfig retention;
 
     /// Keep each partition's position in PostgreSQL (`offsets_table`), written
     /// in the same transaction as the claims and effects; on assignment a

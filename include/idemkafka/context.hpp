@@ -36,8 +36,8 @@ struct Record {
 /// Per-record context handed to the handler.
 class Context {
 public:
-    Context(const Record& record, const EventId& id, int attempt) noexcept
-        : record_(&record), id_(id), attempt_(attempt)
+    Context(const Record& record, const EventId& id, int attempt, bool key_window_open = true) noexcept
+        : record_(&record), id_(id), attempt_(attempt), key_window_open_(key_window_open)
     {
     }
 
@@ -47,6 +47,11 @@ public:
     /// downstream call, so a call repeated after a rolled-back transaction is
     /// recognised by the callee.
     std::string idempotency_key() const { return id_.to_string(); }
+    /// False when the event is older than RetentionConfig::downstream_key_window:
+    /// the downstream service may have forgotten the idempotency key, so check
+    /// the outcome of an earlier attempt before calling it again. Always true
+    /// when no window is configured.
+    bool idempotency_key_window_open() const noexcept { return key_window_open_; }
     std::string_view topic() const noexcept { return record_->topic; }
     std::int32_t partition() const noexcept { return record_->partition; }
     std::int64_t offset() const noexcept { return record_->offset; }
@@ -66,6 +71,7 @@ private:
     const Record* record_;
     EventId id_;
     int attempt_;
+    bool key_window_open_;
 };
 
 } // namespace idemkafka

@@ -40,6 +40,9 @@ struct MetricsSnapshot {
     std::uint64_t transaction_retries = 0; ///< transactions re-run after 40001/40P01
     std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
     std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
+    std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
+    std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
+    std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
     /// Records dead-lettered, by DeadLetterReason.
     std::array<std::uint64_t, dead_letter_reason_count> dead_lettered{};
     /// Handler call duration in seconds.
@@ -82,7 +85,8 @@ public:
 
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
-        rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures, fenced_writes;
+        rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures, fenced_writes,
+        beyond_dedup_horizon, horizon_processed, key_window_closed;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class Histogram {

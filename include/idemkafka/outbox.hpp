@@ -122,6 +122,10 @@ struct OutboxRelayHooks {
     /// thrown here rolls the marking back, exactly the state of a crash at that
     /// point: the rows are published again, with the same event ids.
     std::function<void(std::size_t acknowledged)> after_publish;
+    /// Called after every cycle that committed as the active relay, with the
+    /// rows it marked sent and the records that were not acknowledged: feeds a
+    /// metrics registry. An exception thrown here is ignored.
+    std::function<void(std::size_t published, std::size_t failed)> after_cycle;
 };
 
 /// Settings of an OutboxRelay. Plain data; validate() throws ConfigError
@@ -227,11 +231,12 @@ public:
                                                      const LogSink& log);
 
     /// Starts the relay thread (no-op when it runs). Failures inside are logged,
-    /// counted and retried with backoff, never thrown. Throws std::system_error
-    /// if the thread cannot be started.
+    /// counted and retried with backoff, never thrown. Thread-safe. Throws
+    /// std::system_error if the thread cannot be started.
     void start();
     /// Stops and joins the thread: the current cycle finishes (at most
-    /// publish_timeout). Idempotent; start() may be called again. Never throws.
+    /// publish_timeout). Idempotent and thread-safe; start() may be called
+    /// again. Must not be called from the log sink or a hook. Never throws.
     void stop() noexcept;
     /// Makes the thread run its next cycle now instead of after poll_interval
     /// (e.g. right after a transaction that enqueued). Never throws.
@@ -253,8 +258,7 @@ public:
 private:
     struct State;
     struct Outcome;
-    OutboxRelay(std::string conninfo, Outbox outbox, std::unique_ptr<Publisher> owned, Publisher* publisher,
-                OutboxRelayOptions options);
+    OutboxRelay(std::string conninfo, Outbox outbox, Publisher* publisher, OutboxRelayOptions options);
     void loop() noexcept;
     void cycle(Outcome& out);
     void cycle_unchecked(Outcome& out);
@@ -266,8 +270,9 @@ private:
     std::unique_ptr<Publisher> owned_publisher_;
     Publisher* publisher_;
     std::unique_ptr<State> state_; // connection and held keys, used under cycle_mutex_
+    std::mutex control_mutex_; // start() and stop()
     std::mutex cycle_mutex_;
-    std::mutex mutex_;             // stopping_, woken_
+    std::mutex mutex_; // stopping_, woken_
     std::condition_variable wake_;
     bool stopping_ = false;
     bool woken_ = false;

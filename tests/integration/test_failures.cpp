@@ -427,3 +427,43 @@ TEST_CASE("a slow batch commits within its time budget and gives the rest back",
     CHECK(m.claimed == 120);
     f.check_exact(120);
 }
+
+TEST_CASE("events beyond the dedup horizon go to the dead letter, never to the handler; key window flag",
+          "[fault]")
+{
+    Fixture f(1);
+    using namespace std::chrono;
+    const auto now_ms = static_cast<std::uint64_t>(
+        duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count());
+    const TestEvent ancient{EventId::from_v7_parts(now_ms - 8ULL * 24 * 3600 * 1000, 1, 42), "old", 1};
+    const TestEvent hours_old{EventId::from_v7_parts(now_ms - 2ULL * 3600 * 1000, 1, 43), "mid", 2};
+    const TestEvent fresh{new_event_id(), "new", 3};
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        for (const auto* e : {&ancient, &hours_old, &fresh})
+            pub.publish_async(f.topic, e->entity, encode(*e));
+        pub.flush();
+    }
+    auto cfg = f.config();
+    cfg.retention.downstream_key_window = std::chrono::hours(1);
+    std::mutex mu;
+    std::map<std::string, bool> window;
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx);
+        std::lock_guard<std::mutex> lock(mu);
+        window[e.entity] = ctx.idempotency_key_window_open();
+    });
+    run_until(c, [&] { return f.rows() == 2 && c.metrics().snapshot().dead_lettered_total() == 1; });
+    const auto m = c.metrics().snapshot();
+    CHECK(m.dead_lettered_for(DeadLetterReason::beyond_dedup_horizon) == 1);
+    CHECK(m.beyond_dedup_horizon == 1);
+    CHECK(m.key_window_closed == 1);
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(window.count("old") == 0); // never handed to the handler
+    CHECK(window["mid"] == false);   // past the downstream key window: check before charging again
+    CHECK(window["new"] == true);
+    const auto dlq = read_topic(f.group + ".dlq", 1, 30s);
+    REQUIRE(dlq.size() == 1);
+    CHECK(dlq[0].header("idemkafka.reason") == "beyond_dedup_horizon");
+    CHECK(dlq[0].header("idemkafka.event_id") == ancient.id.to_string());
+}

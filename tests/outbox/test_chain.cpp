@@ -78,7 +78,8 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
     const int order_records = publish_orders(orders, unique_orders, 150);
 
     // Two relays, as two service instances would run; the first crashes after
-    // the broker's ack and before the mark on every 4th cycle, three times.
+    // the broker's ack and before the mark on every 2nd cycle it publishes in,
+    // at most three times (how many depends on how the two share the work).
     std::atomic<int> relay_cycles{0}, relay_crashes{0};
     std::atomic<std::uint64_t> republished{0};
     OutboxRelayOptions ro;
@@ -94,7 +95,7 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
         };
     auto crashing = ro;
     crashing.hooks.after_publish = [&](std::size_t acknowledged) {
-        if (++relay_cycles % 4 == 0 && relay_crashes < 3) {
+        if (++relay_cycles % 2 == 0 && relay_crashes < 3) {
             ++relay_crashes;
             republished += acknowledged;
             throw SimulatedCrash{};
@@ -153,11 +154,16 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
             REQUIRE_THROWS_AS(std::rethrow_exception(error), SimulatedCrash);
         } else {
             REQUIRE(wait_until(
-                [&] { return scalar(fmt::format("SELECT count(DISTINCT order_id) FROM {}", charges)) == unique_orders; },
+                [&] {
+                    return scalar(fmt::format("SELECT count(DISTINCT order_id) FROM {}", charges)) == unique_orders;
+                },
                 120s));
             // Let A read to the end of the topic, so every re-send was seen.
-            wait_until([&] { return a_consumed + a.metrics().snapshot().consumed >= static_cast<std::uint64_t>(order_records); },
-                       10s);
+            wait_until(
+                [&] {
+                    return a_consumed + a.metrics().snapshot().consumed >= static_cast<std::uint64_t>(order_records);
+                },
+                10s);
             run_a.join();
             REQUIRE_FALSE(run_a.error());
         }
@@ -185,7 +191,7 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
                        << " duplicates; relays published " << relay1.stats().published << " + "
                        << relay2.stats().published << ", " << relay_crashes.load() << " relay crashes, "
                        << republished.load() << " records sent twice");
-    CHECK(relay_crashes == 3);
+    CHECK(relay_crashes >= 1);
     CHECK(republished > 0);
     CHECK(a_consumed > static_cast<std::uint64_t>(order_records)); // crashed batches came again
     CHECK(a_duplicates >= 150);                                    // re-sends, and the replays after each crash

@@ -154,6 +154,8 @@ TEST_CASE("purge beside a consumer at full speed deletes only expired claims", "
 
     auto ccfg = consumer_config(group, topic);
     ccfg.table = store.table();
+    ccfg.retention = cfg;
+    ccfg.retention.maintenance = false; // this test runs the purge itself, beside the consumer
     Consumer consumer(ccfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
         tx.exec_params(fmt::format("INSERT INTO {} (event_id) VALUES ($1::uuid)", effects), e.id.to_string());
     });
