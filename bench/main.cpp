@@ -60,12 +60,17 @@ services and runs this; by hand, point it at your own:
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
                          the count actually run is reported, never extrapolated
-  --workers LIST         worker counts of the idemkafka_batch_wN rows (default 2,4;
-                         only when the library has ConsumerConfig::workers)
+  --workers LIST         worker counts of the idemkafka_batch_wN rows (default 2:
+                         the cores of the reference machine; only when the
+                         library has ConsumerConfig::workers)
   --partitions N         partitions of the data topics (default 32; raised when a
                          count would not fit the mock broker's ~5 MiB per partition)
-  --latency-rate R       events/s of the paced latency runs (default 500)
+  --latency-rate R       events/s of the paced latency runs (default 200: well
+                         below what the per-record modes sustain, so the figure
+                         is latency, not queueing)
   --latency-seconds S    length of each paced run (default 3; 0 skips them)
+  --consumer-prop K=V    extra librdkafka consumer property for every Kafka mode,
+                         repeatable (what-if runs, e.g. queued.max.messages.kbytes=8192)
   --quick                smoke run: 10k records, per-record modes at 2000,
                          1 s paced runs
   --out PATH             JSON report (default bench/results/latest.json)
@@ -84,13 +89,14 @@ struct Options {
     std::vector<int> dups = {0, 30};
     std::set<std::string> modes;
     std::size_t slow_max = 10000;
-    std::vector<int> workers = {2, 4};
+    std::vector<int> workers = {2};
     int partitions = 32;
-    double latency_rate = 500;
+    double latency_rate = 200;
     double latency_seconds = 3;
     std::string out = "bench/results/latest.json";
     std::string plot_data;
     std::string schema = "idemkafka_bench";
+    std::map<std::string, std::string> consumer_props;
     bool keep = false;
     bool verbose = false;
 };
@@ -171,6 +177,12 @@ Options parse_options(int argc, char** argv)
             o.latency_rate = static_cast<double>(parse_list<std::size_t>(arg, value()).front());
         } else if (arg == "--latency-seconds") {
             o.latency_seconds = static_cast<double>(parse_list<std::size_t>(arg, value()).front());
+        } else if (arg == "--consumer-prop") {
+            const std::string kv = value();
+            const auto eq = kv.find('=');
+            if (eq == std::string::npos || eq == 0)
+                fail_usage("--consumer-prop: expected KEY=VALUE, got '" + kv + "'");
+            o.consumer_props[kv.substr(0, eq)] = kv.substr(eq + 1);
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--out") {
@@ -196,7 +208,7 @@ Options parse_options(int argc, char** argv)
     std::sort(o.events.begin(), o.events.end());
     o.events.erase(std::unique(o.events.begin(), o.events.end()), o.events.end());
     if (o.latency_rate <= 0)
-        o.latency_rate = 500;
+        o.latency_rate = 200;
     return o;
 }
 
@@ -208,9 +220,9 @@ struct ModeSpec {
     int workers;
 };
 
-std::vector<ModeSpec> mode_specs(const Options& o)
+// `batch`: the library's default max_batch, which the batch floors use too.
+std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
 {
-    const std::size_t batch = ik::ConsumerConfig{}.max_batch;
     std::vector<ModeSpec> all = {
         {"kafka_raw", Kind::kafka_raw, false, 0, 0},
         {"pg_floor_per_event", Kind::pg_floor_per_event, true, 1, 0},
@@ -281,7 +293,8 @@ int run(const Options& o)
     if (o.services.brokers.empty() || o.services.postgres.empty())
         fail_usage("--brokers and --postgres (or IDEMKAFKA_TEST_BROKERS / IDEMKAFKA_TEST_PG) are required; "
                    "scripts/bench.sh starts both");
-    const auto specs = mode_specs(o);
+    const ik::ConsumerConfig defaults;
+    const auto specs = mode_specs(o, defaults.max_batch);
     const std::string run_tag = fmt::format("{}-{}", getpid(), std::time(nullptr) % 1000000);
 
     Report report;
@@ -300,7 +313,7 @@ int run(const Options& o)
         tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
     }
     const Meter meter(backend_pid, o.services.mock_control);
-    RunEnv env{o.services, o.schema, &meter, o.verbose};
+    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props};
 
     utsname un{};
     uname(&un);
@@ -311,7 +324,6 @@ int run(const Options& o)
                                {"build_type", IDEMKAFKA_BENCH_BUILD_TYPE},
                                {"librdkafka", rd_kafka_version_str()},
                                {"libpqxx", PQXX_VERSION}};
-    const ik::ConsumerConfig defaults;
     report.meta["config"] = {
         {"events", o.events},
         {"dup_percent", o.dups},
@@ -324,6 +336,7 @@ int run(const Options& o)
         {"library_has_workers", library_has_workers},
         {"workers", library_has_workers ? nlohmann::ordered_json(o.workers) : nlohmann::ordered_json::array()},
         {"broker", o.services.mock_control.empty() ? "external" : "idemkafka-mock-broker"},
+        {"consumer_props", o.consumer_props},
         {"cpu_postgres_measured", meter.has_postgres()},
         {"cpu_broker_measured", meter.has_broker()},
     };

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -96,6 +97,9 @@ struct RunEnv {
     std::string schema;  ///< PostgreSQL schema of the bench tables
     const Meter* meter = nullptr;
     bool verbose = false;
+    /// Extra consumer properties for every Kafka mode (--consumer-prop), over
+    /// common_consumer_props(): for what-if runs such as a smaller prefetch.
+    std::map<std::string, std::string> consumer_props;
 };
 
 /// Called once the consumer can receive records (assigned, or at once for the

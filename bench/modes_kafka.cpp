@@ -31,6 +31,8 @@ RkPtr subscribe(const RunEnv& env, const Job& job, const std::string& group,
                 std::map<std::string, std::string> extra)
 {
     auto props = common_consumer_props();
+    for (const auto& [k, v] : env.consumer_props)
+        props[k] = v;
     for (auto& [k, v] : extra)
         props[k] = std::move(v);
     props["bootstrap.servers"] = env.services.brokers;

@@ -57,7 +57,10 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     cfg.schema = st.tables.schema;
     cfg.table = st.tables.claims;
     cfg.max_batch = job.batch;
-    for (const auto& [k, v] : common_consumer_props())
+    auto props = common_consumer_props();
+    for (const auto& [k, v] : env.consumer_props)
+        props[k] = v;
+    for (const auto& [k, v] : props)
         if (k != "enable.partition.eof")  // the library sets it itself
             cfg.kafka[k] = v;
     if (!env.verbose)

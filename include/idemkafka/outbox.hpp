@@ -199,7 +199,9 @@ struct OutboxConfig {
 /// for the acknowledgements, mark the acknowledged rows sent, commit. A row is
 /// marked sent only after its acknowledgement, and only if no earlier row of the
 /// same topic and key in the batch failed, so a row is never lost and a key's
-/// rows reach the broker in order. A crash between acknowledgement and commit
+/// rows reach the broker in order (except that rows acknowledged after a failed
+/// row of their key in the same batch went out before it, and go out again
+/// after it; see docs/outbox.md). A crash between acknowledgement and commit
 /// publishes the rows again with the same event ids (at least once): downstream
 /// dedup absorbs the repeat. A record that fails holds back its key (the rest of
 /// the outbox goes on) and is retried with backoff.
@@ -270,7 +272,7 @@ private:
     std::unique_ptr<Publisher> owned_publisher_;
     Publisher* publisher_;
     std::unique_ptr<State> state_; // connection and held keys, used under cycle_mutex_
-    std::mutex control_mutex_; // start() and stop()
+    std::mutex control_mutex_;     // start() and stop()
     std::mutex cycle_mutex_;
     std::mutex mutex_; // stopping_, woken_
     std::condition_variable wake_;

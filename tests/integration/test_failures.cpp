@@ -308,7 +308,7 @@ namespace {
 void scale_test(const std::string& strategy)
 {
     Fixture f(6);
-    f.publish(1500);
+    f.publish(2400);
     auto cfg = f.config();
     cfg.max_batch = 25;
     cfg.kafka["partition.assignment.strategy"] = strategy;
@@ -318,7 +318,7 @@ void scale_test(const std::string& strategy)
                                           [&, member](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
                                               f.insert(tx, e, ctx, member);
                                               ++calls;
-                                              std::this_thread::sleep_for(10ms); // work outlasts the joins
+                                              std::this_thread::sleep_for(5ms); // work outlasts the joins
                                           });
     };
     auto a = make("a");
@@ -332,21 +332,22 @@ void scale_test(const std::string& strategy)
     REQUIRE(wait_until([&] { return b->metrics().snapshot().assigned_partitions > 0 &&
                                     c->metrics().snapshot().assigned_partitions > 0; },
                        60s));
-    REQUIRE(wait_until([&] { return b->metrics().snapshot().claimed > 0 && c->metrics().snapshot().claimed > 0; },
-                       60s));
+    // The joiners take over partitions with work left (which ones is the
+    // assignor's choice, so only their sum is certain).
+    REQUIRE(wait_until([&] { return b->metrics().snapshot().claimed + c->metrics().snapshot().claimed > 0; }, 60s));
     // 3 -> 1
     rb.reset();
     rc.reset();
-    REQUIRE(wait_until([&] { return f.rows() == 1500; }, 120s));
+    REQUIRE(wait_until([&] { return f.rows() == 2400; }, 120s));
     ra.reset();
     for (auto* m : {a.get(), b.get(), c.get()}) {
         REQUIRE(m->metrics().snapshot().rebalances >= 1);
     }
     const auto total_claimed =
         a->metrics().snapshot().claimed + b->metrics().snapshot().claimed + c->metrics().snapshot().claimed;
-    CHECK(total_claimed == 1500);
-    CHECK(calls >= 1500); // rolled-back handler runs may repeat; committed effects may not
-    f.check_exact(1500);
+    CHECK(total_claimed == 2400);
+    CHECK(calls >= 2400); // rolled-back handler runs may repeat; committed effects may not
+    f.check_exact(2400);
 }
 
 } // namespace
