@@ -62,6 +62,8 @@ void ConsumerConfig::validate() const
     // refuses what cannot be quoted.
     ProcessedEventStore(schema, table);
     retention.validate();
+    if (outbox)
+        outbox->validate();
     if (offsets_in_database) {
         OffsetStore(schema, offsets_table);
         require(offsets_table != table, "offsets_table: must differ from table");

@@ -20,6 +20,7 @@
 #include "idemkafka/dead_letter.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
+#include "idemkafka/outbox.hpp"
 #include "idemkafka/publisher.hpp"
 #include "idemkafka/retention.hpp"
 #include "idemkafka/store.hpp"
@@ -155,6 +156,7 @@ struct Engine::Impl {
     RetentionMode layout = cfg.retention.mode; // of the claims table as found at start-up
     std::optional<HorizonGuard> guard;
     std::unique_ptr<MaintenanceRunner> maintenance;
+    std::unique_ptr<OutboxRelay> outbox_relay;
     std::vector<Lane> lanes;
     std::unique_ptr<LanePool> pool;
     std::mutex failures_mu; // PartitionState::failures, shared by lanes in per-key mode
@@ -222,9 +224,12 @@ struct Engine::Impl {
         if (first && cfg.create_schema) {
             const auto report = Maintenance(store, cfg.retention, log).migrate(*lane.db);
             layout = report.mode;
-            if (offset_store) {
+            if (offset_store || cfg.outbox) {
                 pqxx::work tx(*lane.db);
-                offset_store->ensure_schema(tx);
+                if (offset_store)
+                    offset_store->ensure_schema(tx);
+                if (cfg.outbox)
+                    cfg.outbox->outbox().ensure_schema(tx);
                 tx.commit();
             }
         }
@@ -1316,6 +1321,8 @@ struct Engine::Impl {
             metrics.duplicates.add(info.duplicates);
             if (cfg.hooks.after_db_commit)
                 cfg.hooks.after_db_commit(info); // may throw: then nothing below happens
+            if (outbox_relay && info.claimed)
+                outbox_relay->wake(); // handlers may have enqueued: publish now, not at the next poll
         }
         std::set<PartitionState*> moved;
         for (auto& it : batch) {
@@ -1409,6 +1416,18 @@ struct Engine::Impl {
         }
         if (cfg.retention.maintenance)
             maintenance = std::make_unique<MaintenanceRunner>(cfg.postgres, store, cfg.retention, log);
+        if (cfg.outbox && cfg.outbox->relay) {
+            auto oc = *cfg.outbox;
+            auto user_hook = oc.relay_options.hooks.after_cycle;
+            oc.relay_options.hooks.after_cycle = [this, user_hook](std::size_t published, std::size_t failed) {
+                metrics.outbox_published.add(published);
+                metrics.outbox_failures.add(failed);
+                if (user_hook)
+                    user_hook(published, failed);
+            };
+            outbox_relay = OutboxRelay::for_consumer(oc, cfg.postgres, cfg.brokers, cfg.kafka, log);
+            outbox_relay->start();
+        }
         create_consumer();
 
         while (stop_requests.load() == 0) {
@@ -1437,6 +1456,7 @@ struct Engine::Impl {
             say(LogLevel::warning, "consumer close: {}", rd_kafka_err2str(e));
         rk.reset();
         maintenance.reset();
+        outbox_relay.reset();
         lanes.clear();
     }
 };

@@ -35,6 +35,8 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::horizon_processed},
     {"key_window_closed", "Records handled after their downstream idempotency-key window.",
      &MetricsSnapshot::key_window_closed},
+    {"outbox_published", "Outbox rows published by the consumer's relay.", &MetricsSnapshot::outbox_published},
+    {"outbox_failures", "Outbox rows the broker did not acknowledge.", &MetricsSnapshot::outbox_failures},
     {"fenced_writes", "Position writes refused because another member owns the partition.",
      &MetricsSnapshot::fenced_writes},
 };
@@ -152,6 +154,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();
     s.horizon_processed = horizon_processed.get();
     s.key_window_closed = key_window_closed.get();
+    s.outbox_published = outbox_published.get();
+    s.outbox_failures = outbox_failures.get();
     for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
         s.dead_lettered[i] = dead_lettered[i].get();
     s.handler_seconds = handler_seconds.snapshot();

@@ -4,6 +4,7 @@
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/store.hpp"
+#include "pg/arrays.hpp"
 
 namespace idemkafka {
 
@@ -42,34 +43,12 @@ void OffsetStore::ensure_schema(pqxx::work& tx) const
 
 std::string OffsetStore::text_array(const std::vector<std::string>& values)
 {
-    std::string out = "{";
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        if (i)
-            out += ',';
-        out += '"';
-        for (char c : values[i]) {
-            if (c == '"' || c == '\\')
-                out += '\\';
-            out += c;
-        }
-        out += '"';
-    }
-    out += '}';
-    return out;
+    return detail::text_array(values);
 }
 
 namespace {
 
-std::string int_array(const std::vector<std::int64_t>& values)
-{
-    std::string out = "{";
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        if (i)
-            out += ',';
-        out += std::to_string(values[i]);
-    }
-    return out + "}";
-}
+using detail::int_array;
 
 OffsetStore::Stored stored_of(const pqxx::row& row)
 {

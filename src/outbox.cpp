@@ -11,6 +11,7 @@
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
+#include "pg/arrays.hpp"
 
 namespace idemkafka {
 namespace {
@@ -143,17 +144,7 @@ void check_topic(std::string_view topic)
     }
 }
 
-std::string int_array(const std::vector<std::int64_t>& values)
-{
-    std::string out = "{";
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        if (i)
-            out += ',';
-        out += std::to_string(values[i]);
-    }
-    out += '}';
-    return out;
-}
+using detail::int_array;
 
 void say(const LogSink& log, LogLevel level, const std::string& line) noexcept
 {
@@ -637,7 +628,7 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
     }
     const pqxx::result r =
         tx.exec_params(st.fetch_sql, static_cast<std::int64_t>(options_.batch_size),
-                       OffsetStore::text_array(held_topics), OffsetStore::text_array(held_keys), int_array(held_rows));
+                       detail::text_array(held_topics), detail::text_array(held_keys), int_array(held_rows));
     out.fetched = r.size();
 
     // A key whose retry is due sends only its first row: if that fails again,

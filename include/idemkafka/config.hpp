@@ -7,10 +7,12 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "idemkafka/log.hpp"
+#include "idemkafka/outbox.hpp"
 #include "idemkafka/retention.hpp"
 
 namespace idemkafka {
@@ -63,6 +65,11 @@ struct ConsumerConfig {
     /// background purge), the dedup-horizon guard and the maintenance thread;
     /// see docs/retention.md.
     RetentionConfig retention;
+
+    /// Transactional outbox (docs/outbox.md). When set, start-up creates its
+    /// table (with create_schema) and, unless `outbox->relay` is false, run()
+    /// publishes it with an OutboxRelay thread that stops with the consumer.
+    std::optional<OutboxConfig> outbox;
 
     /// Keep each partition's position in PostgreSQL (`offsets_table`), written
     /// in the same transaction as the claims and effects; on assignment a

@@ -43,6 +43,8 @@ struct MetricsSnapshot {
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
     std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
     std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
+    std::uint64_t outbox_published = 0;  ///< outbox rows published by the consumer's relay
+    std::uint64_t outbox_failures = 0;   ///< outbox rows not acknowledged (retried)
     /// Records dead-lettered, by DeadLetterReason.
     std::array<std::uint64_t, dead_letter_reason_count> dead_lettered{};
     /// Handler call duration in seconds.
@@ -86,7 +88,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures, fenced_writes,
-        beyond_dedup_horizon, horizon_processed, key_window_closed;
+        beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class Histogram {
