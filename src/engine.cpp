@@ -515,27 +515,37 @@ struct Engine::Impl {
                     rewind(*ps, tp.topic, tp.partition, offset);
     }
 
-    void on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets)
+    void on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
     {
         if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
             return;
         bool failed = err != RD_KAFKA_RESP_ERR_NO_ERROR;
-        for (int i = 0; offsets && i < offsets->cnt; ++i) {
-            const auto& p = offsets->elems[i];
-            if (p.err) {
-                failed = true;
+        for (int i = 0; list && i < list->cnt; ++i) {
+            const auto& p = list->elems[i];
+            if (!p.err && !err)
+                continue;
+            failed = true;
+            if (p.err)
                 say(LogLevel::warning, "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset),
                     rd_kafka_err2str(p.err));
-            }
+            forget_commit(p.topic, p.partition, p.offset);
         }
         if (failed) {
             metrics.offset_commit_failures.add();
             if (err)
                 say(LogLevel::warning, "offset commit failed: {} (records already committed in PostgreSQL are "
-                                       "deduplicated on redelivery)", rd_kafka_err2str(err));
+                                       "deduplicated on redelivery; the commit is retried)", rd_kafka_err2str(err));
         } else {
             metrics.offset_commits.add();
         }
+    }
+
+    // A commit that failed is sent again by the next commit_positions().
+    void forget_commit(const char* topic, std::int32_t partition, std::int64_t offset)
+    {
+        auto* ps = state_of(topic, partition);
+        if (ps && ps->committed_next == offset)
+            ps->committed_next = -1;
     }
 
     // Commits processed positions (all partitions, or `only`) that moved since
@@ -557,6 +567,8 @@ struct Engine::Impl {
         if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
             metrics.offset_commit_failures.add();
             say(LogLevel::warning, "offset commit failed: {}", rd_kafka_err2str(err));
+            for (int i = 0; i < list->cnt; ++i)
+                forget_commit(list->elems[i].topic, list->elems[i].partition, list->elems[i].offset);
         }
     }
 
@@ -676,6 +688,7 @@ struct Engine::Impl {
         if (now >= next_lag_update) {
             update_lag();
             next_lag_update = now + milliseconds(200);
+            commit_positions(nullptr, true); // resends failed commits of an idle partition
         }
         for (auto& [tp, ps] : parts) {
             if (ps.needs_seek)
