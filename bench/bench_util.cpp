@@ -70,7 +70,7 @@ std::uint64_t Histogram::value_of(std::size_t index) noexcept
 void Histogram::record(std::int64_t us) noexcept
 {
     if (us < 0)
-        us = 0;  // clock steps: count it, as zero
+        us = 0; // clock steps: count it, as zero
     ++counts_[index_of(static_cast<std::uint64_t>(us))];
     ++count_;
     max_ = std::max(max_, us);
@@ -471,10 +471,9 @@ Tables prepare_tables(const std::string& conninfo, const std::string& schema, co
     t.insert_effect = fmt::format(
         "INSERT INTO {} (event_id, entity, amount, produced_us) VALUES ($1::uuid, $2::text, $3::bigint, $4::bigint)",
         t.effect_q);
-    t.insert_effects_unnest = fmt::format(
-        "INSERT INTO {} (event_id, entity, amount, produced_us) "
-        "SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])",
-        t.effect_q);
+    t.insert_effects_unnest = fmt::format("INSERT INTO {} (event_id, entity, amount, produced_us) "
+                                          "SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])",
+                                          t.effect_q);
 
     pqxx::connection conn(conninfo);
     {
@@ -625,8 +624,7 @@ Watermarks watermarks(const Services& s, const std::string& topic)
         std::int64_t lo = 0, hi = 0;
         const auto err = rd_kafka_query_watermark_offsets(rk.get(), topic.c_str(), p, &lo, &hi, 10000);
         if (err)
-            throw std::runtime_error(
-                fmt::format("watermarks of {}/{}: {}", topic, p, rd_kafka_err2str(err)));
+            throw std::runtime_error(fmt::format("watermarks of {}/{}: {}", topic, p, rd_kafka_err2str(err)));
         w.high_sum += hi;
         w.low_min = std::min(w.low_min, lo);
     }
@@ -669,12 +667,11 @@ void wait_processed(std::size_t n, const std::function<std::size_t()>& processed
 }
 
 void produce_paced(const Services& s, const std::string& topic, const Dataset& data, std::size_t count, double rate,
-                   std::size_t warmup, const std::function<std::size_t()>& processed,
-                   const std::atomic<bool>& abort)
+                   std::size_t warmup, const std::function<std::size_t()>& processed, const std::atomic<bool>& abort)
 {
     Publisher pub(publisher_config(s, {{"linger.ms", "1"}}));
     auto start = SteadyClock::now();
-    std::size_t first = 0;  // seq at `start`
+    std::size_t first = 0; // seq at `start`
     for (std::size_t seq = 0; seq < count && !abort.load(); ++seq) {
         if (seq == warmup && warmup > 0) {
             pub.flush(std::chrono::milliseconds(60000));

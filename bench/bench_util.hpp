@@ -72,19 +72,19 @@ private:
 /// CPU seconds of this process and of its threads, PostgreSQL's server
 /// processes and the mock broker, at one instant.
 struct CpuSample {
-    double process = 0;                                 // getrusage: user + sys, all threads
+    double process = 0;                                    // getrusage: user + sys, all threads
     std::map<int, std::pair<std::string, double>> threads; // tid -> (name, seconds on CPU)
-    double postgres = -1;                               // -1: not measurable (remote server)
+    double postgres = -1;                                  // -1: not measurable (remote server)
     double broker = -1;
-    double machine_busy = 0;                            // all CPUs, /proc/stat (non-idle time)
+    double machine_busy = 0; // all CPUs, /proc/stat (non-idle time)
     SteadyClock::time_point at = SteadyClock::now();
 };
 
 /// CPU per event of a run, split by where it was spent, in microseconds.
 struct CpuSplit {
-    double process = 0;  ///< whole bench process
-    double rdkafka = 0;  ///< librdkafka's own threads (named rdk:*)
-    double app = 0;      ///< every other thread: consumer loop, library, libpq client, handler
+    double process = 0; ///< whole bench process
+    double rdkafka = 0; ///< librdkafka's own threads (named rdk:*)
+    double app = 0;     ///< every other thread: consumer loop, library, libpq client, handler
     double postgres = -1;
     double broker = -1;
     /// CPU cores kept busy by everything else on the machine during the run
@@ -126,8 +126,8 @@ public:
     Dataset(int dup_percent, std::uint64_t seed);
 
     struct Rec {
-        std::size_t seq;    ///< position in the stream: unique per record
-        std::size_t event;  ///< index of the event: a re-send repeats an earlier one
+        std::size_t seq;   ///< position in the stream: unique per record
+        std::size_t event; ///< index of the event: a re-send repeats an earlier one
         bool resend;
     };
 
@@ -160,7 +160,7 @@ std::string encode_payload(const EventId& id, std::size_t seq, std::int64_t prod
 
 struct Decoded {
     EventId id;
-    std::array<char, 37> id_text{};  // NUL-terminated canonical text, passed to libpqxx as is
+    std::array<char, 37> id_text{}; // NUL-terminated canonical text, passed to libpqxx as is
     std::int64_t seq = 0;
     std::int64_t produced_us = 0;
 };
@@ -187,12 +187,12 @@ private:
 /// the business effect, one row per claimed event. The effect table has no
 /// index: the floor then is the cheapest one-durable-row-per-event shape.
 struct Tables {
-    std::string schema;        // unquoted
-    std::string claims;        // unquoted table name
-    std::string effect;        // unquoted table name
-    std::string claims_q;      // "schema"."claims"
-    std::string effect_q;      // "schema"."effect"
-    std::string insert_effect; // INSERT ... VALUES ($1::uuid, $2, $3, $4)
+    std::string schema;                // unquoted
+    std::string claims;                // unquoted table name
+    std::string effect;                // unquoted table name
+    std::string claims_q;              // "schema"."claims"
+    std::string effect_q;              // "schema"."effect"
+    std::string insert_effect;         // INSERT ... VALUES ($1::uuid, $2, $3, $4)
     std::string insert_effects_unnest; // INSERT ... SELECT unnest(...) x4
 };
 
@@ -215,8 +215,7 @@ DbCounts count_rows(const std::string& conninfo, const Tables& t);
 void prepare_once(pqxx::connection_base& conn, const std::string& name, const std::string& sql);
 
 /// Array literal `{a,b,c}` of plain tokens (no quoting needed: ids, keys, numbers).
-template <class It, class Fn>
-std::string array_literal(It first, It last, Fn&& token)
+template <class It, class Fn> std::string array_literal(It first, It last, Fn&& token)
 {
     std::string out = "{";
     for (It it = first; it != last; ++it) {
@@ -234,7 +233,7 @@ std::string array_literal(It first, It last, Fn&& token)
 struct Services {
     std::string brokers;
     std::string postgres;
-    std::string mock_control;  // empty: a real cluster, topics via the admin API
+    std::string mock_control; // empty: a real cluster, topics via the admin API
 };
 
 /// Consumer properties shared by every Kafka mode (the library sets its own
@@ -261,8 +260,7 @@ void produce_all(const Services& s, const std::string& topic, const Dataset& dat
 /// first `warmup` records it waits until `processed()` reaches `warmup`, then
 /// goes on at the same rate. Stops early when `abort` becomes true.
 void produce_paced(const Services& s, const std::string& topic, const Dataset& data, std::size_t count, double rate,
-                   std::size_t warmup, const std::function<std::size_t()>& processed,
-                   const std::atomic<bool>& abort);
+                   std::size_t warmup, const std::function<std::size_t()>& processed, const std::atomic<bool>& abort);
 
 /// Waits until `processed()` reaches `n`, `abort` is set or 60 s pass.
 void wait_processed(std::size_t n, const std::function<std::size_t()>& processed, const std::atomic<bool>& abort);

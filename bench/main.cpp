@@ -107,8 +107,7 @@ struct Options {
     std::exit(2);
 }
 
-template <class T>
-std::vector<T> parse_list(const std::string& flag, const std::string& text)
+template <class T> std::vector<T> parse_list(const std::string& flag, const std::string& text)
 {
     std::vector<T> out;
     std::stringstream in(text);
@@ -215,7 +214,7 @@ Options parse_options(int argc, char** argv)
 struct ModeSpec {
     std::string name;
     Kind kind;
-    bool slow;        // one transaction per record: run on at most --slow-max records
+    bool slow; // one transaction per record: run on at most --slow-max records
     std::size_t batch;
     int workers;
 };
@@ -269,8 +268,7 @@ std::string progress_line(const Result& r)
     std::string s = fmt::format("{} dup={}% events={}{}: ", r.mode, r.dup_percent, r.events,
                                 r.paced ? fmt::format(" paced@{:.0f}/s", r.rate) : "");
     if (r.paced)
-        s += fmt::format("p50 {:.2f} ms p99 {:.2f} ms", r.end_to_end.percentile_ms(50),
-                         r.end_to_end.percentile_ms(99));
+        s += fmt::format("p50 {:.2f} ms p99 {:.2f} ms", r.end_to_end.percentile_ms(50), r.end_to_end.percentile_ms(99));
     else
         s += fmt::format("{:.0f} events/s in {:.2f} s", r.events_per_s, r.seconds);
     s += fmt::format(" (startup {:.2f} s, wall {:.1f} s)", r.startup_seconds, r.wall_seconds);
@@ -346,8 +344,8 @@ int run(const Options& o)
 
     bool any_kafka = false, any_slow = false, any_fast = false;
     for (const auto& s : specs) {
-        any_kafka = any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
-                    s.kind == Kind::naive_listener;
+        any_kafka =
+            any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka || s.kind == Kind::naive_listener;
         any_slow = any_slow || s.slow;
         any_fast = any_fast || !s.slow;
     }
@@ -384,9 +382,8 @@ int run(const Options& o)
                         continue;
                     }
                     topics[{data.dup_percent(), n}] = topic;
-                    std::fprintf(stderr, "produced %zu records (%d%% re-sends) into %s, %d partitions, in %.1f s\n",
-                                 n, data.dup_percent(), topic.c_str(), parts,
-                                 seconds_between(t0, SteadyClock::now()));
+                    std::fprintf(stderr, "produced %zu records (%d%% re-sends) into %s, %d partitions, in %.1f s\n", n,
+                                 data.dup_percent(), topic.c_str(), parts, seconds_between(t0, SteadyClock::now()));
                 } catch (const std::exception& e) {
                     report.errors.push_back(fmt::format("producing {}: {}", topic, e.what()));
                 }
@@ -416,7 +413,7 @@ int run(const Options& o)
                 if (kafka_mode(s.kind)) {
                     auto t = topics.find({data.dup_percent(), n});
                     if (t == topics.end())
-                        continue;  // its production failed, already reported
+                        continue; // its production failed, already reported
                     job.topic = t->second;
                 }
                 Result r = run_job(env, job, no_op);
@@ -464,8 +461,9 @@ int run(const Options& o)
                         producer = std::thread([&, processed] {
                             name_thread("ik-producer");
                             try {
-                                produce_paced(o.services, job.topic, data, count, o.latency_rate, warmup,
-                                              [processed] { return processed->load(); }, abort);
+                                produce_paced(
+                                    o.services, job.topic, data, count, o.latency_rate, warmup,
+                                    [processed] { return processed->load(); }, abort);
                             } catch (const std::exception& e) {
                                 producer_error = e.what();
                             }

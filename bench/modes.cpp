@@ -23,8 +23,8 @@ void verify_effects(const RunEnv& env, const RunState& st, Result& r)
     const auto c = count_rows(env.services.postgres, st.tables);
     const auto unique = static_cast<std::int64_t>(r.unique);
     if (c.distinct_effects < unique)
-        r.errors.push_back(fmt::format("lost: {} of {} distinct events have no effect row",
-                                       unique - c.distinct_effects, unique));
+        r.errors.push_back(
+            fmt::format("lost: {} of {} distinct events have no effect row", unique - c.distinct_effects, unique));
     if (c.effects != c.distinct_effects)
         r.errors.push_back(
             fmt::format("doubled: {} effect rows for {} distinct events", c.effects, c.distinct_effects));
@@ -156,7 +156,8 @@ private:
         std::size_t first = 0;
         for (std::size_t seq = 0; seq < job_.count && !stop_; ++seq) {
             if (seq == job_.warmup && seq > 0) {
-                wait_processed(seq, [this] { return processed_->load(); }, stop_);
+                wait_processed(
+                    seq, [this] { return processed_->load(); }, stop_);
                 start = SteadyClock::now();
                 first = seq;
             }
@@ -203,7 +204,7 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
     std::vector<FloorItem> items;
     std::vector<Row> rows;
     std::vector<EventId> ids;
-    std::vector<std::size_t> first;  // index of the first row of each distinct id
+    std::vector<std::size_t> first; // index of the first row of each distinct id
     std::unordered_map<EventId, std::size_t> seen;
     std::vector<const Row*> fresh;
 
@@ -235,8 +236,8 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
         }
 
         pqxx::work tx(conn);
-        const auto claimed_list =
-            ProcessedEventStore::claimed_ids(tx.exec_prepared("ikbench_claim", ProcessedEventStore::array_literal(ids), group));
+        const auto claimed_list = ProcessedEventStore::claimed_ids(
+            tx.exec_prepared("ikbench_claim", ProcessedEventStore::array_literal(ids), group));
         const std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
         fresh.clear();
         for (std::size_t i : first)
@@ -246,13 +247,13 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
             for (const Row* row : fresh)
                 tx.exec_prepared("ikbench_effect", row->id_text.data(), row->key, amount_of(row->id), row->produced_us);
         } else if (!fresh.empty()) {
-            tx.exec_prepared("ikbench_effects",
-                             array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return std::string(r->id_text.data()); }),
-                             array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return r->key; }),
-                             array_literal(fresh.begin(), fresh.end(),
-                                           [](const Row* r) { return std::to_string(amount_of(r->id)); }),
-                             array_literal(fresh.begin(), fresh.end(),
-                                           [](const Row* r) { return std::to_string(r->produced_us); }));
+            tx.exec_prepared(
+                "ikbench_effects",
+                array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return std::string(r->id_text.data()); }),
+                array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return r->key; }),
+                array_literal(fresh.begin(), fresh.end(),
+                              [](const Row* r) { return std::to_string(amount_of(r->id)); }),
+                array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return std::to_string(r->produced_us); }));
         }
         tx.commit();
         ++st.result.transactions;

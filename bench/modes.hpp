@@ -23,15 +23,14 @@ namespace idemkafka::bench {
 
 /// True when ConsumerConfig has a `workers` member (parallel PostgreSQL
 /// workers): the idemkafka_batch_wN rows exist only then.
-template <class T, class = void>
-struct HasWorkers : std::false_type {};
-template <class T>
-struct HasWorkers<T, std::void_t<decltype(std::declval<T&>().workers)>> : std::true_type {};
+template <class T, class = void> struct HasWorkers : std::false_type {
+};
+template <class T> struct HasWorkers<T, std::void_t<decltype(std::declval<T&>().workers)>> : std::true_type {
+};
 inline constexpr bool library_has_workers = HasWorkers<ConsumerConfig>::value;
 
 /// Sets `cfg.workers` when the member exists; a no-op otherwise.
-template <class Config>
-void set_workers(Config& cfg, int workers)
+template <class Config> void set_workers(Config& cfg, int workers)
 {
     if constexpr (HasWorkers<Config>::value) {
         using W = std::decay_t<decltype(cfg.workers)>;
@@ -52,33 +51,33 @@ enum class Kind {
 };
 
 struct Job {
-    std::string mode;          ///< row name, e.g. "idemkafka_batch_w4"
+    std::string mode; ///< row name, e.g. "idemkafka_batch_w4"
     Kind kind = Kind::kafka_raw;
     const Dataset* data = nullptr;
-    std::size_t count = 0;     ///< records to consume
-    std::string topic;         ///< Kafka modes: the topic, holding exactly `count` records
-    bool paced = false;        ///< records are produced during the run at `rate`
+    std::size_t count = 0; ///< records to consume
+    std::string topic;     ///< Kafka modes: the topic, holding exactly `count` records
+    bool paced = false;    ///< records are produced during the run at `rate`
     double rate = 0;
     /// Paced: records [0, warmup) are produced first; the rest follows once the
     /// consumer has processed them, and only the rest counts for latency (the
     /// first records of a run meet connection set-up and first fetches).
     std::size_t warmup = 0;
-    std::size_t batch = 1;     ///< floors: records per transaction; idemkafka: max_batch
+    std::size_t batch = 1;                   ///< floors: records per transaction; idemkafka: max_batch
     std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
-    int workers = 0;           ///< idemkafka: 0 leaves the library's default
-    int serial = 0;            ///< unique per run: names groups and statements
+    int workers = 0;                         ///< idemkafka: 0 leaves the library's default
+    int serial = 0;                          ///< unique per run: names groups and statements
 };
 
 struct Result {
     std::string mode;
     int dup_percent = 0;
-    std::size_t events = 0;   ///< records consumed
-    std::size_t unique = 0;   ///< distinct events among them (effects expected)
+    std::size_t events = 0; ///< records consumed
+    std::size_t unique = 0; ///< distinct events among them (effects expected)
     bool paced = false;
     double rate = 0;
-    double seconds = 0;       ///< first record taken -> last effect committed
+    double seconds = 0;         ///< first record taken -> last effect committed
     double startup_seconds = 0; ///< run start -> first record taken (group join, first fetch)
-    double wall_seconds = 0;  ///< the whole run, set-up and verification included
+    double wall_seconds = 0;    ///< the whole run, set-up and verification included
     double events_per_s = 0;
     std::uint64_t transactions = 0;
     Histogram end_to_end;      ///< produce timestamp -> effect committed (meaningful when paced)
@@ -94,7 +93,7 @@ struct Result {
 
 struct RunEnv {
     Services services;
-    std::string schema;  ///< PostgreSQL schema of the bench tables
+    std::string schema; ///< PostgreSQL schema of the bench tables
     const Meter* meter = nullptr;
     bool verbose = false;
     /// Extra consumer properties for every Kafka mode (--consumer-prop), over
@@ -125,11 +124,11 @@ struct RunState {
     const OnReady& on_ready;
     LatencyRecorder latency;
     CpuSample cpu_before;
-    CpuSample cpu_after;       ///< taken by the mode when the last record is committed
+    CpuSample cpu_after; ///< taken by the mode when the last record is committed
     bool cpu_taken = false;
-    std::int64_t first_taken_us = -1;  ///< steady_us() of the first record
-    std::int64_t last_commit_us = -1;  ///< steady_us() of the last commit
-    std::size_t effects_reported = 0;  ///< effects the mode itself counted as committed
+    std::int64_t first_taken_us = -1; ///< steady_us() of the first record
+    std::int64_t last_commit_us = -1; ///< steady_us() of the last commit
+    std::size_t effects_reported = 0; ///< effects the mode itself counted as committed
     /// Records processed so far (any thread may read it): paces the warm-up.
     std::shared_ptr<std::atomic<std::size_t>> processed = std::make_shared<std::atomic<std::size_t>>(0);
 

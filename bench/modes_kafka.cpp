@@ -27,8 +27,7 @@ using MessagePtr = std::unique_ptr<rd_kafka_message_t, MessageDeleter>;
 using ListPtr = std::unique_ptr<rd_kafka_topic_partition_list_t, ListDeleter>;
 
 // A subscribed consumer in group `group` with the properties every Kafka mode shares.
-RkPtr subscribe(const RunEnv& env, const Job& job, const std::string& group,
-                std::map<std::string, std::string> extra)
+RkPtr subscribe(const RunEnv& env, const Job& job, const std::string& group, std::map<std::string, std::string> extra)
 {
     auto props = common_consumer_props();
     for (const auto& [k, v] : env.consumer_props)
@@ -130,8 +129,7 @@ void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
         if (st.first_taken_us < 0)
             st.first_taken_us = now_s;
         ++delivered;
-        const auto d = decode_payload(
-            std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
+        const auto d = decode_payload(std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
         if (seen.mark(d.seq)) {
             if (st.measured(d.seq, job))
                 st.latency.record(d.produced_us, -1, wall_us(), now_s);
@@ -153,8 +151,8 @@ void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
     pqxx::connection db(env.services.postgres);
     // Written the way such listeners usually are: ad-hoc parameterised
     // statements, look before inserting, commit the offset right after.
-    const std::string check = fmt::format(
-        "SELECT 1 FROM {} WHERE event_id = $1::uuid AND consumer_group = $2", st.tables.claims_q);
+    const std::string check =
+        fmt::format("SELECT 1 FROM {} WHERE event_id = $1::uuid AND consumer_group = $2", st.tables.claims_q);
     const std::string insert_claim =
         fmt::format("INSERT INTO {} (event_id, consumer_group) VALUES ($1::uuid, $2)", st.tables.claims_q);
 
@@ -178,8 +176,7 @@ void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
         const std::int64_t taken = steady_us();
         if (st.first_taken_us < 0)
             st.first_taken_us = taken;
-        const auto d = decode_payload(
-            std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
+        const auto d = decode_payload(std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
         const std::string key(static_cast<const char*>(m->key), m->key ? m->key_len : 0);
 
         pqxx::work tx(db);

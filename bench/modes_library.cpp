@@ -19,7 +19,7 @@ namespace {
 
 struct BenchEvent {
     Decoded d;
-    std::int64_t taken_us = 0;  // steady_us() when the record reached the decoder
+    std::int64_t taken_us = 0; // steady_us() when the record reached the decoder
 };
 
 // Effects written by handlers since the last commit. The after-commit hook
@@ -61,7 +61,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     for (const auto& [k, v] : env.consumer_props)
         props[k] = v;
     for (const auto& [k, v] : props)
-        if (k != "enable.partition.eof")  // the library sets it itself
+        if (k != "enable.partition.eof") // the library sets it itself
             cfg.kafka[k] = v;
     if (!env.verbose)
         cfg.kafka["log_level"] = "3";
@@ -159,12 +159,11 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         if (processed != last_processed) {
             last_processed = processed;
             last_progress = now;
-        } else if (now - last_progress > (processed ? std::chrono::seconds(stall_timeout)
-                                                    : std::chrono::seconds(first_record_timeout))) {
-            st.result.errors.push_back(fmt::format("lost: only {} of {} records processed (no progress for {} s)",
-                                                   processed, expected,
-                                                   std::chrono::duration_cast<std::chrono::seconds>(now - last_progress)
-                                                       .count()));
+        } else if (now - last_progress >
+                   (processed ? std::chrono::seconds(stall_timeout) : std::chrono::seconds(first_record_timeout))) {
+            st.result.errors.push_back(
+                fmt::format("lost: only {} of {} records processed (no progress for {} s)", processed, expected,
+                            std::chrono::duration_cast<std::chrono::seconds>(now - last_progress).count()));
             break;
         }
     }

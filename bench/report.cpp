@@ -238,8 +238,7 @@ ordered_json summarise(const Report& report)
             j["process_us_per_event"] = round_to(r->cpu.process, 2);
             j["app_threads_us_per_event"] = round_to(r->cpu.app, 2);
             j["rdkafka_threads_us_per_event"] = round_to(r->cpu.rdkafka, 2);
-            const std::string floor_mode =
-                m == "idemkafka_per_event" ? "pg_floor_per_event" : "pg_floor_batch_rowwise";
+            const std::string floor_mode = m == "idemkafka_per_event" ? "pg_floor_per_event" : "pg_floor_batch_rowwise";
             if (const Result* f = find_run(runs, floor_mode, dup, *n); f && f->has_cpu) {
                 j["floor_client_us_per_event"] = round_to(f->cpu.app, 2);
                 j["floor_mode"] = floor_mode;
@@ -344,8 +343,8 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
         out << fmt::format("\nlatency: produce timestamp -> effect committed, records produced during the run at "
                            "{:.0f} events/s\n",
                            report.paced.front().rate);
-        out << fmt::format("{:<24} {:>4} {:>8} {:>9} {:>9} {:>9}  {}\n", "mode", "dup%", "events", "p50 ms",
-                           "p99 ms", "max ms", "status");
+        out << fmt::format("{:<24} {:>4} {:>8} {:>9} {:>9} {:>9}  {}\n", "mode", "dup%", "events", "p50 ms", "p99 ms",
+                           "max ms", "status");
         for (const auto& r : report.paced)
             out << fmt::format("{:<24} {:>4} {:>8} {:>9.2f} {:>9.2f} {:>9.2f}  {}\n", r.mode, r.dup_percent, r.events,
                                r.end_to_end.percentile_ms(50), r.end_to_end.percentile_ms(99), r.end_to_end.max_ms(),
@@ -356,7 +355,8 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
     for (const auto& j : summary["ratios"]) {
         std::string target;
         if (j.contains("target"))
-            target = fmt::format("  target >= {}: {}", j["target"].get<double>(), j["met"].get<bool>() ? "met" : "MISSED");
+            target =
+                fmt::format("  target >= {}: {}", j["target"].get<double>(), j["met"].get<bool>() ? "met" : "MISSED");
         const auto en = j["events_numerator"].get<double>();
         const auto ed = j["events_denominator"].get<double>();
         out << fmt::format("  {:<48} dup {:>2}%  at {:>9}  {:>8.3f}{}\n", j["name"].get<std::string>(),
@@ -379,14 +379,12 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
 
     out << "\npeak RSS, largest vs smallest count\n";
     for (const auto& j : summary["rss"]) {
-        out << fmt::format("  {:<24} dup {:>2}%  {:>5}: {:>7.1f} MB (+{:.1f})  {:>5}: {:>7.1f} MB (+{:.1f})  x{:.2f}{}\n",
-                           j["mode"].get<std::string>(), j["dup_percent"].get<int>(),
-                           si(j["events_small"].get<double>()), j["peak_small_mb"].get<double>(),
-                           j["growth_small_mb"].get<double>(), si(j["events_large"].get<double>()),
-                           j["peak_large_mb"].get<double>(), j["growth_large_mb"].get<double>(),
-                           j["peak_ratio"].get<double>(),
-                           j.contains("met") ? (j["met"].get<bool>() ? "  (target <= 1.5: met)" : "  (target <= 1.5: MISSED)")
-                                             : "");
+        out << fmt::format(
+            "  {:<24} dup {:>2}%  {:>5}: {:>7.1f} MB (+{:.1f})  {:>5}: {:>7.1f} MB (+{:.1f})  x{:.2f}{}\n",
+            j["mode"].get<std::string>(), j["dup_percent"].get<int>(), si(j["events_small"].get<double>()),
+            j["peak_small_mb"].get<double>(), j["growth_small_mb"].get<double>(), si(j["events_large"].get<double>()),
+            j["peak_large_mb"].get<double>(), j["growth_large_mb"].get<double>(), j["peak_ratio"].get<double>(),
+            j.contains("met") ? (j["met"].get<bool>() ? "  (target <= 1.5: met)" : "  (target <= 1.5: MISSED)") : "");
     }
     for (const auto& e : report.errors)
         out << "ERROR: " << e << "\n";
@@ -419,8 +417,8 @@ void write_plot_data(std::ostream& out, const std::string& json_path)
     // Ceiling first, then the batch modes and their floors, then the per-record ones.
     auto rank = [](const std::string& m) {
         static const std::vector<std::string> order = {
-            "kafka_raw",          "pg_floor_batch",      "pg_floor_batch_rowwise", "idemkafka_batch",
-            "idemkafka_batch_w",  "pg_floor_per_event",  "idemkafka_per_event",    "naive_listener"};
+            "kafka_raw",         "pg_floor_batch",     "pg_floor_batch_rowwise", "idemkafka_batch",
+            "idemkafka_batch_w", "pg_floor_per_event", "idemkafka_per_event",    "naive_listener"};
         for (std::size_t i = 0; i < order.size(); ++i)
             if (m.rfind(order[i], 0) == 0 && (m == order[i] || order[i].back() == 'w'))
                 return i;

@@ -14,9 +14,9 @@ namespace idemkafka::bench {
 
 /// Everything one bench invocation measured.
 struct Report {
-    nlohmann::ordered_json meta;  ///< machine, versions, configuration
-    std::vector<Result> runs;     ///< drain runs: throughput
-    std::vector<Result> paced;    ///< paced runs: end-to-end latency
+    nlohmann::ordered_json meta;     ///< machine, versions, configuration
+    std::vector<Result> runs;        ///< drain runs: throughput
+    std::vector<Result> paced;       ///< paced runs: end-to-end latency
     std::vector<std::string> errors; ///< set-up failures (not tied to one run)
 };
 

@@ -54,17 +54,18 @@ ik_log "running the benchmark"
 status=0
 if [ -n "${IDEMKAFKA_BENCH_PERF:-}" ]; then
     command -v perf >/dev/null 2>&1 || ik_die "IDEMKAFKA_BENCH_PERF needs perf (apt-get install linux-perf)"
-    perf record -F 999 -o "$results/perf.data" -- "$bench" --out "$results/latest.json" "$@" || status=$?
-    # ik-run is the thread running IdempotentConsumer::run(); rdk:* are librdkafka's.
+    perf record -F 1999 -o "$results/perf.data" -- "$bench" --out "$results/latest.json" "$@" || status=$?
+    # ik-run is the thread running IdempotentConsumer::run(), rdk:* are librdkafka's, and
+    # idemkafka-bench is the main thread (producing the data, the PostgreSQL floors).
+    # Percentages are of all samples; perf's --comm filter is unreliable when comm is not
+    # a sort key, so the thread is selected with grep.
     {
-        echo "# CPU samples per thread"
+        echo "# CPU samples per thread (% of all samples)"
         perf report -i "$results/perf.data" --sort comm --stdio 2>/dev/null | grep -v '^#' | sed '/^$/d' | head -20
         echo "# consumer thread (ik-run) by shared object"
-        perf report -i "$results/perf.data" --comm ik-run --percentage relative --sort dso --stdio 2>/dev/null |
-            grep -v '^#' | sed '/^$/d' | head -20
+        perf report -i "$results/perf.data" --sort comm,dso --stdio 2>/dev/null | grep ' ik-run ' | head -20
         echo "# consumer thread (ik-run) by symbol"
-        perf report -i "$results/perf.data" --comm ik-run --percentage relative --sort dso,sym --stdio 2>/dev/null |
-            grep -v '^#' | sed '/^$/d' | head -60
+        perf report -i "$results/perf.data" --sort comm,dso,sym --stdio 2>/dev/null | grep ' ik-run ' | head -60
     } >"$results/perf.txt"
     ik_log "profile: $results/perf.txt"
 else

@@ -328,6 +328,9 @@ struct Engine::Impl {
             {"isolation.level", "read_committed"},
             {"auto.offset.reset", "earliest"},
             {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
+            // The byte cap alone does not bound librdkafka 2.0's queue; a count
+            // cap of a few batches does, at little cost in throughput.
+            {"queued.min.messages", std::to_string(std::max<std::size_t>(1000, 4 * cfg.max_batch))},
         };
         for (const auto& [k, v] : cfg.kafka)
             props[k] = v;
