@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <idemkafka/consumer.hpp>
+#include <idemkafka/entity_lock.hpp>
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
@@ -166,4 +167,44 @@ TEST_CASE("small batch and prefetch caps bound what is in flight without losing 
     CHECK(largest > 0);
     CHECK(largest <= 4096 / 45 + 1);
     CHECK(c.metrics().snapshot().db_commits >= static_cast<std::uint64_t>(unique / (4096 / 45 + 1)));
+}
+
+TEST_CASE("lock_entity serialises read-modify-write of one entity across consumer groups", "[integration]")
+{
+    // Two groups (say, billing and a ledger) update the same account from the
+    // same events; without the lock their read-modify-write would lose updates.
+    Setup s(2);
+    const auto accounts = unique_name("account");
+    exec(fmt::format("CREATE TABLE {} (id text PRIMARY KEY, balance bigint NOT NULL)", accounts));
+    exec(fmt::format("INSERT INTO {} VALUES ('acct-1', 0)", accounts));
+    publish_keyed(s.topic, 200, 7, 0); // amounts are per-key sequence numbers
+    auto handler = [&](pqxx::work& tx, const TestEvent& e, const Context&) {
+        lock_entity(tx, "acct-1");
+        const auto balance = tx.exec(fmt::format("SELECT balance FROM {} WHERE id = 'acct-1'", accounts))[0][0]
+                                 .as<std::int64_t>();
+        std::this_thread::sleep_for(std::chrono::microseconds(200)); // widen the race window
+        tx.exec_params(fmt::format("UPDATE {} SET balance = $1 WHERE id = 'acct-1'", accounts), balance + e.amount);
+    };
+    auto c1 = consumer_config(unique_name("billing"), s.topic);
+    auto c2 = consumer_config(unique_name("ledger"), s.topic);
+    c1.max_batch = c2.max_batch = 20;
+    Consumer a(c1, decode, event_id_of, handler);
+    Consumer b(c2, decode, event_id_of, handler);
+    {
+        Runner<Consumer> ra(a);
+        Runner<Consumer> rb(b);
+        REQUIRE(wait_until([&] { return a.metrics().snapshot().claimed == 200 && b.metrics().snapshot().claimed == 200; },
+                           120s));
+        ra.join();
+        rb.join();
+        REQUIRE_FALSE(ra.error());
+        REQUIRE_FALSE(rb.error());
+    }
+    // Each key k has ceil((200-k)/7) events with amounts 0,1,2,...: sum them.
+    std::int64_t one_group = 0;
+    for (int k = 0; k < 7; ++k) {
+        const int n = (200 - k + 6) / 7;
+        one_group += static_cast<std::int64_t>(n) * (n - 1) / 2;
+    }
+    CHECK(scalar(fmt::format("SELECT balance FROM {} WHERE id = 'acct-1'", accounts)) == 2 * one_group);
 }

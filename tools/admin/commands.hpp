@@ -11,5 +11,6 @@ int run_migrate(std::vector<std::string> args);
 int run_maintain(std::vector<std::string> args);
 int run_status(std::vector<std::string> args);
 int run_dead_letters(std::vector<std::string> args);
+int run_offsets(std::vector<std::string> args);
 
 } // namespace idemkafka::detail::admin

@@ -28,6 +28,7 @@ commands:
   maintain       create partitions ahead, drop expired ones or purge expired claims [--dry-run]
   status         claims per consumer group, partitions and their time ranges, the dedup horizon [--json]
   dead-letters   list or replay dead-letter records (list | replay)
+  offsets        stored consumer positions next to Kafka's and the lag (list | set) [--dry-run]
   help [COMMAND] this text, or a command's options
 
 Run `idemkafka-admin <command> --help` for a command's options. The database comes from --postgres
@@ -44,6 +45,8 @@ int dispatch(const std::string& command, std::vector<std::string> rest)
         return run_status(std::move(rest));
     if (command == "dead-letters")
         return run_dead_letters(std::move(rest));
+    if (command == "offsets")
+        return run_offsets(std::move(rest));
     throw UsageError(fmt::format("unknown command '{}'", command));
 }
 

@@ -1,0 +1,12 @@
+#include "idemkafka/entity_lock.hpp"
+
+#include <string>
+
+namespace idemkafka {
+
+void lock_entity(pqxx::transaction_base& tx, std::string_view entity_id)
+{
+    tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", std::string(entity_id));
+}
+
+} // namespace idemkafka
