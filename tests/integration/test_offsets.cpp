@@ -296,6 +296,11 @@ TEST_CASE("idemkafka-admin offsets lists stored positions with Kafka's and sets 
     CHECK(list.output.find("\"lag\":0") != std::string::npos);
     CHECK(list.output.find("\"log_end\":" + std::to_string(p0)) != std::string::npos);
 
+    auto status = admin(fmt::format("status --postgres {} --brokers {}", q(pg()), q(brokers())));
+    CHECK(status.rc == 0);
+    CHECK(status.output.find("stored positions") != std::string::npos);
+    CHECK(status.output.find(s.topic) != std::string::npos);
+
     auto dry = admin("offsets set " + common + " --topic " + s.topic + " --partition 0 --offset 0 --dry-run");
     CHECK(dry.rc == 0);
     CHECK(dry.output.find("dry run") != std::string::npos);

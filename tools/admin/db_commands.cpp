@@ -237,11 +237,14 @@ int run_status(std::vector<std::string> args)
     ArgReader a("status", std::move(args));
     DbOptions o;
     bool json = false;
+    std::string brokers;
     while (a.more()) {
         if (db_option(a, o))
             continue;
         if (a.option("--json"))
             json = true;
+        else if (a.option("--brokers"))
+            brokers = a.value();
         else
             a.unknown();
     }
@@ -251,7 +254,11 @@ int run_status(std::vector<std::string> args)
 Claims per consumer group, the partitions with the creation-time ranges of the event ids they hold,
 the oldest and newest claim, and the effective dedup horizon. Counts are exact (the table is scanned).
 
+When consumers keep their positions in PostgreSQL (offsets_in_database), the stored positions
+follow, next to Kafka's committed offsets and the lag (see `idemkafka-admin offsets`).
+
   --json                     one JSON object instead of the tables
+  --brokers HOST:PORT        Kafka, for the committed offsets and lag (default: $IDEMKAFKA_BROKERS)
 )") + db_options_help +
             retention_options_help + durations_help);
         return exit_ok;
@@ -315,6 +322,7 @@ the oldest and newest claim, and the effective dedup horizon. Counts are exact (
                         opt_time(g.newest_claim)));
     if (s.groups.empty())
         out("(no claims)");
+    print_stored_positions(o.postgres, o.schema, brokers);
     if (s.mode != RetentionMode::partitioned)
         return exit_ok;
     out("");

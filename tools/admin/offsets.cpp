@@ -223,4 +223,23 @@ int run_offsets(std::vector<std::string> args)
     return exit_ok;
 }
 
+void print_stored_positions(const std::string& postgres, const std::string& schema, const std::string& brokers)
+{
+    {
+        pqxx::connection c(postgres);
+        pqxx::nontransaction tx(c);
+        const OffsetStore store(schema, "consumer_offset");
+        if (!tx.exec_params("SELECT to_regclass($1) IS NOT NULL", store.qualified_name())[0][0].as<bool>())
+            return;
+    }
+    out("");
+    out("stored positions (offsets_in_database)");
+    std::vector<std::string> args{"list", "--postgres", postgres, "--schema", schema};
+    if (!brokers.empty()) {
+        args.push_back("--brokers");
+        args.push_back(brokers);
+    }
+    run_offsets(std::move(args));
+}
+
 } // namespace idemkafka::detail::admin
