@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "pg/transaction.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
 #include "pg/arrays.hpp"
@@ -216,14 +217,7 @@ void Outbox::ensure_schema(pqxx::work& tx) const
 
 void Outbox::ensure_schema(const std::string& conninfo) const
 {
-    try {
-        pqxx::connection conn(conninfo);
-        pqxx::work tx(conn);
-        ensure_schema(tx);
-        tx.commit();
-    } catch (const pqxx::broken_connection& e) {
-        throw DatabaseError(std::string("cannot connect to PostgreSQL: ") + e.what());
-    }
+    detail::in_own_transaction(conninfo, [this](pqxx::work& tx) { ensure_schema(tx); });
 }
 
 EventId Outbox::enqueue(pqxx::transaction_base& tx, std::string_view topic, std::optional<std::string_view> key,

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "pg/transaction.hpp"
 
 namespace idemkafka {
 
@@ -71,14 +72,7 @@ void ProcessedEventStore::ensure_schema(pqxx::work& tx) const
 
 void ProcessedEventStore::ensure_schema(const std::string& conninfo) const
 {
-    try {
-        pqxx::connection conn(conninfo);
-        pqxx::work tx(conn);
-        ensure_schema(tx);
-        tx.commit();
-    } catch (const pqxx::broken_connection& e) {
-        throw DatabaseError(std::string("cannot connect to PostgreSQL: ") + e.what());
-    }
+    detail::in_own_transaction(conninfo, [this](pqxx::work& tx) { ensure_schema(tx); });
 }
 
 std::string ProcessedEventStore::array_literal(const std::vector<EventId>& ids)
