@@ -131,6 +131,9 @@ struct Engine::Impl {
         bool lost_connection = false;
         bool abandoned = false;
         bool fenced = false;            // the offset table refused our epoch: we lost a partition
+        bool one_by_one = false;        // batch handler: one call per record (after a failed batch call)
+        std::vector<std::size_t> call_items; // batch handler: the records of the call
+        std::vector<Context> call_contexts;
         std::exception_ptr error;       // an unexpected exception, rethrown on the poll thread
     };
 
@@ -993,7 +996,8 @@ struct Engine::Impl {
         bool retryable = true;
     };
 
-    enum class Outcome { committed, handler_failed, conflict, db_failed, abandoned };
+    // split: a batch handler failed; run again with one call per record.
+    enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
 
     bool retryable(const std::exception& e) const
     {
@@ -1006,6 +1010,32 @@ struct Engine::Impl {
         } catch (...) {
             return true; // a classifier that throws must not lose the record
         }
+    }
+
+    // Runs one handler call and times it. False, with `failure` naming record
+    // `blame`, when the handler threw; connection loss, an in-doubt commit and
+    // serialization failures propagate (they concern the whole transaction).
+    template <class Call>
+    bool call_handler(std::size_t blame, HandlerFailed& failure, Call&& call)
+    {
+        const auto t0 = Clock::now();
+        try {
+            call();
+        } catch (const pqxx::broken_connection&) {
+            throw;
+        } catch (const pqxx::in_doubt_error&) {
+            throw;
+        } catch (const pqxx::transaction_rollback&) {
+            throw;
+        } catch (const std::exception& e) {
+            failure = {blame, e.what(), retryable(e)};
+            return false;
+        } catch (...) {
+            failure = {blame, "non-standard exception", true};
+            return false;
+        }
+        metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+        return true;
     }
 
     // Releases the claims of the records from first[k] on (their handlers have
@@ -1062,6 +1092,10 @@ struct Engine::Impl {
 
         std::size_t current = SIZE_MAX;
         std::size_t lane_claimed_override = SIZE_MAX;
+        const bool batched = stage.batched();
+        const bool gather = batched && !lane.one_by_one;
+        lane.call_items.clear();
+        lane.call_contexts.clear();
         try {
             pqxx::work tx(*lane.db);
             auto claimed_list = ProcessedEventStore::claimed_ids(
@@ -1089,26 +1123,39 @@ struct Engine::Impl {
                     lane_claimed_override = handled;
                     break;
                 }
+                if (!it.key_window_open)
+                    metrics.key_window_closed.add();
+                if (gather) {
+                    lane.call_items.push_back(i);
+                    lane.call_contexts.emplace_back(it.record, it.id, attempt_of(it), it.key_window_open);
+                    continue;
+                }
                 current = i;
                 ++handled;
-                try {
-                    const auto t0 = Clock::now();
-                    if (!it.key_window_open)
-                        metrics.key_window_closed.add();
-                    stage.handle(i, tx, Context(it.record, it.id, attempt_of(it), it.key_window_open));
-                    metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
-                } catch (const pqxx::broken_connection&) {
-                    throw;
-                } catch (const pqxx::in_doubt_error&) {
-                    throw;
-                } catch (const pqxx::transaction_rollback&) {
-                    throw;
-                } catch (const std::exception& e) {
-                    failure = {i, e.what(), retryable(e)};
+                const bool ok = call_handler(i, failure, [&] {
+                    const Context ctx(it.record, it.id, attempt_of(it), it.key_window_open);
+                    if (batched)
+                        stage.handle_batch(tx, &i, &ctx, 1);
+                    else
+                        stage.handle(i, tx, ctx);
+                });
+                if (!ok)
                     return Outcome::handler_failed;
-                } catch (...) {
-                    failure = {i, "non-standard exception", true};
+            }
+            if (!lane.call_items.empty()) {
+                // One call for every claimed record of the transaction.
+                handled = lane.call_items.size();
+                const bool ok = call_handler(lane.call_items.front(), failure, [&] {
+                    stage.handle_batch(tx, lane.call_items.data(), lane.call_contexts.data(), handled);
+                });
+                if (!ok && handled == 1)
                     return Outcome::handler_failed;
+                if (!ok) {
+                    metrics.batch_splits.add();
+                    say(LogLevel::warning, "batch handler failed on {} events; running them one at a time to find "
+                                           "the failing record: {}", handled, failure.what);
+                    lane.one_by_one = true;
+                    return Outcome::split;
                 }
             }
             current = SIZE_MAX;
@@ -1207,6 +1254,8 @@ struct Engine::Impl {
             const Outcome out = try_transaction(lane, failure);
             if (out == Outcome::committed)
                 return;
+            if (out == Outcome::split)
+                continue;
             if (out == Outcome::conflict) {
                 metrics.transaction_retries.add();
                 if (++conflicts <= cfg.transaction_retries) {
@@ -1276,7 +1325,7 @@ struct Engine::Impl {
             lane.items.clear();
             lane.holds = holds; // a record held before the transactions is held in every lane
             lane.info = BatchInfo{};
-            lane.failed = lane.lost_connection = lane.abandoned = false;
+            lane.failed = lane.lost_connection = lane.abandoned = lane.one_by_one = false;
             lane.error = nullptr;
         }
         for (std::size_t i = 0; i < batch.size(); ++i)

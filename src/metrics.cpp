@@ -26,6 +26,8 @@ constexpr CounterDesc counters[] = {
     {"rebalances", "Partition assignments and revocations.", &MetricsSnapshot::rebalances},
     {"kafka_errors", "Consumer error events from the Kafka client.", &MetricsSnapshot::kafka_errors},
     {"retries", "Handler failures scheduled for another attempt.", &MetricsSnapshot::retries},
+    {"batch_splits", "Batch handler failures followed by one call per record to find the failing one.",
+     &MetricsSnapshot::batch_splits},
     {"transaction_retries", "Transactions re-run after a serialization failure or deadlock.",
      &MetricsSnapshot::transaction_retries},
     {"dead_letter_failures", "Dead-letter records the broker did not acknowledge.",
@@ -149,6 +151,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.kafka_errors = kafka_errors.get();
     s.retries = retries.get();
     s.transaction_retries = transaction_retries.get();
+    s.batch_splits = batch_splits.get();
     s.dead_letter_failures = dead_letter_failures.get();
     s.fenced_writes = fenced_writes.get();
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();

@@ -3,7 +3,9 @@
 /// IdempotentConsumer<Event>: a Kafka consumer whose handler's effects are
 /// committed at most once per (event id, consumer group).
 
+#include <cstddef>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -21,6 +23,68 @@
 
 namespace idemkafka {
 
+/// The events of one transaction that a batch handler applies: every record of
+/// the batch whose claim is new, in record order (a re-sent event appears once).
+/// Views stay valid during the handler call only.
+template <class Event>
+class Batch {
+public:
+    /// One claimed event and its record's context.
+    struct Entry {
+        const Event& event;
+        const Context& context;
+    };
+
+    class iterator {
+    public:
+        using iterator_category = std::forward_iterator_tag;
+        using value_type = Entry;
+        using difference_type = std::ptrdiff_t;
+        using pointer = void;
+        using reference = Entry;
+
+        iterator(const Batch* batch, std::size_t pos) noexcept : batch_(batch), pos_(pos) {}
+        Entry operator*() const { return (*batch_)[pos_]; }
+        iterator& operator++() noexcept
+        {
+            ++pos_;
+            return *this;
+        }
+        iterator operator++(int) noexcept
+        {
+            auto old = *this;
+            ++pos_;
+            return old;
+        }
+        friend bool operator==(const iterator& a, const iterator& b) noexcept { return a.pos_ == b.pos_; }
+        friend bool operator!=(const iterator& a, const iterator& b) noexcept { return a.pos_ != b.pos_; }
+
+    private:
+        const Batch* batch_;
+        std::size_t pos_;
+    };
+
+    Batch(const std::optional<Event>* slots, const std::size_t* index, const Context* contexts,
+          std::size_t size) noexcept
+        : slots_(slots), index_(index), contexts_(contexts), size_(size)
+    {
+    }
+
+    /// Number of events (at least 1).
+    std::size_t size() const noexcept { return size_; }
+    bool empty() const noexcept { return size_ == 0; }
+    /// The i-th event in record order; `i < size()`.
+    Entry operator[](std::size_t i) const { return Entry{*slots_[index_[i]], contexts_[i]}; }
+    iterator begin() const noexcept { return iterator(this, 0); }
+    iterator end() const noexcept { return iterator(this, size_); }
+
+private:
+    const std::optional<Event>* slots_;
+    const std::size_t* index_;
+    const Context* contexts_;
+    std::size_t size_;
+};
+
 /// Consumes `config.topics` in group `config.group_id` and, for each record:
 /// decodes it, takes its event id, and in one PostgreSQL transaction claims the
 /// id in the dedup table and runs the handler only if the claim is new. Up to
@@ -29,6 +93,16 @@ namespace idemkafka {
 /// transaction has committed. A handler that throws rolls the transaction back;
 /// the record is delivered again after a backoff and the partition's offset
 /// does not move past it, while other records of the batch commit.
+///
+/// The handler comes in two forms. A per-record handler
+/// `void(pqxx::work&, const Event&, const Context&)` is called once per newly
+/// claimed record. A batch handler `void(pqxx::work&, const Batch<Event>&)` is
+/// called once per transaction with all of them, so it can write every row of
+/// the batch with one statement (`INSERT ... SELECT * FROM unnest(...)`): the
+/// fastest way through PostgreSQL. When a batch handler throws, the transaction
+/// rolls back and runs again with the handler called for one event at a time
+/// (a `Batch` of size 1), which finds the failing record; that record is then
+/// retried or dead-lettered like any other, and the rest commits.
 template <class Event>
 class IdempotentConsumer {
 public:
@@ -39,13 +113,18 @@ public:
     using EventIdOf = std::function<EventId(const Event&)>;
     /// Applies the event's business effect inside `tx`. Throwing rolls back.
     using Handler = std::function<void(pqxx::work& tx, const Event& event, const Context& ctx)>;
+    /// Applies the effects of all newly claimed events of a transaction inside
+    /// `tx`. Throwing rolls back (see the class comment for what follows).
+    using BatchHandler = std::function<void(pqxx::work& tx, const Batch<Event>& batch)>;
 
     /// `decode` may take `const Record&` or just the payload (`std::string_view`;
-    /// a null payload is then a decode error). Throws ConfigError for invalid
-    /// configuration. Nothing connects until run().
-    template <class Decode>
-    IdempotentConsumer(ConsumerConfig config, Decode&& decode, EventIdOf event_id_of, Handler handler)
-        : stage_(wrap_decoder(std::forward<Decode>(decode)), std::move(event_id_of), std::move(handler)),
+    /// a null payload is then a decode error). `handle` is a per-record Handler
+    /// or a BatchHandler (chosen by what it can be called with). Throws
+    /// ConfigError for invalid configuration. Nothing connects until run().
+    template <class Decode, class Handle>
+    IdempotentConsumer(ConsumerConfig config, Decode&& decode, EventIdOf event_id_of, Handle&& handle)
+        : stage_(wrap_decoder(std::forward<Decode>(decode)), std::move(event_id_of),
+                 wrap_handler(std::forward<Handle>(handle))),
           engine_(std::move(config), stage_)
     {
     }
@@ -69,10 +148,16 @@ public:
     const Metrics& metrics() const noexcept { return engine_.metrics(); }
 
 private:
+    struct Handlers {
+        Handler one;
+        BatchHandler batch;
+    };
+
     class TypedStage final : public detail::Stage {
     public:
-        TypedStage(Decoder d, EventIdOf id, Handler h)
-            : decode_(std::move(d)), id_of_(std::move(id)), handle_(std::move(h))
+        TypedStage(Decoder d, EventIdOf id, Handlers h)
+            : decode_(std::move(d)), id_of_(std::move(id)), handle_(std::move(h.one)),
+              handle_batch_(std::move(h.batch))
         {
         }
         void prepare(std::size_t n) override
@@ -86,11 +171,18 @@ private:
             return id_of_(*slots_[i]);
         }
         void handle(std::size_t i, pqxx::work& tx, const Context& ctx) override { handle_(tx, *slots_[i], ctx); }
+        bool batched() const noexcept override { return static_cast<bool>(handle_batch_); }
+        void handle_batch(pqxx::work& tx, const std::size_t* index, const Context* contexts,
+                          std::size_t n) override
+        {
+            handle_batch_(tx, Batch<Event>(slots_.data(), index, contexts, n));
+        }
 
     private:
         Decoder decode_;
         EventIdOf id_of_;
         Handler handle_;
+        BatchHandler handle_batch_;
         std::vector<std::optional<Event>> slots_;
     };
 
@@ -107,6 +199,19 @@ private:
                     throw DecodeError("record has a null payload");
                 return d(*r.value);
             };
+        }
+    }
+
+    template <class Handle>
+    static Handlers wrap_handler(Handle&& handle)
+    {
+        if constexpr (std::is_invocable_v<Handle&, pqxx::work&, const Event&, const Context&>) {
+            return Handlers{Handler(std::forward<Handle>(handle)), nullptr};
+        } else {
+            static_assert(std::is_invocable_v<Handle&, pqxx::work&, const Batch<Event>&>,
+                          "handler must be callable with (pqxx::work&, const Event&, const idemkafka::Context&) "
+                          "or (pqxx::work&, const idemkafka::Batch<Event>&)");
+            return Handlers{nullptr, BatchHandler(std::forward<Handle>(handle))};
         }
     }
 

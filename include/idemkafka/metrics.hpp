@@ -38,6 +38,7 @@ struct MetricsSnapshot {
     std::uint64_t kafka_errors = 0;      ///< consumer error events from librdkafka
     std::uint64_t retries = 0;           ///< handler failures scheduled for another attempt
     std::uint64_t transaction_retries = 0; ///< transactions re-run after 40001/40P01
+    std::uint64_t batch_splits = 0;      ///< batch handler failures (re-run with one call per record)
     std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
     std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
@@ -87,7 +88,7 @@ public:
 
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
-        rebalances, kafka_errors, retries, transaction_retries, dead_letter_failures, fenced_writes,
+        rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
         beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.

@@ -343,3 +343,131 @@ TEST_CASE("configured table names are quoted, never executed", "[integration]")
     CHECK(store.claim(tx, "g", ids).empty());
     CHECK(store.claim(tx, "other", ids).size() == 2);
 }
+
+namespace {
+
+// A batch handler's one statement for the whole batch: arrays of ids and entities.
+void insert_effects(pqxx::work& tx, const std::string& table, const Batch<TestEvent>& batch, const std::string& group)
+{
+    std::string ids = "{", entities = "{";
+    for (const auto& [event, ctx] : batch) {
+        if (ids.size() > 1) {
+            ids += ',';
+            entities += ',';
+        }
+        ids += event.id.to_string();
+        entities += '"' + event.entity + '"';
+        (void)ctx;
+    }
+    ids += '}';
+    entities += '}';
+    tx.exec_params(fmt::format("INSERT INTO {} (event_id, entity, grp, kafka_partition, kafka_offset)"
+                               " SELECT unnest($1::uuid[]), unnest($2::text[]), $3, -1, -1",
+                               table),
+                   ids, entities, group);
+}
+
+} // namespace
+
+TEST_CASE("a batch handler applies a transaction's claimed events in one call", "[integration]")
+{
+    const auto topic = unique_name("bh");
+    const auto group = unique_name("g");
+    create_topic(topic, 3);
+    const auto effects = make_effect_table(unique_name("effect"));
+    publish_events(topic, 700, 300);
+
+    auto cfg = consumer_config(group, topic);
+    std::atomic<int> calls{0};
+    std::atomic<std::size_t> events{0}, largest{0};
+    std::mutex mu;
+    bool ordered = true;
+    Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const Batch<TestEvent>& batch) {
+        REQUIRE_FALSE(batch.empty());
+        {
+            // Record order within each partition.
+            std::lock_guard<std::mutex> lock(mu);
+            std::map<std::int32_t, std::int64_t> last;
+            for (const auto& entry : batch) {
+                auto [pos, fresh] = last.emplace(entry.context.partition(), entry.context.offset());
+                if (!fresh) {
+                    ordered = ordered && pos->second < entry.context.offset();
+                    pos->second = entry.context.offset();
+                }
+            }
+        }
+        insert_effects(tx, effects, batch, group);
+        ++calls;
+        events += batch.size();
+        std::size_t seen = largest.load();
+        while (seen < batch.size() && !largest.compare_exchange_weak(seen, batch.size())) {
+        }
+    });
+    {
+        Runner<Consumer> run(consumer);
+        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= 1000; }, 60s));
+        REQUIRE(wait_until([&] { return events.load() >= 700; }, 30s));
+        run.join();
+        REQUIRE_FALSE(run.error());
+    }
+    const auto m = consumer.metrics().snapshot();
+    CHECK(m.consumed == 1000);
+    CHECK(m.claimed == 700);
+    CHECK(m.duplicates == 300);
+    CHECK(events == 700);
+    CHECK(calls == static_cast<int>(m.db_commits));
+    CHECK(largest > 1);
+    CHECK(ordered);
+    CHECK(m.batch_splits == 0);
+    CHECK(scalar("SELECT count(*) FROM " + effects) == 700);
+    CHECK(scalar("SELECT count(DISTINCT event_id) FROM " + effects) == 700);
+    CHECK(claims(group) == 700);
+}
+
+TEST_CASE("a batch handler that throws has its failing record found; the rest commits once", "[integration]")
+{
+    const auto topic = unique_name("bhfail");
+    const auto group = unique_name("g");
+    create_topic(topic, 2);
+    const auto effects = make_effect_table(unique_name("effect"));
+    const auto published = publish_events(topic, 300, 0);
+    const auto bad = published[150].id;
+
+    auto cfg = consumer_config(group, topic);
+    cfg.retry_backoff = 10ms;
+    std::atomic<int> calls{0}, singles{0};
+    Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const Batch<TestEvent>& batch) {
+        ++calls;
+        if (batch.size() == 1)
+            ++singles;
+        insert_effects(tx, effects, batch, group); // written, then rolled back when the batch fails
+        for (const auto& entry : batch)
+            if (entry.event.id == bad)
+                throw NonRetryableError("cannot charge this order");
+    });
+    {
+        Runner<Consumer> run(consumer);
+        REQUIRE(wait_until(
+            [&] {
+                const auto s = consumer.metrics().snapshot();
+                return s.claimed >= 299 && s.dead_lettered_total() >= 1;
+            },
+            60s));
+        run.join();
+        REQUIRE_FALSE(run.error());
+    }
+    const auto m = consumer.metrics().snapshot();
+    CHECK(m.claimed == 299);
+    CHECK(m.handler_failures == 1);
+    CHECK(m.batch_splits >= 1);
+    CHECK(singles >= 1);
+    CHECK(m.dead_lettered_for(DeadLetterReason::non_retryable) == 1);
+    CHECK(scalar("SELECT count(*) FROM " + effects) == 299);
+    CHECK(scalar("SELECT count(DISTINCT event_id) FROM " + effects) == 299);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE event_id = '{}'", effects, bad.to_string())) == 0);
+    CHECK(claims(group) == 299);
+    const auto dlq = read_topic(group + ".dlq", 1, 30s);
+    REQUIRE(dlq.size() == 1);
+    CHECK(dlq[0].header("idemkafka.event_id") == bad.to_string());
+    CHECK(dlq[0].header("idemkafka.reason") == "non_retryable");
+}

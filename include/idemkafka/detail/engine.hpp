@@ -25,6 +25,14 @@ public:
     virtual EventId decode(std::size_t i, const Record& record) = 0;
     /// Runs the user's handler on slot `i`.
     virtual void handle(std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
+    /// True when the user gave a batch handler: handle_batch() replaces handle().
+    virtual bool batched() const noexcept { return false; }
+    /// Runs the user's batch handler on slots index[0..n) with their contexts.
+    virtual void handle_batch(pqxx::work& tx, const std::size_t* index, const Context* contexts, std::size_t n)
+    {
+        for (std::size_t k = 0; k < n; ++k)
+            handle(index[k], tx, contexts[k]);
+    }
 };
 
 class Engine {
