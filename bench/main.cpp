@@ -55,7 +55,8 @@ services and runs this; by hand, point it at your own:
   --dups LIST            duplicate shares in percent (default 0,30)
   --modes LIST           modes to run (default: all), from kafka_raw,
                          pg_floor_per_event, pg_floor_batch, pg_floor_batch_rowwise,
-                         idemkafka_per_event, idemkafka_batch, idemkafka_batch_wN,
+                         idemkafka_per_event, idemkafka_batch, idemkafka_batch_rowwise,
+                         idemkafka_batch_wN,
                          naive_listener
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
@@ -217,25 +218,27 @@ struct ModeSpec {
     bool slow; // one transaction per record: run on at most --slow-max records
     std::size_t batch;
     int workers;
+    bool batch_handler; // idemkafka: one handler call per transaction
 };
 
 // `batch`: the library's default max_batch, which the batch floors use too.
 std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
 {
     std::vector<ModeSpec> all = {
-        {"kafka_raw", Kind::kafka_raw, false, 0, 0},
-        {"pg_floor_per_event", Kind::pg_floor_per_event, true, 1, 0},
-        {"pg_floor_batch", Kind::pg_floor_batch, false, batch, 0},
-        {"pg_floor_batch_rowwise", Kind::pg_floor_batch_rowwise, false, batch, 0},
-        {"idemkafka_per_event", Kind::idemkafka, true, 1, 0},
-        {"idemkafka_batch", Kind::idemkafka, false, batch, 0},
+        {"kafka_raw", Kind::kafka_raw, false, 0, 0, false},
+        {"pg_floor_per_event", Kind::pg_floor_per_event, true, 1, 0, false},
+        {"pg_floor_batch", Kind::pg_floor_batch, false, batch, 0, false},
+        {"pg_floor_batch_rowwise", Kind::pg_floor_batch_rowwise, false, batch, 0, false},
+        {"idemkafka_per_event", Kind::idemkafka, true, 1, 0, false},
+        {"idemkafka_batch", Kind::idemkafka, false, batch, 0, true},
+        {"idemkafka_batch_rowwise", Kind::idemkafka, false, batch, 0, false},
     };
     if constexpr (library_has_workers) {
         for (int w : o.workers)
             if (w > 0)
-                all.push_back({fmt::format("idemkafka_batch_w{}", w), Kind::idemkafka, false, batch, w});
+                all.push_back({fmt::format("idemkafka_batch_w{}", w), Kind::idemkafka, false, batch, w, true});
     }
-    all.push_back({"naive_listener", Kind::naive_listener, true, 1, 0});
+    all.push_back({"naive_listener", Kind::naive_listener, true, 1, 0, false});
     if (o.modes.empty())
         return all;
     std::vector<ModeSpec> out;
@@ -409,6 +412,7 @@ int run(const Options& o)
                 job.count = n;
                 job.batch = s.batch;
                 job.workers = s.workers;
+                job.batch_handler = s.batch_handler;
                 job.serial = ++serial;
                 if (kafka_mode(s.kind)) {
                     auto t = topics.find({data.dup_percent(), n});
@@ -444,6 +448,7 @@ int run(const Options& o)
                 job.batch = s.batch;
                 job.batch_wait = s.batch > 1 ? defaults.max_batch_wait : std::chrono::milliseconds(0);
                 job.workers = s.workers;
+                job.batch_handler = s.batch_handler;
                 job.serial = ++serial;
                 std::atomic<bool> abort{false};
                 std::thread producer;

@@ -65,6 +65,7 @@ struct Job {
     std::size_t batch = 1;                   ///< floors: records per transaction; idemkafka: max_batch
     std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
     int workers = 0;                         ///< idemkafka: 0 leaves the library's default
+    bool batch_handler = false;              ///< idemkafka: one multi-row insert per transaction
     int serial = 0;                          ///< unique per run: names groups and statements
 };
 

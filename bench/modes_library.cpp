@@ -1,10 +1,12 @@
-// idemkafka itself: IdempotentConsumer with a handler that writes one
-// business row per claimed event (a handler sees one record at a time, so it
-// cannot batch rows across records the way pg_floor_batch does).
+// idemkafka itself: IdempotentConsumer with a batch handler that writes the
+// business rows of a transaction with one multi-row statement, as
+// pg_floor_batch does (idemkafka_batch, _wN), or with a per-record handler
+// that writes one row per call (idemkafka_batch_rowwise, idemkafka_per_event).
 
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -44,6 +46,7 @@ void atomic_max(std::atomic<std::int64_t>& a, std::int64_t v) noexcept
 void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
 {
     const std::string effect_statement = fmt::format("ikbench_effect_{}", job.serial);
+    const std::string effects_statement = fmt::format("ikbench_effects_{}", job.serial);
     std::atomic<std::int64_t> first_taken{-1};
     std::atomic<std::int64_t> last_commit{-1};
     std::atomic<std::uint64_t> stamped{0};
@@ -96,16 +99,38 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         first_taken.compare_exchange_strong(unset, e.taken_us);
         return e;
     };
+    auto keep_pending = [&](const BenchEvent& e) {
+        pending.push_back({e.d.produced_us, e.taken_us, st.measured(e.d.seq, job)});
+    };
     auto handler = [&](pqxx::work& tx, const BenchEvent& e, const Context& ctx) {
         prepare_once(tx.conn(), effect_statement, st.tables.insert_effect);
         const auto key = ctx.key() ? std::string(*ctx.key()) : std::string();
         tx.exec_prepared(effect_statement, e.d.id_text.data(), key, amount_of(e.d.id), e.d.produced_us);
         std::lock_guard<std::mutex> lock(pending_mu);
-        pending.push_back({e.d.produced_us, e.taken_us, st.measured(e.d.seq, job)});
+        keep_pending(e);
+    };
+    auto batch_handler = [&](pqxx::work& tx, const Batch<BenchEvent>& batch) {
+        prepare_once(tx.conn(), effects_statement, st.tables.insert_effects_unnest);
+        using Entry = Batch<BenchEvent>::Entry;
+        tx.exec_prepared(
+            effects_statement,
+            array_literal(batch.begin(), batch.end(), [](const Entry& r) { return std::string(r.event.d.id_text.data()); }),
+            array_literal(batch.begin(), batch.end(),
+                          [](const Entry& r) { return r.context.key() ? std::string(*r.context.key()) : std::string(); }),
+            array_literal(batch.begin(), batch.end(), [](const Entry& r) { return std::to_string(amount_of(r.event.d.id)); }),
+            array_literal(batch.begin(), batch.end(), [](const Entry& r) { return std::to_string(r.event.d.produced_us); }));
+        std::lock_guard<std::mutex> lock(pending_mu);
+        for (const auto& r : batch)
+            keep_pending(r.event);
     };
 
-    IdempotentConsumer<BenchEvent> consumer(
-        cfg, decode, [](const BenchEvent& e) { return e.d.id; }, handler);
+    auto event_id = [](const BenchEvent& e) { return e.d.id; };
+    std::optional<IdempotentConsumer<BenchEvent>> holder;
+    if (job.batch_handler)
+        holder.emplace(cfg, decode, event_id, batch_handler);
+    else
+        holder.emplace(cfg, decode, event_id, handler);
+    auto& consumer = *holder;
 
     std::exception_ptr failure;
     std::atomic<bool> finished{false};

@@ -167,7 +167,8 @@ ordered_json summarise(const Report& report)
         std::optional<double> target;
     };
     std::vector<Pair> pairs = {{"idemkafka_batch", "pg_floor_batch", 0.80},
-                               {"idemkafka_batch", "pg_floor_batch_rowwise", std::nullopt},
+                               {"idemkafka_batch_rowwise", "pg_floor_batch_rowwise", std::nullopt},
+                               {"idemkafka_batch", "idemkafka_batch_rowwise", std::nullopt},
                                {"idemkafka_per_event", "pg_floor_per_event", 0.90},
                                {"idemkafka_batch", "naive_listener", 20.0},
                                {"pg_floor_batch_rowwise", "pg_floor_batch", std::nullopt},
@@ -238,7 +239,9 @@ ordered_json summarise(const Report& report)
             j["process_us_per_event"] = round_to(r->cpu.process, 2);
             j["app_threads_us_per_event"] = round_to(r->cpu.app, 2);
             j["rdkafka_threads_us_per_event"] = round_to(r->cpu.rdkafka, 2);
-            const std::string floor_mode = m == "idemkafka_per_event" ? "pg_floor_per_event" : "pg_floor_batch_rowwise";
+            const std::string floor_mode = m == "idemkafka_per_event"       ? "pg_floor_per_event"
+                                           : m == "idemkafka_batch_rowwise" ? "pg_floor_batch_rowwise"
+                                                                            : "pg_floor_batch";
             if (const Result* f = find_run(runs, floor_mode, dup, *n); f && f->has_cpu) {
                 j["floor_client_us_per_event"] = round_to(f->cpu.app, 2);
                 j["floor_mode"] = floor_mode;
@@ -417,8 +420,9 @@ void write_plot_data(std::ostream& out, const std::string& json_path)
     // Ceiling first, then the batch modes and their floors, then the per-record ones.
     auto rank = [](const std::string& m) {
         static const std::vector<std::string> order = {
-            "kafka_raw",         "pg_floor_batch",     "pg_floor_batch_rowwise", "idemkafka_batch",
-            "idemkafka_batch_w", "pg_floor_per_event", "idemkafka_per_event",    "naive_listener"};
+            "kafka_raw",          "pg_floor_batch",      "idemkafka_batch",     "idemkafka_batch_w",
+            "pg_floor_batch_rowwise", "idemkafka_batch_rowwise", "pg_floor_per_event", "idemkafka_per_event",
+            "naive_listener"};
         for (std::size_t i = 0; i < order.size(); ++i)
             if (m.rfind(order[i], 0) == 0 && (m == order[i] || order[i].back() == 'w'))
                 return i;
