@@ -36,6 +36,7 @@ void ConsumerConfig::validate() const
     require(max_batch >= 1, "max_batch: must be at least 1");
     require(max_batch <= 100000, "max_batch: must be at most 100000");
     require(max_batch_wait.count() >= 0, "max_batch_wait: must not be negative");
+    require(commit_interval.count() >= 0, "commit_interval: must not be negative");
     require(max_batch_bytes >= 1, "max_batch_bytes: must be at least 1");
     require(max_prefetch_bytes >= 1024, "max_prefetch_bytes: must be at least 1024");
     require(workers >= 1, "workers: must be at least 1");

@@ -167,6 +167,8 @@ struct Engine::Impl {
     Clock::time_point batch_deadline{}; // time budget of the current batch
     milliseconds batch_budget{120000};
     Clock::time_point db_retry_at{};
+    Clock::time_point next_commit_at{};                // commit_interval: earliest next offset commit
+    std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
     milliseconds db_backoff = db_backoff_min;
     bool db_pause = false;
 
@@ -327,13 +329,21 @@ struct Engine::Impl {
 
     void create_consumer()
     {
+        const std::size_t fetch_bytes = std::max<std::size_t>(cfg.max_prefetch_bytes / 4, 64 * 1024);
         std::map<std::string, std::string> props = {
             {"isolation.level", "read_committed"},
             {"auto.offset.reset", "earliest"},
             {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
-            // The byte cap alone does not bound librdkafka 2.0's queue; a count
-            // cap of a few batches does, at little cost in throughput.
-            {"queued.min.messages", std::to_string(std::max<std::size_t>(1000, 4 * cfg.max_batch))},
+            // The byte cap alone does not bound the queue: it is checked before
+            // a fetch, whose response may add up to fetch.max.bytes (50 MB by
+            // default), and each queued record costs a few hundred bytes of
+            // bookkeeping beyond its payload. A response of a quarter of the
+            // prefetch budget and a per-partition count of one batch keep the
+            // total near max_prefetch_bytes; a fetch round trip is far shorter
+            // than a batch's transaction, so the queue refills in time.
+            {"fetch.max.bytes", std::to_string(fetch_bytes)},
+            {"max.partition.fetch.bytes", std::to_string(std::min<std::size_t>(fetch_bytes, 1024 * 1024))},
+            {"queued.min.messages", std::to_string(std::max<std::size_t>(100, cfg.max_batch))},
         };
         for (const auto& [k, v] : cfg.kafka)
             props[k] = v;
@@ -694,7 +704,10 @@ struct Engine::Impl {
         if (now >= next_lag_update) {
             update_lag();
             next_lag_update = now + milliseconds(200);
-            commit_positions(nullptr, true); // resends failed commits of an idle partition
+            if (now >= next_commit_at)
+                flush_commits(); // also resends failed commits of an idle partition
+        } else if (uncommitted_since && now >= next_commit_at) {
+            flush_commits();
         }
         for (auto& [tp, ps] : parts) {
             if (ps.needs_seek)
@@ -1402,9 +1415,22 @@ struct Engine::Impl {
         batch.clear();
         if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
             return; // not stored: Kafka must not get ahead of the database either
+        if (info.records && !uncommitted_since)
+            uncommitted_since = committed_at;
+        if (committed_at >= next_commit_at)
+            flush_commits();
+    }
+
+    // Sends the positions committed in PostgreSQL since the last commit (see
+    // ConsumerConfig::commit_interval).
+    void flush_commits()
+    {
+        const auto now = Clock::now();
         commit_positions(nullptr, true);
-        if (info.records)
-            metrics.commit_delay_seconds.observe(std::chrono::duration<double>(Clock::now() - committed_at).count());
+        if (uncommitted_since)
+            metrics.commit_delay_seconds.observe(std::chrono::duration<double>(now - *uncommitted_since).count());
+        uncommitted_since.reset();
+        next_commit_at = now + cfg.commit_interval;
     }
 
     bool store_merged_positions(const std::set<PartitionState*>& moved)

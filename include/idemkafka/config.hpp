@@ -91,12 +91,20 @@ struct ConsumerConfig {
     /// A batch also closes once its payloads reach this many bytes.
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
     /// Bytes the Kafka client may prefetch ahead of processing, for all assigned
-    /// partitions together (librdkafka queued.max.messages.kbytes; a value set
-    /// in `kafka` wins). With max_batch_bytes this bounds the consumer's memory
+    /// partitions together (librdkafka queued.max.messages.kbytes; one fetch
+    /// response is at most a quarter of it, fetch.max.bytes; values set in
+    /// `kafka` win). With max_batch_bytes this bounds the consumer's memory
     /// whatever the number of events.
-    std::size_t max_prefetch_bytes = 16 * 1024 * 1024;
+    std::size_t max_prefetch_bytes = 8 * 1024 * 1024;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
+    /// Kafka offset commits are sent at most this often: positions of batches
+    /// committed in PostgreSQL within the interval go in one commit request.
+    /// An offset still never moves before its PostgreSQL transaction
+    /// committed; what a crash leaves uncommitted in Kafka (at most this long
+    /// of work) is delivered again and skipped as duplicates. Revocation and
+    /// stop() commit at once. Zero: one commit per batch.
+    std::chrono::milliseconds commit_interval{100};
     /// Handler attempts per record; after the last one fails the record goes to
     /// the dead-letter topic (reason handler_failed) and its partition moves on.
     int max_attempts = 5;

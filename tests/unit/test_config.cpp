@@ -85,6 +85,12 @@ TEST_CASE("missing and out-of-range fields name the field", "[unit]")
     c = valid();
     c.kafka["group.id"] = "other";
     CHECK(error_of(c).find("group_id") != std::string::npos);
+    c = valid();
+    c.commit_interval = std::chrono::milliseconds(-1);
+    CHECK(error_of(c).rfind("commit_interval", 0) == 0);
+    c = valid();
+    c.commit_interval = std::chrono::milliseconds(0); // one commit per batch
+    CHECK(error_of(c).empty());
 }
 
 TEST_CASE("identifiers are quoted, quotes doubled", "[unit]")
