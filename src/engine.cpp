@@ -329,7 +329,8 @@ struct Engine::Impl {
 
     void create_consumer()
     {
-        const std::size_t fetch_bytes = std::max<std::size_t>(cfg.max_prefetch_bytes / 4, 64 * 1024);
+        // librdkafka wants fetch.max.bytes >= message.max.bytes (1,000,000).
+        const std::size_t fetch_bytes = std::max<std::size_t>(cfg.max_prefetch_bytes / 4, 1024 * 1024);
         std::map<std::string, std::string> props = {
             {"isolation.level", "read_committed"},
             {"auto.offset.reset", "earliest"},
@@ -338,15 +339,26 @@ struct Engine::Impl {
             // a fetch, whose response may add up to fetch.max.bytes (50 MB by
             // default), and each queued record costs a few hundred bytes of
             // bookkeeping beyond its payload. A response of a quarter of the
-            // prefetch budget and a per-partition count of one batch keep the
-            // total near max_prefetch_bytes; a fetch round trip is far shorter
-            // than a batch's transaction, so the queue refills in time.
+            // prefetch budget (at least 1 MiB) and a per-partition count of
+            // one batch keep the total near max_prefetch_bytes; a fetch round
+            // trip is far shorter than a batch's transaction, so the queue
+            // refills in time.
             {"fetch.max.bytes", std::to_string(fetch_bytes)},
             {"max.partition.fetch.bytes", std::to_string(std::min<std::size_t>(fetch_bytes, 1024 * 1024))},
             {"queued.min.messages", std::to_string(std::max<std::size_t>(100, cfg.max_batch))},
         };
         for (const auto& [k, v] : cfg.kafka)
             props[k] = v;
+        if (!cfg.kafka.count("fetch.max.bytes") && cfg.kafka.count("message.max.bytes")) {
+            // A larger message.max.bytes of the user's must still fit a fetch.
+            try {
+                const auto max_message = std::stoull(cfg.kafka.at("message.max.bytes"));
+                if (max_message > fetch_bytes)
+                    props["fetch.max.bytes"] = std::to_string(max_message);
+            } catch (const std::exception&) {
+                // not a number: librdkafka's own error names the property
+            }
+        }
         reset_to_latest = props["auto.offset.reset"] == "latest" || props["auto.offset.reset"] == "largest" ||
                           props["auto.offset.reset"] == "end";
         if (cfg.max_batch_duration.count() > 0) {

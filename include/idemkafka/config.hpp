@@ -92,10 +92,10 @@ struct ConsumerConfig {
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
     /// Bytes the Kafka client may prefetch ahead of processing, for all assigned
     /// partitions together (librdkafka queued.max.messages.kbytes; one fetch
-    /// response is at most a quarter of it, fetch.max.bytes; values set in
-    /// `kafka` win). With max_batch_bytes this bounds the consumer's memory
-    /// whatever the number of events.
-    std::size_t max_prefetch_bytes = 8 * 1024 * 1024;
+    /// response is at most a quarter of it or 1 MiB, whichever is larger,
+    /// fetch.max.bytes; values set in `kafka` win). With max_batch_bytes this
+    /// bounds the consumer's memory whatever the number of events.
+    std::size_t max_prefetch_bytes = 4 * 1024 * 1024;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
     /// Kafka offset commits are sent at most this often: positions of batches
