@@ -111,6 +111,19 @@ _ik_random_port() {
     printf '%s\n' "$port"
 }
 
+# Prints a loopback TCP port that nothing listens on right now.
+ik_free_port() { _ik_random_port; }
+
+# GET http://HOST:PORT/PATH; prints the whole response (status line, headers, body) and
+# fails when nothing answers within 5 s. Plain bash, so no HTTP client is needed.
+ik_http_get() {
+    local host="$1" port="$2" path="$3"
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n" "$3" "$1" >&3
+        cat <&3' _ "$host" "$port" "$path" 2>/dev/null
+}
+
 # If this script dies without running its EXIT trap (SIGKILL), a small background process
 # stops the services and removes their temp dirs once the script's pid is gone. The broker
 # also watches the pid itself (--watch-pid); the server has no such option.
