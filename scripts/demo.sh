@@ -37,8 +37,35 @@ echo "  $producer_out"
 unique_orders="$(sed -n 's/.*unique_orders=\([0-9]*\).*/\1/p' <<<"$producer_out")"
 
 ik_log "running the billing listener until the topic is drained"
-listener_out="$("$bin/billing-listener" --brokers "$IDEMKAFKA_TEST_BROKERS" --postgres "$IDEMKAFKA_TEST_PG" \
-    --topic "$topic" --until-drained "$events")"
+metrics_port="$(ik_free_port)"
+listener_file="$(mktemp "${TMPDIR:-/tmp}/idemkafka-demo.XXXXXX")"
+"$bin/billing-listener" --brokers "$IDEMKAFKA_TEST_BROKERS" --postgres "$IDEMKAFKA_TEST_PG" \
+    --topic "$topic" --until-drained "$events" --metrics-port "$metrics_port" >"$listener_file" &
+listener_pid=$!
+
+# Scrape the listener's /metrics endpoint while it runs; the last answer is checked below.
+metrics=""
+while kill -0 "$listener_pid" 2>/dev/null; do
+    if response="$(ik_http_get 127.0.0.1 "$metrics_port" /metrics)" && [[ "$response" == "HTTP/1."?" 200"* ]]; then
+        metrics="$response"
+    fi
+    sleep 0.5
+done
+listener_status=0
+wait "$listener_pid" || listener_status=$?
+listener_out="$(cat "$listener_file")"
+rm -f "$listener_file"
+if [ "$listener_status" -ne 0 ]; then
+    ik_die "billing-listener exited with $listener_status"
+fi
+if [ -z "$metrics" ]; then
+    ik_die "no answer from http://127.0.0.1:$metrics_port/metrics while billing-listener ran"
+fi
+consumed_metric="$(grep -m 1 '^idemkafka_consumed_total{' <<<"$metrics" | tr -d '\r' || true)"
+if [ -z "$consumed_metric" ] || ! grep -qi '^content-type: text/plain; version=0.0.4' <<<"$metrics"; then
+    printf '%s\n' "$metrics" | head -n 20 >&2
+    ik_die "/metrics did not serve idemkafka_consumed_total as text/plain; version=0.0.4"
+fi
 
 field() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$listener_out"; }
 consumed="$(field consumed)"
@@ -54,7 +81,8 @@ printf '  %-36s %s\n' "events consumed" "$consumed" \
     "charges in the database" "$charges" \
     "distinct orders charged" "$charged_orders" \
     "unique orders published" "$unique_orders" \
-    "charges made at the payment provider" "$provider_charges"
+    "charges made at the payment provider" "$provider_charges" \
+    "/metrics, last scrape during the run" "$consumed_metric"
 if [ "$consumed" = "$events" ] && [ "$charges" = "$unique_orders" ] && [ "$charged_orders" = "$unique_orders" ] &&
     [ "$provider_charges" = "$unique_orders" ]; then
     echo "OK: every order charged exactly once"

@@ -20,7 +20,7 @@ case "$BUILD_DIR" in
     *) BUILD_DIR="$PWD/$BUILD_DIR" ;;
 esac
 
-IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev postgresql cmake g++ clang pkg-config make libclang-rt-dev)
+IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev libcpp-httplib-dev postgresql cmake g++ clang pkg-config make libclang-rt-dev)
 
 # State for ik_cleanup.
 _ik_pg_dir=""
@@ -109,6 +109,19 @@ _ik_random_port() {
         _ik_port_in_use "$port" || break
     done
     printf '%s\n' "$port"
+}
+
+# Prints a loopback TCP port that nothing listens on right now.
+ik_free_port() { _ik_random_port; }
+
+# GET http://HOST:PORT/PATH; prints the whole response (status line, headers, body) and
+# fails when nothing answers within 5 s. Plain bash, so no HTTP client is needed.
+ik_http_get() {
+    local host="$1" port="$2" path="$3"
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n" "$3" "$1" >&3
+        cat <&3' _ "$host" "$port" "$path" 2>/dev/null
 }
 
 # If this script dies without running its EXIT trap (SIGKILL), a small background process

@@ -6,6 +6,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,6 +19,10 @@
 #include "cli.hpp"
 #include "order_confirmed.hpp"
 #include "payment_client.hpp"
+
+#ifdef BILLING_METRICS_HTTP
+#include <httplib.h>
+#endif
 
 namespace {
 
@@ -32,6 +39,9 @@ const char* usage = R"(usage: billing-listener [options]
   --until-drained N     stop once N records were consumed and the lag is 0
                         (default 0: run until SIGINT/SIGTERM)
   --progress SECONDS    progress line interval on stderr (default 1, 0 = none)
+  --metrics-port N      serve Prometheus metrics at http://BIND:N/metrics while running
+                        (default 0: off; needs a build with cpp-httplib)
+  --metrics-bind ADDR   address of the metrics endpoint (default 127.0.0.1)
 
 Prints one summary line on stdout when it stops:
   consumed=N charged=C duplicates=D poison=P charges_in_db=X unique_orders_in_db=U
@@ -45,6 +55,44 @@ extern "C" void on_signal(int)
     if (auto* c = g_consumer.load())
         c->stop(); // async-signal-safe; a second signal forces a fast exit
 }
+
+#ifdef BILLING_METRICS_HTTP
+// GET /metrics in the Prometheus text format, served by one thread of its own
+// for as long as this object lives.
+class MetricsEndpoint {
+public:
+    MetricsEndpoint(const Consumer& consumer, const std::string& group, const std::string& bind, int port)
+    {
+        server_.new_task_queue = [] { return new httplib::ThreadPool(1); };
+        server_.Get("/metrics", [&consumer, group](const httplib::Request&, httplib::Response& res) {
+            res.set_content(consumer.metrics().snapshot().to_prometheus(group),
+                            "text/plain; version=0.0.4; charset=utf-8");
+        });
+        if (!server_.bind_to_port(bind, port))
+            throw std::runtime_error(fmt::format("--metrics-port: cannot listen on {}:{}", bind, port));
+        thread_ = std::thread([this] {
+            server_.listen_after_bind();
+            finished_ = true;
+        });
+    }
+    MetricsEndpoint(const MetricsEndpoint&) = delete;
+    MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
+
+    ~MetricsEndpoint()
+    {
+        // stop() is a no-op until the listen loop runs, so wait for it to start.
+        while (!server_.is_running() && !finished_)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        server_.stop();
+        thread_.join();
+    }
+
+private:
+    httplib::Server server_;
+    std::atomic<bool> finished_{false};
+    std::thread thread_;
+};
+#endif
 
 std::int64_t scalar(const std::string& conninfo, const std::string& sql)
 {
@@ -61,7 +109,7 @@ try {
                        {{"brokers", ""}, {"postgres", ""}, {"topic", "order-service.order.confirmed"},
                         {"group", "billing-service"}, {"max-batch", "500"}, {"until-drained", "0"},
                         {"progress", "1"}, {"charge-table", "charge"}, {"claims-table", "processed_event"},
-                        {"dead-letter-topic", ""}},
+                        {"dead-letter-topic", ""}, {"metrics-port", "0"}, {"metrics-bind", "127.0.0.1"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -76,6 +124,16 @@ try {
     cfg.kafka["session.timeout.ms"] = "6000";
     const auto until_drained = args.number("until-drained");
     const auto progress = std::chrono::seconds(args.number("progress"));
+    const auto metrics_port = args.number("metrics-port");
+    const auto metrics_bind = args.get("metrics-bind");
+    if (metrics_port < 0 || metrics_port > 65535)
+        billing::Args::fail("--metrics-port: not a port number: " + std::to_string(metrics_port), usage);
+#ifndef BILLING_METRICS_HTTP
+    if (metrics_port != 0)
+        billing::Args::fail("--metrics-port: this billing-listener was built without cpp-httplib, so it has no "
+                            "/metrics endpoint (install libcpp-httplib-dev and rebuild)",
+                            usage);
+#endif
     if (cfg.brokers.empty() || cfg.postgres.empty())
         billing::Args::fail("--brokers and --postgres (or IDEMKAFKA_BROKERS / IDEMKAFKA_POSTGRES) are required",
                             usage);
@@ -106,6 +164,13 @@ try {
                           tx.exec_params(insert, e.order_id, e.customer_id, e.amount_cents, e.currency, payment_id,
                                          key);
                       });
+#ifdef BILLING_METRICS_HTTP
+    std::optional<MetricsEndpoint> metrics_endpoint;
+    if (metrics_port != 0) {
+        metrics_endpoint.emplace(consumer, cfg.group_id, metrics_bind, static_cast<int>(metrics_port));
+        std::fprintf(stderr, "  metrics at http://%s:%lld/metrics\n", metrics_bind.c_str(), metrics_port);
+    }
+#endif
     g_consumer = &consumer;
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

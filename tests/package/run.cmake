@@ -1,28 +1,199 @@
-# Installs the built library into a temporary prefix and builds a separate
-# project against it with find_package(idemkafka CONFIG REQUIRED).
+# Packaging checks, run in this order; a failure names its check:
+#   install           cmake --install of the build into a temporary prefix, expected files there
+#   find_package      tests/package/project: find_package(idemkafka CONFIG REQUIRED), built and run
+#   readme            the README's <!-- example:minimal --> block compiles and links against the prefix
+#   billing           examples/billing built on its own against the prefix (with and without
+#                     the /metrics endpoint), --help of both programs runs
+#   add_subdirectory  tests/package/subproject: idemkafka from source creates only its library
+#                     target, a program linked to idemkafka::idemkafka runs
+#   fetchcontent      the same through FetchContent from the local source tree
+#
+# The checks reuse what they can so the label stays quick: the build without the /metrics
+# endpoint reconfigures the billing build (only the listener recompiles), and fetchcontent
+# reconfigures the add_subdirectory build tree, whose idemkafka binary directory it shares
+# (same sources, same flags: the library's objects are up to date, configure and link are new).
+#
+# -DSOURCE_DIR, -DBUILD_DIR (an idemkafka build with install rules), -DWORK_DIR (scratch, wiped)
+# are required; -DGENERATOR and -DCXX_COMPILER make the consumers use the build's own;
+# -DCHECKS="readme;billing" runs a subset (install always runs when a later check needs it).
+foreach(var SOURCE_DIR BUILD_DIR WORK_DIR)
+  if(NOT ${var})
+    message(FATAL_ERROR "run.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+if(NOT CHECKS)
+  set(CHECKS install find_package readme billing add_subdirectory fetchcontent)
+endif()
+
 file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
+set(configure_args)
+if(GENERATOR)
+  list(APPEND configure_args -G ${GENERATOR})
+endif()
+if(CXX_COMPILER)
+  list(APPEND configure_args -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+endif()
+
+set(current_check "")
+set(step_number 0)
+
+function(fail what)
+  message(FATAL_ERROR "package check '${current_check}' FAILED: ${what}")
+endfunction()
+
+# Runs one command; on failure prints its output and names the check.
 function(step)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  math(EXPR n "${step_number} + 1")
+  set(step_number ${n} PARENT_SCOPE)
+  set(log ${WORK_DIR}/logs/${current_check}-${n}.log)
+  string(REPLACE ";" " " cmd "${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  file(WRITE ${log} "$ ${cmd}\n${out}")
   if(NOT rc EQUAL 0)
-    string(REPLACE ";" " " cmd "${ARGN}")
-    message(FATAL_ERROR "package test step failed (${rc}): ${cmd}")
+    message("${out}")
+    fail("exit ${rc} from: ${cmd}\n(output above, also in ${log})")
   endif()
 endfunction()
 
-step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
-foreach(f lib/cmake/idemkafka/idemkafkaConfig.cmake lib/cmake/idemkafka/idemkafkaConfigVersion.cmake
-          include/idemkafka/consumer.hpp)
-  if(NOT EXISTS ${prefix}/${f})
-    message(FATAL_ERROR "not installed: ${f}")
+# Configures and builds a consumer project: build_project(<name> <source dir> [-D... ...]).
+# Builds into ${WORK_DIR}/<name>.
+function(build_project name source)
+  step(${CMAKE_COMMAND} -S ${source} -B ${WORK_DIR}/${name} ${configure_args} ${ARGN})
+  step(${CMAKE_COMMAND} --build ${WORK_DIR}/${name} -j2)
+  set(step_number ${step_number} PARENT_SCOPE)
+endfunction()
+
+# The consumer in ${WORK_DIR}/<name> must have found the package in the prefix, not elsewhere.
+function(expect_from_prefix name)
+  file(STRINGS ${WORK_DIR}/${name}/CMakeCache.txt dir REGEX "^idemkafka_DIR:")
+  string(REGEX REPLACE "^[^=]*=" "" dir "${dir}")
+  string(FIND "${dir}" "${prefix}/" at)
+  if(NOT at EQUAL 0)
+    fail("find_package(idemkafka) used '${dir}', not the package installed in ${prefix}")
+  endif()
+endfunction()
+
+function(begin_check name)
+  set(current_check ${name} PARENT_SCOPE)
+  set(step_number 0 PARENT_SCOPE)
+  string(TIMESTAMP t "%s")
+  set(check_started ${t} PARENT_SCOPE)
+endfunction()
+
+function(end_check)
+  string(TIMESTAMP t "%s")
+  math(EXPR s "${t} - ${check_started}")
+  message(STATUS "package check '${current_check}': ok (${s} s)")
+endfunction()
+
+function(wanted name out)
+  list(FIND CHECKS ${name} i)
+  if(i EQUAL -1)
+    set(${out} FALSE PARENT_SCOPE)
+  else()
+    set(${out} TRUE PARENT_SCOPE)
+  endif()
+endfunction()
+
+set(needs_prefix FALSE)
+foreach(c install find_package readme billing)
+  wanted(${c} w)
+  if(w)
+    set(needs_prefix TRUE)
   endif()
 endforeach()
-file(GLOB pc ${prefix}/lib*/pkgconfig/idemkafka.pc ${prefix}/lib/*/pkgconfig/idemkafka.pc)
-if(NOT pc)
-  message(FATAL_ERROR "idemkafka.pc not installed")
+
+if(needs_prefix)
+  begin_check(install)
+  step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+  foreach(f lib/cmake/idemkafka/idemkafkaConfig.cmake lib/cmake/idemkafka/idemkafkaConfigVersion.cmake
+            include/idemkafka/consumer.hpp)
+    if(NOT EXISTS ${prefix}/${f})
+      fail("not installed: ${f}")
+    endif()
+  endforeach()
+  file(GLOB pc ${prefix}/lib*/pkgconfig/idemkafka.pc ${prefix}/lib/*/pkgconfig/idemkafka.pc)
+  if(NOT pc)
+    fail("idemkafka.pc not installed")
+  endif()
+  end_check()
 endif()
-step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/project -B ${WORK_DIR}/build
-     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
-step(${CMAKE_COMMAND} --build ${WORK_DIR}/build -j2)
-step(${WORK_DIR}/build/package_smoke)
+
+wanted(find_package w)
+if(w)
+  begin_check(find_package)
+  build_project(find_package ${SOURCE_DIR}/tests/package/project
+                -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+  expect_from_prefix(find_package)
+  step(${WORK_DIR}/find_package/package_smoke)
+  end_check()
+endif()
+
+wanted(readme w)
+if(w)
+  begin_check(readme)
+  set(begin_marker "<!-- example:minimal -->")
+  set(end_marker "<!-- /example:minimal -->")
+  file(READ ${SOURCE_DIR}/README.md readme)
+  string(FIND "${readme}" "${begin_marker}" b)
+  string(FIND "${readme}" "${end_marker}" e)
+  if(b EQUAL -1 OR e EQUAL -1 OR e LESS b)
+    fail("README.md has no '${begin_marker}' ... '${end_marker}' pair around the minimal example")
+  endif()
+  math(EXPR len "${e} - ${b}")
+  string(SUBSTRING "${readme}" ${b} ${len} block)
+  string(FIND "${block}" "```cpp\n" open)
+  string(FIND "${block}" "\n```" close REVERSE)
+  if(open EQUAL -1 OR close EQUAL -1 OR close LESS open)
+    fail("README.md: no ```cpp block between '${begin_marker}' and '${end_marker}'")
+  endif()
+  math(EXPR from "${open} + 7")
+  math(EXPR len "${close} - ${from} + 1")
+  string(SUBSTRING "${block}" ${from} ${len} code)
+  file(WRITE ${WORK_DIR}/readme-src/minimal.cpp "${code}")
+  build_project(readme ${SOURCE_DIR}/tests/package/readme
+                -DCMAKE_PREFIX_PATH=${prefix} -DEXAMPLE_SOURCE=${WORK_DIR}/readme-src/minimal.cpp)
+  expect_from_prefix(readme)
+  end_check()
+endif()
+
+wanted(billing w)
+if(w)
+  begin_check(billing)
+  build_project(billing ${SOURCE_DIR}/examples/billing -DCMAKE_PREFIX_PATH=${prefix})
+  expect_from_prefix(billing)
+  step(${WORK_DIR}/billing/billing-listener --help)
+  step(${WORK_DIR}/billing/billing-producer --help)
+  # Without cpp-httplib the listener still builds and refuses --metrics-port with a reason.
+  build_project(billing ${SOURCE_DIR}/examples/billing -DIDEMKAFKA_BILLING_METRICS=OFF)
+  execute_process(COMMAND ${WORK_DIR}/billing/billing-listener --metrics-port 9100
+                          --brokers localhost:1 --postgres "host=/nonexistent"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc EQUAL 0 OR NOT out MATCHES "without cpp-httplib")
+    fail("billing-listener built without cpp-httplib accepted --metrics-port (exit ${rc}):\n${out}")
+  endif()
+  end_check()
+endif()
+
+wanted(add_subdirectory w)
+if(w)
+  begin_check(add_subdirectory)
+  # No build type: -O0 keeps this second compile of the library short.
+  build_project(subproject ${SOURCE_DIR}/tests/package/subproject -DIDEMKAFKA_SOURCE_DIR=${SOURCE_DIR}
+                -DIDEMKAFKA_VIA=add_subdirectory)
+  step(${WORK_DIR}/subproject/package_smoke)
+  end_check()
+endif()
+
+wanted(fetchcontent w)
+if(w)
+  begin_check(fetchcontent)
+  file(REMOVE ${WORK_DIR}/subproject/package_smoke)
+  build_project(subproject ${SOURCE_DIR}/tests/package/subproject -DIDEMKAFKA_SOURCE_DIR=${SOURCE_DIR}
+                -DIDEMKAFKA_VIA=fetchcontent)
+  step(${WORK_DIR}/subproject/package_smoke)
+  end_check()
+endif()
