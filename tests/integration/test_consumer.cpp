@@ -471,3 +471,31 @@ TEST_CASE("a batch handler that throws has its failing record found; the rest co
     CHECK(dlq[0].header("idemkafka.event_id") == bad.to_string());
     CHECK(dlq[0].header("idemkafka.reason") == "non_retryable");
 }
+
+TEST_CASE("offset commits are coalesced by commit_interval and flushed by stop()", "[integration]")
+{
+    const auto topic = unique_name("coalesce");
+    const auto group = unique_name("g");
+    create_topic(topic, 1);
+    const auto effects = make_effect_table(unique_name("effect"));
+    publish_events(topic, 60, 0);
+
+    auto cfg = consumer_config(group, topic);
+    cfg.max_batch = 1;                             // 60 transactions
+    cfg.commit_interval = std::chrono::hours(1); // only the first batch's commit goes out before stop()
+    Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        insert_effect(tx, effects, e, ctx, group);
+    });
+    {
+        Runner<Consumer> run(consumer);
+        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().claimed >= 60; }, 60s));
+        const auto m = consumer.metrics().snapshot();
+        CHECK(m.db_commits == 60);
+        CHECK(m.offset_commits <= 1);
+        CHECK(committed_offset(group, topic, 0) <= 1); // Kafka is behind PostgreSQL, never ahead
+        run.join();
+        REQUIRE_FALSE(run.error());
+    }
+    CHECK(committed_offset(group, topic, 0) == 60);
+    CHECK(scalar("SELECT count(*) FROM " + effects) == 60);
+}
