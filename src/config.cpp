@@ -39,6 +39,8 @@ void ConsumerConfig::validate() const
     require(commit_interval.count() >= 0, "commit_interval: must not be negative");
     require(max_batch_bytes >= 1, "max_batch_bytes: must be at least 1");
     require(max_prefetch_bytes >= 1024, "max_prefetch_bytes: must be at least 1024");
+    require(max_prefetch_records >= 1 && max_prefetch_records <= 10000000,
+            "max_prefetch_records: must be between 1 and 10000000");
     require(workers >= 1, "workers: must be at least 1");
     require(workers <= 256, "workers: must be at most 256");
     require(max_batch_duration.count() >= 0, "max_batch_duration: must not be negative");

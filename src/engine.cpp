@@ -335,18 +335,18 @@ struct Engine::Impl {
             {"isolation.level", "read_committed"},
             {"auto.offset.reset", "earliest"},
             {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
-            // The byte cap alone does not bound the queue: it is checked before
-            // a fetch, whose response may add up to fetch.max.bytes (50 MB by
-            // default), and each queued record costs a few hundred bytes of
-            // bookkeeping beyond its payload. A response of a quarter of the
-            // prefetch budget (at least 1 MiB) and a per-partition count of
-            // one batch keep the total near max_prefetch_bytes; a fetch round
-            // trip is far shorter than a batch's transaction, so the queue
-            // refills in time.
+            {"queued.min.messages", std::to_string(cfg.max_prefetch_records)},
+            // The byte cap is checked before a fetch, whose response adds up
+            // to fetch.max.bytes (50 MB by default): a quarter of the budget
+            // keeps the total near max_prefetch_bytes.
             {"fetch.max.bytes", std::to_string(fetch_bytes)},
             {"max.partition.fetch.bytes", std::to_string(std::min<std::size_t>(fetch_bytes, 1024 * 1024))},
-            {"queued.min.messages", std::to_string(std::max<std::size_t>(100, cfg.max_batch))},
         };
+        // Once a prefetch cap is reached, librdkafka before 2.1 looks at the
+        // partition again only when its broker thread wakes (up to a second
+        // later); 2.1 made that delay a setting, which we shorten.
+        if (rd_kafka_version() >= 0x020100ff)
+            props["fetch.queue.backoff.ms"] = "20";
         for (const auto& [k, v] : cfg.kafka)
             props[k] = v;
         if (!cfg.kafka.count("fetch.max.bytes") && cfg.kafka.count("message.max.bytes")) {
@@ -1534,16 +1534,22 @@ struct Engine::Impl {
         create_consumer();
 
         while (stop_requests.load() == 0) {
+            auto T0 = Clock::now();
             housekeeping();
             const bool db_ready = ensure_db();
+            auto T1 = Clock::now();
             fill_batch();
+            auto T2 = Clock::now();
             if (batch.empty())
                 continue;
             if (!db_ready) {
                 rewind_batch();
                 continue;
             }
+            auto nb = batch.size();
             process_batch();
+            auto T3 = Clock::now();
+            if (getenv("IKDBG")) fprintf(stderr, "DBG n=%zu hk=%.2f fill=%.2f proc=%.2f\n", nb, std::chrono::duration<double, std::milli>(T1-T0).count(), std::chrono::duration<double, std::milli>(T2-T1).count(), std::chrono::duration<double, std::milli>(T3-T2).count());
         }
         shutdown();
     }

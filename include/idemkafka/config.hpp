@@ -90,12 +90,17 @@ struct ConsumerConfig {
     Ordering ordering = Ordering::partition;
     /// A batch also closes once its payloads reach this many bytes.
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
-    /// Bytes the Kafka client may prefetch ahead of processing, for all assigned
-    /// partitions together (librdkafka queued.max.messages.kbytes; one fetch
-    /// response is at most a quarter of it or 1 MiB, whichever is larger,
-    /// fetch.max.bytes; values set in `kafka` win). With max_batch_bytes this
-    /// bounds the consumer's memory whatever the number of events.
-    std::size_t max_prefetch_bytes = 4 * 1024 * 1024;
+    /// Bytes and records the Kafka client may prefetch ahead of processing, for
+    /// all assigned partitions together (librdkafka queued.max.messages.kbytes
+    /// and queued.min.messages; one fetch response is at most a quarter of the
+    /// bytes or 1 MiB, whichever is larger; values set in `kafka` win). With
+    /// max_batch_bytes they bound the consumer's memory whatever the number of
+    /// events: about max_prefetch_records x (payload + ~300 bytes). With
+    /// librdkafka 2.0 a reached cap pauses fetching for up to a second, so the
+    /// caps should hold about a second of consumption; lower them to trade
+    /// throughput for memory (see README, Performance).
+    std::size_t max_prefetch_bytes = 32 * 1024 * 1024;
+    std::size_t max_prefetch_records = 50000;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
     /// Kafka offset commits are sent at most this often: positions of batches

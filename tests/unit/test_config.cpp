@@ -91,6 +91,9 @@ TEST_CASE("missing and out-of-range fields name the field", "[unit]")
     c = valid();
     c.commit_interval = std::chrono::milliseconds(0); // one commit per batch
     CHECK(error_of(c).empty());
+    c = valid();
+    c.max_prefetch_records = 0;
+    CHECK(error_of(c).rfind("max_prefetch_records", 0) == 0);
 }
 
 TEST_CASE("identifiers are quoted, quotes doubled", "[unit]")
