@@ -22,10 +22,12 @@
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/outbox.hpp"
 #include "idemkafka/publisher.hpp"
+#include "idemkafka/redact.hpp"
 #include "idemkafka/retention.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
 #include "lane_pool.hpp"
+#include "log_context.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -139,6 +141,7 @@ struct Engine::Impl {
 
     ConsumerConfig cfg;
     Stage& stage;
+    Redactor secrets; // of the configuration: masked in every log record and thrown message
     LogSink log;
     Metrics metrics;
     ProcessedEventStore store;
@@ -173,7 +176,10 @@ struct Engine::Impl {
     bool db_pause = false;
 
     Impl(ConsumerConfig c, Stage& s)
-        : cfg(std::move(c)), stage(s), log(cfg.log ? cfg.log : stderr_sink()), store(cfg.schema, cfg.table)
+        : cfg(std::move(c)), stage(s), secrets(secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka,
+                                                                         cfg.outbox ? &cfg.outbox->kafka : nullptr})),
+          log(with_context(cfg.log ? cfg.log : stderr_sink(), {{log_field::group, cfg.group_id}}, secrets)),
+          store(cfg.schema, cfg.table)
     {
         if (cfg.offsets_in_database)
             offset_store.emplace(cfg.schema, cfg.offsets_table);
@@ -182,10 +188,32 @@ struct Engine::Impl {
     template <class... Args>
     void say(LogLevel level, fmt::format_string<Args...> f, Args&&... args) noexcept
     {
+        say(level, LogFields{}, f, std::forward<Args>(args)...);
+    }
+
+    // With the fields known at the call site; component "consumer" unless they name one.
+    template <class... Args>
+    void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
+    {
         try {
-            log(level, fmt::format(f, std::forward<Args>(args)...));
+            emit(log, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
         } catch (...) {
         }
+    }
+
+    static LogFields error_field(std::string_view error, LogFields fields = {})
+    {
+        fields.push_back({log_field::error, std::string(error)});
+        return fields;
+    }
+
+    // A line about one record: its coordinates, event id and error.
+    static LogFields about(const Item& it, std::string_view error = {})
+    {
+        auto fields = coordinates(it.record.topic, it.record.partition, it.record.offset);
+        if (!it.id.is_nil())
+            fields.push_back({log_field::event_id, it.id.to_string()});
+        return error.empty() ? fields : error_field(error, std::move(fields));
     }
 
     std::atomic<Clock::rep> stop_seen{0};
@@ -265,7 +293,7 @@ struct Engine::Impl {
                 say(LogLevel::info, "reconnected to PostgreSQL (worker {})", i);
             } catch (const std::exception& e) {
                 lane.db.reset();
-                say(LogLevel::warning, "PostgreSQL reconnect failed, next attempt in {} ms: {}",
+                say(LogLevel::warning, error_field(e.what()), "PostgreSQL reconnect failed, next attempt in {} ms: {}",
                     db_backoff.count(), e.what());
                 db_hold();
                 return false;
@@ -314,7 +342,9 @@ struct Engine::Impl {
         self->metrics.kafka_errors.add();
         const auto code = static_cast<rd_kafka_resp_err_t>(err);
         const bool fatal = code == RD_KAFKA_RESP_ERR__FATAL;
-        self->say(fatal ? LogLevel::error : LogLevel::warning, "kafka: {}: {}", rd_kafka_err2name(code), reason);
+        self->say(fatal ? LogLevel::error : LogLevel::warning,
+                  {{log_field::component, "librdkafka"}, {"code", rd_kafka_err2name(code)}, {log_field::error, reason}},
+                  "kafka: {}: {}", rd_kafka_err2name(code), reason);
         (void)rk;
     }
 
@@ -324,7 +354,7 @@ struct Engine::Impl {
         const LogLevel l = level <= 3 ? LogLevel::error : level == 4 ? LogLevel::warning
                                                      : level <= 6     ? LogLevel::info
                                                                       : LogLevel::debug;
-        self->say(l, "rdkafka {}: {}", fac, buf);
+        self->say(l, {{log_field::component, "librdkafka"}, {"facility", fac}}, "rdkafka {}: {}", fac, buf);
     }
 
     void create_consumer()
@@ -387,7 +417,7 @@ struct Engine::Impl {
         char err[512];
         rk.reset(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), err, sizeof err));
         if (!rk)
-            throw KafkaError(fmt::format("cannot create Kafka consumer: {}", err));
+            throw KafkaError(secrets(fmt::format("cannot create Kafka consumer: {}", err)));
         conf.release(); // owned by rk now
         rd_kafka_poll_set_consumer(rk.get());
 
@@ -415,9 +445,10 @@ struct Engine::Impl {
             if (cooperative) {
                 kafka::ErrorPtr e(rd_kafka_incremental_assign(handle, list));
                 if (e)
-                    say(LogLevel::error, "incremental assign failed: {}", rd_kafka_error_string(e.get()));
+                    say(LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
+                        rd_kafka_error_string(e.get()));
             } else if (auto e = rd_kafka_assign(handle, list)) {
-                say(LogLevel::error, "assign failed: {}", rd_kafka_err2str(e));
+                say(LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
             }
             if (db_pause)
                 rd_kafka_pause_partitions(handle, list);
@@ -447,7 +478,8 @@ struct Engine::Impl {
         if (cooperative) {
             kafka::ErrorPtr e(rd_kafka_incremental_unassign(handle, list));
             if (e)
-                say(LogLevel::error, "incremental unassign failed: {}", rd_kafka_error_string(e.get()));
+                say(LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
+                    rd_kafka_error_string(e.get()));
         } else {
             rd_kafka_assign(handle, nullptr);
         }
@@ -493,7 +525,8 @@ struct Engine::Impl {
             stored = offset_store->acquire(tx, cfg.group_id, wanted);
             tx.commit();
         } catch (const std::exception& e) {
-            say(LogLevel::warning, "cannot read stored positions, partitions wait for PostgreSQL: {}", e.what());
+            say(LogLevel::warning, error_field(e.what()),
+                "cannot read stored positions, partitions wait for PostgreSQL: {}", e.what());
             if (!lane.db->is_open())
                 lane.db.reset();
             return false;
@@ -517,8 +550,9 @@ struct Engine::Impl {
                     ps->start_offset = *st.next_offset; // for the lag gauge
                     ps->start_known = true;
                 }
-                say(LogLevel::info, "{}/{} starts at stored position {} (Kafka committed {})", st.topic,
-                    st.partition, *st.next_offset, kafka_offset);
+                say(LogLevel::info, coordinates(st.topic, st.partition, *st.next_offset),
+                    "{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition, *st.next_offset,
+                    kafka_offset);
             }
         }
         return true;
@@ -554,15 +588,18 @@ struct Engine::Impl {
                 continue;
             failed = true;
             if (p.err)
-                say(LogLevel::warning, "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset),
-                    rd_kafka_err2str(p.err));
+                say(LogLevel::warning,
+                    error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
+                    "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset), rd_kafka_err2str(p.err));
             forget_commit(p.topic, p.partition, p.offset);
         }
         if (failed) {
             metrics.offset_commit_failures.add();
             if (err)
-                say(LogLevel::warning, "offset commit failed: {} (records already committed in PostgreSQL are "
-                                       "deduplicated on redelivery; the commit is retried)", rd_kafka_err2str(err));
+                say(LogLevel::warning, error_field(rd_kafka_err2str(err)),
+                    "offset commit failed: {} (records already committed in PostgreSQL are "
+                    "deduplicated on redelivery; the commit is retried)",
+                    rd_kafka_err2str(err));
         } else {
             metrics.offset_commits.add();
         }
@@ -594,7 +631,8 @@ struct Engine::Impl {
         const auto err = rd_kafka_commit(rk.get(), list.get(), async ? 1 : 0);
         if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
             metrics.offset_commit_failures.add();
-            say(LogLevel::warning, "offset commit failed: {}", rd_kafka_err2str(err));
+            say(LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
+                rd_kafka_err2str(err));
             for (int i = 0; i < list->cnt; ++i)
                 forget_commit(list->elems[i].topic, list->elems[i].partition, list->elems[i].offset);
         }
@@ -621,8 +659,9 @@ struct Engine::Impl {
         rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), partition)->offset = ps.resume_from;
         kafka::ErrorPtr e(rd_kafka_seek_partitions(rk.get(), list.get(), 5000));
         if (e || list->elems[0].err) {
-            say(LogLevel::warning, "seek to {} failed, will retry: {}", coords(topic, partition, ps.resume_from),
-                e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err));
+            const char* why = e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err);
+            say(LogLevel::warning, error_field(why, coordinates(topic, partition, ps.resume_from)),
+                "seek to {} failed, will retry: {}", coords(topic, partition, ps.resume_from), why);
             return;
         }
         ps.needs_seek = false;
@@ -780,11 +819,13 @@ struct Engine::Impl {
     {
         metrics.kafka_errors.add();
         const char* topic = m.rkt ? rd_kafka_topic_name(m.rkt) : "";
-        say(LogLevel::warning, "kafka consumer error{}{}: {}", m.rkt ? " on " : "",
+        say(LogLevel::warning,
+            error_field(rd_kafka_message_errstr(&m), m.rkt ? coordinates(topic, m.partition, m.offset) : LogFields{}),
+            "kafka consumer error{}{}: {}", m.rkt ? " on " : "",
             m.rkt ? coords(topic, m.partition, m.offset) : std::string(), rd_kafka_message_errstr(&m));
         char reason[512];
         if (rd_kafka_fatal_error(rk.get(), reason, sizeof reason))
-            throw KafkaError(fmt::format("fatal Kafka error: {}", reason));
+            throw KafkaError(secrets(fmt::format("fatal Kafka error: {}", reason)));
     }
 
     void add_item(kafka::MessagePtr m, const char* topic, PartitionState* ps)
@@ -856,12 +897,13 @@ struct Engine::Impl {
                 outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, 1, it.key_window_open));
                 tx.commit();
             } catch (const std::exception& e) {
-                say(LogLevel::warning, "reconcile hook failed on {}: {}; the record comes again", where, e.what());
+                say(LogLevel::warning, about(it, e.what()), "reconcile hook failed on {}: {}; the record comes again",
+                    where, e.what());
                 it.retry_later = true;
                 return;
             }
             if (outcome == ReconcileOutcome::skip) {
-                say(LogLevel::info, "reconcile hook skipped {} (event {})", where, it.id.to_string());
+                say(LogLevel::info, about(it), "reconcile hook skipped {} (event {})", where, it.id.to_string());
                 it.state = State::done;
                 metrics.duplicates.add();
             } else if (outcome == ReconcileOutcome::dead_letter) {
@@ -875,7 +917,7 @@ struct Engine::Impl {
         }
         if (d.beyond_horizon) {
             metrics.horizon_processed.add();
-            say(LogLevel::warning, "{} (event {}) is beyond the dedup horizon; processed by policy", where,
+            say(LogLevel::warning, about(it), "{} (event {}) is beyond the dedup horizon; processed by policy", where,
                 it.id.to_string());
         }
     }
@@ -982,13 +1024,16 @@ struct Engine::Impl {
                 it.state = State::done;
                 forget_failures(it);
                 metrics.dead_lettered[static_cast<std::size_t>(it.reason)].add();
-                say(LogLevel::error, "dead-lettered {} to {} (reason {}{}{}): {}", coords(r.topic, r.partition, r.offset),
-                    dlq_topic, to_string(it.reason), it.id.is_nil() ? "" : ", event ",
-                    it.id.is_nil() ? std::string() : it.id.to_string(), it.error);
+                auto fields = about(it, it.error);
+                fields.push_back({"reason", std::string(to_string(it.reason))});
+                say(LogLevel::error, std::move(fields), "dead-lettered {} to {} (reason {}{}{}): {}",
+                    coords(r.topic, r.partition, r.offset), dlq_topic, to_string(it.reason),
+                    it.id.is_nil() ? "" : ", event ", it.id.is_nil() ? std::string() : it.id.to_string(), it.error);
                 continue;
             }
             metrics.dead_letter_failures.add();
-            say(LogLevel::error, "dead letter for {} not acknowledged ({}); its offset does not move, retrying",
+            say(LogLevel::error, about(it, errors[k]),
+                "dead letter for {} not acknowledged ({}); its offset does not move, retrying",
                 coords(r.topic, r.partition, r.offset), errors[k]);
             add_hold(holds, it.part, r.offset, 1);
         }
@@ -1255,8 +1300,12 @@ struct Engine::Impl {
             return;
         metrics.fenced_writes.add(fenced.size());
         for (const auto& p : fenced)
-            say(LogLevel::error, "position write for {}/{} refused: epoch {} is stale, another member owns the "
-                                 "partition now; rolling back this transaction",
+            say(LogLevel::error,
+                {{log_field::topic, p.topic},
+                 {log_field::partition, std::to_string(p.partition)},
+                 {"epoch", std::to_string(p.epoch)}},
+                "position write for {}/{} refused: epoch {} is stale, another member owns the "
+                "partition now; rolling back this transaction",
                 p.topic, p.partition, p.epoch);
         throw Fenced{};
     }
@@ -1264,8 +1313,9 @@ struct Engine::Impl {
     void lost_connection(Lane& lane, const char* why)
     {
         metrics.db_failures.add();
-        say(LogLevel::error, "PostgreSQL connection lost ({}); offsets of the batch are not committed, "
-                             "records will be redelivered", why);
+        say(LogLevel::error, error_field(why),
+            "PostgreSQL connection lost ({}); offsets of the batch are not committed, records will be redelivered",
+            why);
         lane.lost_connection = true;
     }
 
@@ -1284,8 +1334,9 @@ struct Engine::Impl {
             if (out == Outcome::conflict) {
                 metrics.transaction_retries.add();
                 if (++conflicts <= cfg.transaction_retries) {
-                    say(LogLevel::warning, "transaction conflict, running the batch again ({}/{}): {}", conflicts,
-                        cfg.transaction_retries, failure.what);
+                    say(LogLevel::warning, error_field(failure.what),
+                        "transaction conflict, running the batch again ({}/{}): {}", conflicts, cfg.transaction_retries,
+                        failure.what);
                     continue;
                 }
                 conflicts = 0; // persistent: a failure of the record that hit it
@@ -1306,9 +1357,11 @@ struct Engine::Impl {
         const int failures = count_failure(it);
         metrics.handler_failures.add();
         const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
+        auto fields = about(it, f.what);
+        fields.push_back({"attempt", std::to_string(failures)});
         if (!f.retryable || failures >= cfg.max_attempts) {
-            say(LogLevel::error, "handler failed on {} (event {}, attempt {} of {}{}): {}", where, it.id.to_string(),
-                failures, cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
+            say(LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}", where,
+                it.id.to_string(), failures, cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
             it.reason = f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable;
             it.error = f.what;
             it.state = State::poison;
@@ -1316,9 +1369,10 @@ struct Engine::Impl {
             return;
         }
         metrics.retries.add();
-        say(LogLevel::warning, "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}", where,
-            it.id.to_string(), failures, cfg.max_attempts,
-            backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max).count(), f.what);
+        say(LogLevel::warning, std::move(fields),
+            "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}", where, it.id.to_string(),
+            failures, cfg.max_attempts, backoff_for(failures, cfg.retry_backoff, cfg.retry_backoff_max).count(),
+            f.what);
         add_hold(lane.holds, it.part, it.record.offset, failures);
     }
 
@@ -1459,8 +1513,8 @@ struct Engine::Impl {
         } catch (const Fenced&) {
             return false;
         } catch (const std::exception& e) {
-            say(LogLevel::warning, "storing positions failed (records are redelivered and deduplicated): {}",
-                e.what());
+            say(LogLevel::warning, error_field(e.what()),
+                "storing positions failed (records are redelivered and deduplicated): {}", e.what());
             if (!lanes.front().db->is_open())
                 lanes.front().db.reset();
             return false;
@@ -1512,10 +1566,10 @@ struct Engine::Impl {
         try {
             for (std::size_t i = 0; i < lanes.size(); ++i)
                 connect_lane(lanes[i], i == 0);
-        } catch (const DatabaseError&) {
-            throw;
+        } catch (const DatabaseError& e) {
+            throw DatabaseError(secrets(e.what()));
         } catch (const std::exception& e) {
-            throw DatabaseError(fmt::format("cannot start: PostgreSQL: {}", e.what()));
+            throw DatabaseError(secrets(fmt::format("cannot start: PostgreSQL: {}", e.what())));
         }
         if (cfg.retention.maintenance)
             maintenance = std::make_unique<MaintenanceRunner>(cfg.postgres, store, cfg.retention, log);
@@ -1562,7 +1616,7 @@ struct Engine::Impl {
         commit_positions(nullptr, false);
         say(LogLevel::info, "closing consumer{}", forced() ? " (forced)" : "");
         if (auto e = rd_kafka_consumer_close(rk.get()))
-            say(LogLevel::warning, "consumer close: {}", rd_kafka_err2str(e));
+            say(LogLevel::warning, error_field(rd_kafka_err2str(e)), "consumer close: {}", rd_kafka_err2str(e));
         rk.reset();
         maintenance.reset();
         outbox_relay.reset();

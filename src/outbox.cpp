@@ -12,6 +12,7 @@
 #include "pg/transaction.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
+#include "log_context.hpp"
 #include "pg/arrays.hpp"
 
 namespace idemkafka {
@@ -147,14 +148,14 @@ void check_topic(std::string_view topic)
 
 using detail::int_array;
 
-void say(const LogSink& log, LogLevel level, const std::string& line) noexcept
+void say(const LogSink& log, LogLevel level, std::string line, detail::LogFields fields = {}) noexcept
 {
-    if (!log)
-        return;
-    try {
-        log(level, line);
-    } catch (...) {
-    }
+    detail::emit(log, level, std::move(line), "relay", std::move(fields));
+}
+
+detail::LogFields error_field(std::string_view error)
+{
+    return {{log_field::error, std::string(error)}};
 }
 
 std::string prefixed(std::string_view prefix, const ConfigError& e)
@@ -385,6 +386,7 @@ std::string describe_key(const std::optional<std::string>& key)
 } // namespace
 
 struct OutboxRelay::State {
+    Redactor secrets; // of the connection string, masked in thrown messages
     std::unique_ptr<pqxx::connection> conn;
     std::map<HoldKey, Hold> held;
     std::string lock_sql;
@@ -412,8 +414,8 @@ OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher* publish
       state_(std::make_unique<State>())
 {
     options_.validate();
-    if (!options_.log)
-        options_.log = stderr_sink();
+    state_->secrets = detail::secrets_of(conninfo_);
+    options_.log = detail::with_context(options_.log ? options_.log : stderr_sink(), {}, state_->secrets);
     const std::string& t = outbox_.qualified_name();
     // The lock key is derived from the table, so relays of different outboxes
     // never wait for each other. It is computed here, not by hashtext(), so the
@@ -577,7 +579,8 @@ void OutboxRelay::cycle(Outcome& out)
         // the safe start for the next cycle; unmarked rows are simply sent again.
         st.conn.reset();
         errors_.fetch_add(1);
-        throw DatabaseError(fmt::format("outbox relay of {}: PostgreSQL: {}", outbox_.qualified_name(), e.what()));
+        throw DatabaseError(
+            st.secrets(fmt::format("outbox relay of {}: PostgreSQL: {}", outbox_.qualified_name(), e.what())));
     } catch (...) {
         errors_.fetch_add(1);
         throw;
@@ -754,7 +757,10 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
                         "({} published); first: row {} (event id {}, topic {}, {}): {}; {} key(s) held back",
                         outbox_.qualified_name(), unacknowledged, rows.size(), marked, first.id,
                         first.event_id.to_string(), first.topic, describe_key(first.key), errors[failed_rows.front()],
-                        st.held.size()));
+                        st.held.size()),
+            {{log_field::topic, first.topic},
+             {log_field::event_id, first.event_id.to_string()},
+             {log_field::error, errors[failed_rows.front()]}});
     }
 }
 
@@ -789,7 +795,8 @@ void OutboxRelay::purge_step()
         st.next_purge = now + options_.purge_interval;
         say(options_.log, LogLevel::warning,
             fmt::format("outbox relay of {}: purge of sent rows failed, next attempt in {} ms: {}",
-                        outbox_.qualified_name(), options_.purge_interval.count(), e.what()));
+                        outbox_.qualified_name(), options_.purge_interval.count(), e.what()),
+            error_field(e.what()));
         return;
     }
     purged_.fetch_add(n);
@@ -839,7 +846,8 @@ void OutboxRelay::loop() noexcept
             wait = st.backoff;
             say(options_.log, LogLevel::error,
                 fmt::format("outbox relay of {}: cycle failed, nothing marked sent; retried in {} ms: {}",
-                            outbox_.qualified_name(), wait.count(), e.what()));
+                            outbox_.qualified_name(), wait.count(), e.what()),
+                error_field(e.what()));
         } catch (...) {
             st.backoff = next_backoff(st.backoff);
             wait = st.backoff;

@@ -7,6 +7,7 @@
 
 #include "idemkafka/error.hpp"
 #include "kafka/client.hpp"
+#include "log_context.hpp"
 
 namespace idemkafka {
 namespace {
@@ -61,15 +62,27 @@ struct Publisher::Impl {
         self->failed.fetch_add(1, std::memory_order_relaxed);
         const std::string reason = fmt::format("delivery to {}/{} failed: {}", rd_kafka_topic_name(m->rkt),
                                                m->partition, rd_kafka_err2str(m->err));
-        try {
-            self->log(LogLevel::error, reason);
-        } catch (...) {
-        }
+        detail::emit(self->log, LogLevel::error, reason, "publisher",
+                     {{log_field::topic, rd_kafka_topic_name(m->rkt)},
+                      {log_field::partition, std::to_string(m->partition)},
+                      {log_field::error, rd_kafka_err2str(m->err)}});
         if (!m->_private) {
             std::lock_guard<std::mutex> lock(self->mu);
             if (self->failed_since_flush++ == 0)
                 self->first_error = reason;
         }
+    }
+
+    // librdkafka's own lines (and its errors, which it logs when no error_cb
+    // is set) go to the sink rather than straight to stderr.
+    static void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf)
+    {
+        auto* self = static_cast<Impl*>(rd_kafka_opaque(rk));
+        const LogLevel l = level <= 3   ? LogLevel::error
+                           : level == 4 ? LogLevel::warning
+                           : level <= 6 ? LogLevel::info
+                                        : LogLevel::debug;
+        detail::emit(self->log, l, fmt::format("rdkafka {}: {}", fac, buf), "librdkafka", {{"facility", fac}});
     }
 
     void produce(std::string_view topic, std::optional<std::string_view> key, std::optional<std::string_view> payload,
@@ -112,7 +125,8 @@ struct Publisher::Impl {
 Publisher::Publisher(PublisherConfig config) : impl_(std::make_unique<Impl>())
 {
     config.validate();
-    impl_->log = config.log ? config.log : stderr_sink();
+    const Redactor secrets = detail::secrets_of({}, {&config.kafka});
+    impl_->log = detail::with_context(config.log ? config.log : stderr_sink(), {}, secrets);
     std::map<std::string, std::string> props = {{"linger.ms", "5"}};
     for (const auto& [k, v] : config.kafka)
         props[k] = v;
@@ -122,10 +136,11 @@ Publisher::Publisher(PublisherConfig config) : impl_(std::make_unique<Impl>())
     auto conf = detail::kafka::make_conf(props);
     rd_kafka_conf_set_opaque(conf.get(), impl_.get());
     rd_kafka_conf_set_dr_msg_cb(conf.get(), Impl::dr_cb);
+    rd_kafka_conf_set_log_cb(conf.get(), Impl::log_cb);
     char err[512];
     impl_->rk.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), err, sizeof err));
     if (!impl_->rk)
-        throw KafkaError(fmt::format("cannot create Kafka producer: {}", err));
+        throw KafkaError(secrets(fmt::format("cannot create Kafka producer: {}", err)));
     conf.release();
 }
 
@@ -133,8 +148,10 @@ Publisher::~Publisher()
 {
     if (rd_kafka_flush(impl_->rk.get(), 10000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
         try {
-            impl_->log(LogLevel::error, fmt::format("publisher closed with {} record(s) not acknowledged",
-                                                    rd_kafka_outq_len(impl_->rk.get())));
+            detail::emit(
+                impl_->log, LogLevel::error,
+                fmt::format("publisher closed with {} record(s) not acknowledged", rd_kafka_outq_len(impl_->rk.get())),
+                "publisher");
         } catch (...) {
         }
     }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "log_context.hpp"
 
 namespace idemkafka {
 namespace {
@@ -489,7 +490,7 @@ public:
         if (!log_)
             return;
         try {
-            log_(level, fmt::format(f, std::forward<Args>(args)...));
+            detail::emit(log_, level, fmt::format(f, std::forward<Args>(args)...), "maintenance");
         } catch (...) {
         }
     }
@@ -938,8 +939,13 @@ RetentionStatus Maintenance::status(pqxx::connection& conn) const
 
 MaintenanceRunner::MaintenanceRunner(std::string conninfo, ProcessedEventStore store, RetentionConfig config,
                                      LogSink log, Maintenance::WallClock clock)
-    : conninfo_(std::move(conninfo)), maintenance_(std::move(store), config, log, std::move(clock)),
-      log_(std::move(log)), interval_(config.maintenance_interval)
+    : conninfo_(std::move(conninfo)),
+      // The connection string's password is masked in every line, also where
+      // libpq quotes it back without its key.
+      maintenance_(std::move(store), config, detail::with_context(log, {}, detail::secrets_of(conninfo_)),
+                   std::move(clock)),
+      log_(detail::with_context(std::move(log), {}, detail::secrets_of(conninfo_))),
+      interval_(config.maintenance_interval)
 {
     thread_ = std::thread([this] { loop(); });
 }
@@ -969,13 +975,8 @@ std::optional<MaintenanceReport> MaintenanceRunner::last_report() const
 
 void MaintenanceRunner::loop() noexcept
 {
-    auto say = [this](LogLevel level, const std::string& line) {
-        if (!log_)
-            return;
-        try {
-            log_(level, line);
-        } catch (...) {
-        }
+    auto say = [this](LogLevel level, std::string line, detail::LogFields fields = {}) {
+        detail::emit(log_, level, std::move(line), "maintenance", std::move(fields));
     };
     std::unique_ptr<pqxx::connection> conn;
     std::unique_lock<std::mutex> lock(mutex_);
@@ -1001,7 +1002,8 @@ void MaintenanceRunner::loop() noexcept
             conn.reset();
             say(LogLevel::warning,
                 fmt::format("maintenance of {} failed, retried in {}: {}", maintenance_.store().qualified_name(),
-                            format_duration(interval_), e.what()));
+                            format_duration(interval_), e.what()),
+                {{log_field::error, e.what()}});
         } catch (...) {
             failures_.fetch_add(1);
             conn.reset();

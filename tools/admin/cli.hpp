@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <idemkafka/redact.hpp>
+
 namespace idemkafka::detail::admin {
 
 constexpr int exit_ok = 0;
@@ -60,19 +62,9 @@ std::string format_time(std::chrono::system_clock::time_point t);
 std::string format_duration(std::chrono::milliseconds d);
 
 /// Remembers secrets (passwords in connection strings, secret Kafka settings) and
-/// removes them, and any `password=...` or URI password, from text before it is printed.
-class Redactor {
-public:
-    /// Records the password of a libpq key/value string or URI, if any.
-    void add_conninfo(std::string_view conninfo);
-    /// Records `value` when `key` names a secret (password, secret, key material).
-    void add_setting(std::string_view key, std::string_view value);
-    /// `text` with every known secret and every password-looking value masked.
-    std::string operator()(std::string_view text) const;
-
-private:
-    std::vector<std::string> secrets_;
-};
+/// removes them, and any `password=...` or URI password, from text before it is
+/// printed: the library's own redaction, the one its log records go through.
+using Redactor = idemkafka::Redactor;
 
 /// The process-wide redactor every printed line goes through.
 Redactor& redactor();
