@@ -61,6 +61,9 @@ services and runs this; by hand, point it at your own:
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
                          the count actually run is reported, never extrapolated
+  --rowwise-max N        one-statement-per-row batch modes (pg_floor_batch_rowwise,
+                         idemkafka_batch_rowwise) run at most N records
+                         (default 100000)
   --workers LIST         worker counts of the idemkafka_batch_wN rows (default 2:
                          the cores of the reference machine; only when the
                          library has ConsumerConfig::workers)
@@ -90,6 +93,7 @@ struct Options {
     std::vector<int> dups = {0, 30};
     std::set<std::string> modes;
     std::size_t slow_max = 10000;
+    std::size_t rowwise_max = 100000;
     std::vector<int> workers = {2};
     int partitions = 32;
     double latency_rate = 200;
@@ -169,6 +173,8 @@ Options parse_options(int argc, char** argv)
                     o.modes.insert(m);
         } else if (arg == "--slow-max") {
             o.slow_max = parse_list<std::size_t>(arg, value()).front();
+        } else if (arg == "--rowwise-max") {
+            o.rowwise_max = parse_list<std::size_t>(arg, value()).front();
         } else if (arg == "--workers") {
             o.workers = parse_list<int>(arg, value());
         } else if (arg == "--partitions") {
@@ -258,6 +264,17 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     return out;
 }
 
+// How many of `events` records mode `s` runs: per-record modes stop at
+// --slow-max, one-statement-per-row batch modes at --rowwise-max.
+std::size_t cap_of(const ModeSpec& s, const Options& o, std::size_t events)
+{
+    if (s.slow)
+        return std::min(events, o.slow_max);
+    if (s.name.find("rowwise") != std::string::npos)
+        return std::min(events, o.rowwise_max);
+    return events;
+}
+
 std::string iso_now()
 {
     const std::time_t t = std::time(nullptr);
@@ -329,6 +346,7 @@ int run(const Options& o)
         {"events", o.events},
         {"dup_percent", o.dups},
         {"slow_max", o.slow_max},
+        {"rowwise_max", o.rowwise_max},
         {"max_batch", defaults.max_batch},
         {"max_batch_wait_ms", defaults.max_batch_wait.count()},
         {"partitions_min", o.partitions},
@@ -345,20 +363,14 @@ int run(const Options& o)
         std::fprintf(stderr, "note: built as %s, not Release: numbers are not representative\n",
                      IDEMKAFKA_BENCH_BUILD_TYPE);
 
-    bool any_kafka = false, any_slow = false, any_fast = false;
-    for (const auto& s : specs) {
+    bool any_kafka = false;
+    for (const auto& s : specs)
         any_kafka =
             any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka || s.kind == Kind::naive_listener;
-        any_slow = any_slow || s.slow;
-        any_fast = any_fast || !s.slow;
-    }
     std::set<std::size_t> sizes;
-    for (auto e : o.events) {
-        if (any_fast)
-            sizes.insert(e);
-        if (any_slow)
-            sizes.insert(std::min(e, o.slow_max));
-    }
+    for (auto e : o.events)
+        for (const auto& s : specs)
+            sizes.insert(cap_of(s, o, e));
     const std::uint64_t seed = 0x1DE3CAFCAULL;
     std::vector<Dataset> datasets;
     for (int d : o.dups)
@@ -401,7 +413,7 @@ int run(const Options& o)
         for (std::size_t n : sizes) {
             for (const auto& s : specs) {
                 const bool runs_here = std::any_of(o.events.begin(), o.events.end(), [&](std::size_t e) {
-                    return (s.slow ? std::min(e, o.slow_max) : e) == n;
+                    return cap_of(s, o, e) == n;
                 });
                 if (!runs_here)
                     continue;
