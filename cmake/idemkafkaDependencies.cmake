@@ -26,3 +26,10 @@ if(NOT TARGET idemkafka_dep::rdkafka)
   add_library(idemkafka_dep::rdkafka INTERFACE IMPORTED)
   set_target_properties(idemkafka_dep::rdkafka PROPERTIES INTERFACE_LINK_LIBRARIES PkgConfig::IDEMKAFKA_RDKAFKA)
 endif()
+
+# nlohmann_json parses librdkafka's statistics inside the library. It is
+# header-only and linked as $<BUILD_INTERFACE:...>, so only idemkafka's own
+# build looks for it, never a project that finds the installed package.
+if(idemkafka_SOURCE_DIR AND NOT TARGET nlohmann_json::nlohmann_json)
+  find_package(nlohmann_json 3 REQUIRED)
+endif()

@@ -61,6 +61,7 @@ void ConsumerConfig::validate() const
     require(retry_backoff.count() >= 0, "retry_backoff: must not be negative");
     require(retry_backoff_max >= retry_backoff, "retry_backoff_max: must not be below retry_backoff");
     require(shutdown_timeout.count() > 0, "shutdown_timeout: must be positive");
+    require(oldest_claim_refresh.count() >= 0, "oldest_claim_refresh: must not be negative");
     // The table names are quoted, not checked against a pattern; this only
     // refuses what cannot be quoted.
     ProcessedEventStore(schema, table);

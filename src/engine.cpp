@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "claim_age.hpp"
 #include "idemkafka/dead_letter.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
@@ -26,6 +27,7 @@
 #include "idemkafka/retention.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
+#include "kafka/stats.hpp"
 #include "lane_pool.hpp"
 #include "log_context.hpp"
 
@@ -78,6 +80,7 @@ struct Engine::Impl {
         std::int64_t resume_from = -1;     // after a rewind, drop records until this offset
         std::int64_t start_offset = -1;    // committed offset at assignment (for the lag gauge)
         bool start_known = false;
+        Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
         std::size_t lane = 0;             // worker that runs this partition's transactions
         std::int64_t epoch = 0;           // offsets_in_database: our ownership epoch
         bool position_verified = true;    // offsets_in_database: stored position applied
@@ -174,6 +177,16 @@ struct Engine::Impl {
     std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
     milliseconds db_backoff = db_backoff_min;
     bool db_pause = false;
+
+    // Per-partition figures of the latest librdkafka statistics event.
+    struct StatsEntry {
+        kafka::PartitionStats stats;
+        Clock::time_point at;
+    };
+    bool stats_enabled = false; // statistics.interval.ms > 0
+    std::mutex stats_mu;
+    std::map<TopicPartition, StatsEntry> stats;
+    std::unique_ptr<ClaimAgeMonitor> claim_age;
 
     Impl(ConsumerConfig c, Stage& s)
         : cfg(std::move(c)), stage(s), secrets(secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka,
@@ -413,6 +426,10 @@ struct Engine::Impl {
         rd_kafka_conf_set_offset_commit_cb(conf.get(), commit_cb);
         rd_kafka_conf_set_error_cb(conf.get(), error_cb);
         rd_kafka_conf_set_log_cb(conf.get(), log_cb);
+        auto si = props.find("statistics.interval.ms");
+        stats_enabled = si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0;
+        if (stats_enabled)
+            rd_kafka_conf_set_stats_cb(conf.get(), stats_cb);
 
         char err[512];
         rk.reset(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), err, sizeof err));
@@ -466,6 +483,7 @@ struct Engine::Impl {
                                        return revoked.count({std::string(it.record.topic), it.record.partition}) > 0;
                                    }),
                     batch.end());
+        count_in_flight();
         if (lost) {
             say(LogLevel::warning, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
         } else {
@@ -698,36 +716,91 @@ struct Engine::Impl {
         rd_kafka_resume_partitions(rk.get(), resume.get());
     }
 
-    // Lag from the client's cached watermarks. Before this member processed
-    // anything on a partition its position is where it started: the committed
+    static int stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque)
+    {
+        static_cast<Impl*>(opaque)->on_stats(std::string_view(json, len));
+        return 0; // librdkafka frees the text
+    }
+
+    // Statistics are served by the thread that polls the client (ours, through
+    // rd_kafka_consumer_poll), but they are kept under stats_mu so that serving
+    // them from librdkafka's own threads would be safe too.
+    void on_stats(std::string_view json) noexcept
+    {
+        try {
+            const auto now = Clock::now();
+            std::map<TopicPartition, StatsEntry> latest;
+            for (auto& fig : kafka::parse_partition_stats(json)) {
+                TopicPartition tp{fig.topic, fig.partition};
+                latest[std::move(tp)] = StatsEntry{std::move(fig), now};
+            }
+            std::lock_guard<std::mutex> lock(stats_mu);
+            stats.swap(latest);
+        } catch (...) {
+            // Out of memory: the lag keeps its previous figures.
+        }
+    }
+
+    // Lag per assigned partition and in total. From the client's cached
+    // watermarks and our processed position: before this member processed
+    // anything on a partition its position is where it started, the committed
     // offset, fetched once per assignment (the only broker round trip here).
+    // With statistics.interval.ms set, from librdkafka's consumer_lag instead
+    // (end offset minus committed offset) once a statistics event of this
+    // assignment has it; the watermarks fill in until then.
     void update_lag()
     {
         metrics.assigned_partitions.set(static_cast<std::int64_t>(parts.size()));
         if (parts.empty()) {
             metrics.lag.set(-1);
+            metrics.set_partitions({});
             return;
         }
         learn_start_offsets();
+        std::map<TopicPartition, StatsEntry> latest;
+        if (stats_enabled) {
+            std::lock_guard<std::mutex> lock(stats_mu);
+            latest = stats;
+        }
+        std::vector<PartitionLag> rows;
+        rows.reserve(parts.size());
         std::int64_t total = 0;
         bool known = true;
         for (auto& [tp, ps] : parts) {
+            PartitionLag row;
+            row.topic = tp.topic;
+            row.partition = tp.partition;
+            row.committed = ps.committed_next >= 0 ? ps.committed_next
+                            : ps.start_known        ? std::max<std::int64_t>(-1, ps.start_offset)
+                                                    : -1;
             std::int64_t lo = -1, hi = -1;
             rd_kafka_get_watermark_offsets(rk.get(), tp.topic.c_str(), tp.partition, &lo, &hi);
-            if (hi < 0) {
-                known = false;
-                continue;
-            }
             std::int64_t pos = ps.processed_next >= 0 ? ps.processed_next : ps.start_offset;
             if (pos == RD_KAFKA_OFFSET_INVALID)
                 pos = reset_to_latest ? hi : lo;
-            if (pos < 0) {
-                known = false;
-                continue;
+            row.position = std::max<std::int64_t>(-1, pos);
+            row.high_watermark = std::max<std::int64_t>(-1, hi);
+            if (hi >= 0 && pos >= 0)
+                row.lag = std::max<std::int64_t>(0, hi - std::max(pos, lo));
+            auto st = latest.find(tp);
+            if (st != latest.end() && st->second.at > ps.assigned_at && st->second.stats.lag() >= 0) {
+                const auto& fig = st->second.stats;
+                row.source = LagSource::statistics;
+                row.lag = fig.lag();
+                row.committed = fig.committed_offset;
+                row.high_watermark = fig.hi_offset;
             }
-            total += std::max<std::int64_t>(0, hi - std::max(pos, lo));
+            if (row.lag < 0)
+                known = false;
+            else
+                total += row.lag;
+            rows.push_back(std::move(row));
         }
+        std::sort(rows.begin(), rows.end(), [](const PartitionLag& a, const PartitionLag& b) {
+            return a.topic != b.topic ? a.topic < b.topic : a.partition < b.partition;
+        });
         metrics.lag.set(known ? total : -1);
+        metrics.set_partitions(std::move(rows));
     }
 
     void learn_start_offsets()
@@ -856,6 +929,18 @@ struct Engine::Impl {
         it.part = ps;
         it.msg = std::move(m);
         batch.push_back(std::move(it));
+        metrics.in_flight_records.add(1);
+        metrics.in_flight_bytes.add(static_cast<std::int64_t>(batch.back().msg->len + batch.back().msg->key_len));
+    }
+
+    // The in-flight gauges after records left the batch.
+    void count_in_flight()
+    {
+        std::int64_t bytes = 0;
+        for (const auto& it : batch)
+            bytes += static_cast<std::int64_t>(it.msg->len + it.msg->key_len);
+        metrics.in_flight_records.set(static_cast<std::int64_t>(batch.size()));
+        metrics.in_flight_bytes.set(bytes);
     }
 
     // ---- processing -------------------------------------------------------
@@ -1479,6 +1564,7 @@ struct Engine::Impl {
                 forget_failures(it);
         }
         batch.clear();
+        count_in_flight();
         if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
             return; // not stored: Kafka must not get ahead of the database either
         if (info.records && !uncommitted_since)
@@ -1554,6 +1640,7 @@ struct Engine::Impl {
             add_hold(holds, it.part, it.record.offset, 0);
         apply_holds(holds);
         batch.clear();
+        count_in_flight();
     }
 
     // ---- lifecycle --------------------------------------------------------
@@ -1573,6 +1660,9 @@ struct Engine::Impl {
         }
         if (cfg.retention.maintenance)
             maintenance = std::make_unique<MaintenanceRunner>(cfg.postgres, store, cfg.retention, log);
+        if (cfg.oldest_claim_refresh.count() > 0)
+            claim_age = std::make_unique<ClaimAgeMonitor>(cfg.postgres, store, cfg.group_id, cfg.oldest_claim_refresh,
+                                                          metrics.oldest_claim_unix_ms, log);
         if (cfg.outbox && cfg.outbox->relay) {
             auto oc = *cfg.outbox;
             auto user_hook = oc.relay_options.hooks.after_cycle;
@@ -1613,12 +1703,14 @@ struct Engine::Impl {
         // Positions of batches already committed in PostgreSQL are always safe
         // to commit, also on a forced stop; unfinished work is not committed.
         batch.clear();
+        count_in_flight();
         commit_positions(nullptr, false);
         say(LogLevel::info, "closing consumer{}", forced() ? " (forced)" : "");
         if (auto e = rd_kafka_consumer_close(rk.get()))
             say(LogLevel::warning, error_field(rd_kafka_err2str(e)), "consumer close: {}", rd_kafka_err2str(e));
         rk.reset();
         maintenance.reset();
+        claim_age.reset();
         outbox_relay.reset();
         lanes.clear();
     }

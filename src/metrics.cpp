@@ -1,5 +1,8 @@
 #include "idemkafka/metrics.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 #include <fmt/format.h>
 
 namespace idemkafka {
@@ -99,7 +102,30 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
                        "# TYPE idemkafka_lag gauge\n"
                        "idemkafka_lag{{group=\"{}\"}} {}\n",
                        label, lag);
+    out += "# HELP idemkafka_consumer_lag Records not yet processed on one assigned partition (-1: unknown).\n"
+           "# TYPE idemkafka_consumer_lag gauge\n";
+    for (const auto& p : partitions)
+        out += fmt::format("idemkafka_consumer_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}\n", label,
+                           escape_label(p.topic), p.partition, p.lag);
+    out += fmt::format("# HELP idemkafka_in_flight_records Records taken from Kafka and not yet committed or skipped.\n"
+                       "# TYPE idemkafka_in_flight_records gauge\n"
+                       "idemkafka_in_flight_records{{group=\"{}\"}} {}\n",
+                       label, in_flight_records);
+    out += fmt::format("# HELP idemkafka_in_flight_bytes Key and payload bytes of the records in flight.\n"
+                       "# TYPE idemkafka_in_flight_bytes gauge\n"
+                       "idemkafka_in_flight_bytes{{group=\"{}\"}} {}\n",
+                       label, in_flight_bytes);
+    out += fmt::format("# HELP idemkafka_oldest_claim_age_seconds Age of the group's oldest claim in the dedup table "
+                       "(-1: unknown).\n"
+                       "# TYPE idemkafka_oldest_claim_age_seconds gauge\n"
+                       "idemkafka_oldest_claim_age_seconds{{group=\"{}\"}} {}\n",
+                       label, oldest_claim_age_seconds);
     return out;
+}
+
+const char* to_string(LagSource source) noexcept
+{
+    return source == LagSource::statistics ? "statistics" : "watermarks";
 }
 
 Metrics::Histogram::Histogram(std::vector<double> bounds)
@@ -166,7 +192,30 @@ MetricsSnapshot Metrics::snapshot() const
     s.commit_delay_seconds = commit_delay_seconds.snapshot();
     s.assigned_partitions = assigned_partitions.get();
     s.lag = lag.get();
+    s.partitions = partitions();
+    s.in_flight_records = in_flight_records.get();
+    s.in_flight_bytes = in_flight_bytes.get();
+    s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();
+    if (s.oldest_claim_unix_ms >= 0) {
+        const auto now_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        s.oldest_claim_age_seconds =
+            static_cast<double>(std::max<std::int64_t>(0, now_ms - s.oldest_claim_unix_ms)) / 1000.0;
+    }
     return s;
+}
+
+void Metrics::set_partitions(std::vector<PartitionLag> partitions)
+{
+    std::lock_guard<std::mutex> lock(partitions_mu_);
+    partitions_.swap(partitions);
+}
+
+std::vector<PartitionLag> Metrics::partitions() const
+{
+    std::lock_guard<std::mutex> lock(partitions_mu_);
+    return partitions_;
 }
 
 std::uint64_t MetricsSnapshot::dead_lettered_total() const noexcept

@@ -143,12 +143,18 @@ struct ConsumerConfig {
     std::chrono::milliseconds dead_letter_timeout{30000};
     /// How long stop() may take to finish the current batch and leave the group.
     std::chrono::milliseconds shutdown_timeout{30000};
+    /// How often the oldest_claim_age_seconds gauge is measured, on a PostgreSQL
+    /// connection and thread of its own (the first time at start-up). Zero: never
+    /// (no extra connection; the gauge stays -1).
+    std::chrono::milliseconds oldest_claim_refresh{30000};
 
     /// Extra librdkafka consumer properties, passed through as they are
     /// (security.protocol, sasl.*, ssl.*, session.timeout.ms, ...). The library
     /// sets enable.auto.commit=false, enable.auto.offset.store=false and, unless
     /// given here, isolation.level=read_committed and auto.offset.reset=earliest.
     /// Setting enable.auto.commit or enable.auto.offset.store to true is a ConfigError.
+    /// With statistics.interval.ms > 0 the per-partition lag gauges take their
+    /// figures from librdkafka's statistics (see LagSource).
     std::map<std::string, std::string> kafka;
 
     /// Where log lines go. Default: stderr, level info and above.

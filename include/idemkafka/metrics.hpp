@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,38 @@ struct HistogramSnapshot {
     std::vector<std::uint64_t> buckets;  ///< observations <= bounds[i] (cumulative), then +Inf
     std::uint64_t count = 0;
     double sum = 0;
+};
+
+/// Where a partition's lag figures come from.
+enum class LagSource {
+    /// The engine's own processed position and the high watermark the client
+    /// learnt from its last fetch response (rd_kafka_get_watermark_offsets).
+    watermarks,
+    /// librdkafka's statistics (`statistics.interval.ms` set in
+    /// ConsumerConfig::kafka): `consumer_lag`, `hi_offset` and `committed_offset`
+    /// of the partition, as of the latest statistics event.
+    statistics,
+};
+
+/// "watermarks", "statistics".
+const char* to_string(LagSource source) noexcept;
+
+/// The lag of one assigned partition.
+struct PartitionLag {
+    std::string topic;
+    std::int32_t partition = 0;
+    /// Records between the consumer's position and the end of the partition;
+    /// -1 while unknown (no fetch response and no statistics yet).
+    std::int64_t lag = -1;
+    /// Next offset to process: just past the last record whose transaction
+    /// committed, or the start offset before this member processed any; -1 unknown.
+    std::int64_t position = -1;
+    /// Offset committed to Kafka: the last one this member committed (watermarks)
+    /// or librdkafka's `committed_offset` (statistics); -1 unknown.
+    std::int64_t committed = -1;
+    /// High watermark (offset of the next record to be written); -1 unknown.
+    std::int64_t high_watermark = -1;
+    LagSource source = LagSource::watermarks;
 };
 
 /// A point-in-time copy of a consumer's counters.
@@ -65,6 +98,24 @@ struct MetricsSnapshot {
     /// Records not yet processed on the assigned partitions (high watermark
     /// minus position), -1 while unknown (no assignment or no fetch yet).
     std::int64_t lag = -1;
+    /// Per assigned partition, ordered by topic and partition; revoked
+    /// partitions are removed. The sum of the known lags is `lag`.
+    std::vector<PartitionLag> partitions;
+    /// Records taken from the Kafka client and not finished yet (committed,
+    /// skipped as duplicates, dead-lettered or given back for redelivery): the
+    /// current batch. Bounded by max_batch; what librdkafka prefetched is not
+    /// included (that is bounded by max_prefetch_bytes).
+    std::int64_t in_flight_records = 0;
+    /// Key and payload bytes of those records (bounded by about max_batch_bytes).
+    std::int64_t in_flight_bytes = 0;
+    /// Creation time (Unix ms) of this group's oldest claim in the dedup table:
+    /// the UUIDv7 time of its smallest event id, or the oldest `processed_at`
+    /// when that id is not a UUIDv7; -1 while unknown (no claim, not measured
+    /// yet, or ConsumerConfig::oldest_claim_refresh is zero).
+    std::int64_t oldest_claim_unix_ms = -1;
+    /// Seconds from oldest_claim_unix_ms to the snapshot's time (0 for an id
+    /// from the future); -1 while unknown.
+    double oldest_claim_age_seconds = -1;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -83,6 +134,7 @@ public:
     struct Gauge {
         std::atomic<std::int64_t> value{0};
         void set(std::int64_t v) noexcept { value.store(v, std::memory_order_relaxed); }
+        void add(std::int64_t n) noexcept { value.fetch_add(n, std::memory_order_relaxed); }
         std::int64_t get() const noexcept { return value.load(std::memory_order_relaxed); }
     };
 
@@ -110,9 +162,21 @@ public:
     Histogram commit_delay_seconds{{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}};
     Gauge assigned_partitions;
     Gauge lag{{-1}};
+    Gauge in_flight_records;
+    Gauge in_flight_bytes;
+    Gauge oldest_claim_unix_ms{{-1}};
+
+    /// Replaces the per-partition lags (the consumer thread, after each lag update).
+    void set_partitions(std::vector<PartitionLag> partitions);
+    /// A copy of the per-partition lags.
+    std::vector<PartitionLag> partitions() const;
 
     /// Copies every counter.
     MetricsSnapshot snapshot() const;
+
+private:
+    mutable std::mutex partitions_mu_;
+    std::vector<PartitionLag> partitions_;
 };
 
 } // namespace idemkafka

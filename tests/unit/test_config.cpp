@@ -147,6 +147,9 @@ TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
     m.handler_seconds.observe(2);
     m.batch_records.observe(500);
     m.dead_lettered[static_cast<std::size_t>(DeadLetterReason::decode_error)].add(2);
+    m.set_partitions({{"orders", 0, 3, 7, 7, 10, LagSource::watermarks},
+                      {"odd\"topic\\with\nbreak", 1, -1, -1, -1, -1, LagSource::statistics}});
+    m.oldest_claim_unix_ms.set(0);
     const auto text = m.snapshot().to_prometheus("billing");
     const std::regex help(R"(# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .+)");
     const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
@@ -178,4 +181,10 @@ TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
     CHECK(text.find("idemkafka_handler_seconds_count{group=\"billing\"} 2\n") != std::string::npos);
     CHECK(text.find("idemkafka_dead_lettered_total{group=\"billing\",reason=\"decode_error\"} 2\n") !=
           std::string::npos);
+    CHECK(text.find("idemkafka_consumer_lag{group=\"billing\",topic=\"orders\",partition=\"0\"} 3\n") !=
+          std::string::npos);
+    CHECK(families.count("idemkafka_consumer_lag") == 1);
+    CHECK(families.count("idemkafka_in_flight_records") == 1);
+    CHECK(families.count("idemkafka_in_flight_bytes") == 1);
+    CHECK(families.count("idemkafka_oldest_claim_age_seconds") == 1);
 }
