@@ -1,4 +1,5 @@
 #include "claim_age.hpp"
+#include "log_context.hpp"
 
 #include <algorithm>
 #include <memory>
@@ -64,12 +65,7 @@ void ClaimAgeMonitor::stop() noexcept
 
 void ClaimAgeMonitor::say(LogLevel level, const std::string& line) noexcept
 {
-    if (!log_)
-        return;
-    try {
-        log_(level, line);
-    } catch (...) {
-    }
+    detail::emit(log_, level, line, "consumer", {{log_field::group, group_}});
 }
 
 void ClaimAgeMonitor::loop() noexcept

@@ -165,6 +165,11 @@ TEST_CASE("a fenced zombie cannot move the stored position back, and effects sta
         }
     });
     Runner<Consumer> zr(zombie);
+    // A failed REQUIRE below must not leave zr's join waiting on the frozen handler.
+    struct ReleaseOnExit {
+        std::atomic<bool>& flag;
+        ~ReleaseOnExit() { flag = true; }
+    } release_on_exit{release};
     REQUIRE(wait_until([&] { return frozen.load(); }, 60s));
 
     std::atomic<int> taken_over{0};
