@@ -372,18 +372,19 @@ struct Engine::Impl {
 
     void create_consumer()
     {
-        // librdkafka wants fetch.max.bytes >= message.max.bytes (1,000,000).
-        const std::size_t fetch_bytes = std::max<std::size_t>(cfg.max_prefetch_bytes / 4, 1024 * 1024);
+        // Every queued record keeps its whole fetch response alive, so the
+        // responses in memory are about (queued records / records per
+        // response) x fetch.max.bytes: small responses keep that near the
+        // queue itself, and measured no slower than larger ones. librdkafka
+        // wants fetch.max.bytes >= message.max.bytes (1,000,000).
+        const std::size_t fetch_bytes = 1024 * 1024;
         std::map<std::string, std::string> props = {
             {"isolation.level", "read_committed"},
             {"auto.offset.reset", "earliest"},
             {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
             {"queued.min.messages", std::to_string(cfg.max_prefetch_records)},
-            // The byte cap is checked before a fetch, whose response adds up
-            // to fetch.max.bytes (50 MB by default): a quarter of the budget
-            // keeps the total near max_prefetch_bytes.
             {"fetch.max.bytes", std::to_string(fetch_bytes)},
-            {"max.partition.fetch.bytes", std::to_string(std::min<std::size_t>(fetch_bytes, 1024 * 1024))},
+            {"max.partition.fetch.bytes", std::to_string(fetch_bytes)},
         };
         // Once a prefetch cap is reached, librdkafka before 2.1 looks at the
         // partition again only when its broker thread wakes (up to a second

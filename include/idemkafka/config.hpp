@@ -92,8 +92,8 @@ struct ConsumerConfig {
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
     /// Bytes and records the Kafka client may prefetch ahead of processing, for
     /// all assigned partitions together (librdkafka queued.max.messages.kbytes
-    /// and queued.min.messages; one fetch response is at most a quarter of the
-    /// bytes or 1 MiB, whichever is larger; values set in `kafka` win). With
+    /// and queued.min.messages; fetch responses are 1 MiB at most
+    /// (fetch.max.bytes); values set in `kafka` win). With
     /// max_batch_bytes they bound the consumer's memory whatever the number of
     /// events: about max_prefetch_records x (payload + ~300 bytes). With
     /// librdkafka 2.0 a reached cap pauses fetching for up to a second, so the
