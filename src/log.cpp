@@ -69,42 +69,6 @@ void append_text_value(std::string& out, std::string_view v)
     out.push_back('"');
 }
 
-void append_json_string(std::string& out, std::string_view text)
-{
-    out.push_back('"');
-    auto escape_byte = [&](unsigned char c) { out += fmt::format("\\u{:04x}", c); };
-    for (std::size_t i = 0; i < text.size();) {
-        const auto c = static_cast<unsigned char>(text[i]);
-        if (c == '"' || c == '\\') {
-            out.push_back('\\');
-            out.push_back(static_cast<char>(c));
-        } else if (c == '\n') {
-            out += "\\n";
-        } else if (c == '\r') {
-            out += "\\r";
-        } else if (c == '\t') {
-            out += "\\t";
-        } else if (c < 0x20 || c == 0x7f) {
-            escape_byte(c);
-        } else if (c < 0x80) {
-            out.push_back(static_cast<char>(c));
-        } else {
-            // A well-formed UTF-8 sequence is copied; a stray byte is escaped.
-            const std::size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-            bool ok = len > 0 && i + len <= text.size() && c >= 0xC2 && c <= 0xF4;
-            for (std::size_t k = 1; ok && k < len; ++k)
-                ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
-            if (ok) {
-                out.append(text.substr(i, len));
-                i += len;
-                continue;
-            }
-            escape_byte(c);
-        }
-        ++i;
-    }
-    out.push_back('"');
-}
 
 std::string_view trim_end(std::string_view s) noexcept
 {
@@ -171,14 +135,14 @@ std::string format_text(const LogRecord& record)
 std::string format_json(const LogRecord& record)
 {
     std::string out = "{\"level\":";
-    append_json_string(out, to_string(record.level));
+    detail::append_json_string(out, to_string(record.level));
     out += ",\"message\":";
-    append_json_string(out, trim_end(record.message));
+    detail::append_json_string(out, trim_end(record.message));
     for (const auto& f : record.fields) {
         out.push_back(',');
-        append_json_string(out, f.key == "level" || f.key == "message" ? "field." + f.key : f.key);
+        detail::append_json_string(out, f.key == "level" || f.key == "message" ? "field." + f.key : f.key);
         out.push_back(':');
-        append_json_string(out, f.value);
+        detail::append_json_string(out, f.value);
     }
     out.push_back('}');
     return out;
@@ -203,6 +167,43 @@ LogSink json_sink(LogLevel min_level)
 }
 
 namespace detail {
+
+void append_json_string(std::string& out, std::string_view text)
+{
+    out.push_back('"');
+    auto escape_byte = [&](unsigned char c) { out += fmt::format("\\u{:04x}", c); };
+    for (std::size_t i = 0; i < text.size();) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        if (c == '"' || c == '\\') {
+            out.push_back('\\');
+            out.push_back(static_cast<char>(c));
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else if (c < 0x20 || c == 0x7f) {
+            escape_byte(c);
+        } else if (c < 0x80) {
+            out.push_back(static_cast<char>(c));
+        } else {
+            // A well-formed UTF-8 sequence is copied; a stray byte is escaped.
+            const std::size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+            bool ok = len > 0 && i + len <= text.size() && c >= 0xC2 && c <= 0xF4;
+            for (std::size_t k = 1; ok && k < len; ++k)
+                ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+            if (ok) {
+                out.append(text.substr(i, len));
+                i += len;
+                continue;
+            }
+            escape_byte(c);
+        }
+        ++i;
+    }
+    out.push_back('"');
+}
 
 LogSink with_context(LogSink inner, LogFields defaults, Redactor secrets)
 {

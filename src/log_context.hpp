@@ -16,6 +16,10 @@ namespace idemkafka::detail {
 
 using LogFields = std::vector<LogField>;
 
+/// Appends `text` as a JSON string literal: quotes, backslashes and control
+/// characters escaped, well-formed UTF-8 kept, stray bytes as \u00XX.
+void append_json_string(std::string& out, std::string_view text);
+
 /// A sink that adds each of `defaults` that a record lacks (after its
 /// component field) and masks the `secrets` known to the caller before the
 /// record reaches `inner`. An empty `inner` gives an empty sink.

@@ -1,5 +1,7 @@
 #include "cli.hpp"
 
+#include "log_context.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -193,45 +195,8 @@ void err(std::string_view line)
 
 std::string json_string(std::string_view text)
 {
-    std::string out = "\"";
-    auto escape_byte = [&](unsigned char c) { out += fmt::format("\\u{:04x}", c); };
-    for (std::size_t i = 0; i < text.size();) {
-        const auto c = static_cast<unsigned char>(text[i]);
-        if (c == '"' || c == '\\') {
-            out.push_back('\\');
-            out.push_back(static_cast<char>(c));
-            ++i;
-        } else if (c == '\n') {
-            out += "\\n";
-            ++i;
-        } else if (c == '\r') {
-            out += "\\r";
-            ++i;
-        } else if (c == '\t') {
-            out += "\\t";
-            ++i;
-        } else if (c < 0x20 || c == 0x7f) {
-            escape_byte(c);
-            ++i;
-        } else if (c < 0x80) {
-            out.push_back(static_cast<char>(c));
-            ++i;
-        } else {
-            // Copy a well-formed UTF-8 sequence as it is; escape a stray byte.
-            std::size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-            bool ok = len > 0 && i + len <= text.size() && c >= 0xC2 && c <= 0xF4;
-            for (std::size_t k = 1; ok && k < len; ++k)
-                ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
-            if (ok) {
-                out.append(text.substr(i, len));
-                i += len;
-            } else {
-                escape_byte(c);
-                ++i;
-            }
-        }
-    }
-    out.push_back('"');
+    std::string out;
+    detail::append_json_string(out, text);
     return out;
 }
 
