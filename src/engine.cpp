@@ -826,14 +826,14 @@ struct Engine::Impl {
     void housekeeping()
     {
         const auto now = Clock::now();
-        if (now >= next_lag_update) {
+        const bool tick = now >= next_lag_update;
+        if (tick) {
             update_lag();
             next_lag_update = now + milliseconds(200);
-            if (now >= next_commit_at)
-                flush_commits(); // also resends failed commits of an idle partition
-        } else if (uncommitted_since && now >= next_commit_at) {
-            flush_commits();
         }
+        // Each tick also resends failed commits of an idle partition.
+        if (now >= next_commit_at && (tick || uncommitted_since))
+            flush_commits();
         for (auto& [tp, ps] : parts) {
             if (ps.needs_seek)
                 seek(ps, tp.topic, tp.partition);

@@ -46,6 +46,13 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::fenced_writes},
 };
 
+template <class T>
+void render_gauge(std::string& out, const char* name, const char* help, const std::string& label, T value)
+{
+    out += fmt::format("# HELP idemkafka_{0} {1}\n# TYPE idemkafka_{0} gauge\nidemkafka_{0}{{group=\"{2}\"}} {3}\n",
+                       name, help, label, value);
+}
+
 void render_histogram(std::string& out, const char* name, const char* help, const std::string& label,
                       const HistogramSnapshot& h)
 {
@@ -94,32 +101,18 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
         out += fmt::format("idemkafka_dead_lettered_total{{group=\"{}\",reason=\"{}\"}} {}\n", label,
                            to_string(static_cast<DeadLetterReason>(i)), dead_lettered[i]);
-    out += fmt::format("# HELP idemkafka_assigned_partitions Partitions currently assigned.\n"
-                       "# TYPE idemkafka_assigned_partitions gauge\n"
-                       "idemkafka_assigned_partitions{{group=\"{}\"}} {}\n",
-                       label, assigned_partitions);
-    out += fmt::format("# HELP idemkafka_lag Records not yet processed on the assigned partitions (-1: unknown).\n"
-                       "# TYPE idemkafka_lag gauge\n"
-                       "idemkafka_lag{{group=\"{}\"}} {}\n",
-                       label, lag);
+    render_gauge(out, "assigned_partitions", "Partitions currently assigned.", label, assigned_partitions);
+    render_gauge(out, "lag", "Records not yet processed on the assigned partitions (-1: unknown).", label, lag);
     out += "# HELP idemkafka_consumer_lag Records not yet processed on one assigned partition (-1: unknown).\n"
            "# TYPE idemkafka_consumer_lag gauge\n";
     for (const auto& p : partitions)
         out += fmt::format("idemkafka_consumer_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}\n", label,
                            escape_label(p.topic), p.partition, p.lag);
-    out += fmt::format("# HELP idemkafka_in_flight_records Records taken from Kafka and not yet committed or skipped.\n"
-                       "# TYPE idemkafka_in_flight_records gauge\n"
-                       "idemkafka_in_flight_records{{group=\"{}\"}} {}\n",
-                       label, in_flight_records);
-    out += fmt::format("# HELP idemkafka_in_flight_bytes Key and payload bytes of the records in flight.\n"
-                       "# TYPE idemkafka_in_flight_bytes gauge\n"
-                       "idemkafka_in_flight_bytes{{group=\"{}\"}} {}\n",
-                       label, in_flight_bytes);
-    out += fmt::format("# HELP idemkafka_oldest_claim_age_seconds Age of the group's oldest claim in the dedup table "
-                       "(-1: unknown).\n"
-                       "# TYPE idemkafka_oldest_claim_age_seconds gauge\n"
-                       "idemkafka_oldest_claim_age_seconds{{group=\"{}\"}} {}\n",
-                       label, oldest_claim_age_seconds);
+    render_gauge(out, "in_flight_records", "Records taken from Kafka and not yet committed or skipped.", label,
+                 in_flight_records);
+    render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, in_flight_bytes);
+    render_gauge(out, "oldest_claim_age_seconds", "Age of the group's oldest claim in the dedup table (-1: unknown).",
+                 label, oldest_claim_age_seconds);
     return out;
 }
 
