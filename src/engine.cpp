@@ -1679,22 +1679,16 @@ struct Engine::Impl {
         create_consumer();
 
         while (stop_requests.load() == 0) {
-            auto T0 = Clock::now();
             housekeeping();
             const bool db_ready = ensure_db();
-            auto T1 = Clock::now();
             fill_batch();
-            auto T2 = Clock::now();
             if (batch.empty())
                 continue;
             if (!db_ready) {
                 rewind_batch();
                 continue;
             }
-            auto nb = batch.size();
             process_batch();
-            auto T3 = Clock::now();
-            if (getenv("IKDBG")) fprintf(stderr, "DBG n=%zu hk=%.2f fill=%.2f proc=%.2f\n", nb, std::chrono::duration<double, std::milli>(T1-T0).count(), std::chrono::duration<double, std::milli>(T2-T1).count(), std::chrono::duration<double, std::milli>(T3-T2).count());
         }
         shutdown();
     }
