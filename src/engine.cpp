@@ -99,7 +99,9 @@ struct Engine::Impl {
         DeadLetterReason reason = DeadLetterReason::decode_error;
         std::string error;
         bool key_window_open = true;
+        bool reconcile = false;   // beyond the dedup horizon: the reconcile hook decides
         bool retry_later = false; // held for another try before any transaction
+        std::size_t slot = 0;     // of the decoded event in its Stage bank
     };
 
     // Where a partition must stop in this batch: records from `offset` on are
@@ -129,7 +131,7 @@ struct Engine::Impl {
     // A worker: one PostgreSQL connection and, per batch, its share of the records.
     struct Lane {
         std::unique_ptr<pqxx::connection> db;
-        std::vector<std::size_t> items; // indices into batch, in batch order
+        std::vector<std::size_t> items; // indices into `running`, in batch order
         Holds holds;
         BatchInfo info;
         bool failed = false;            // nothing of this lane's final transaction committed
@@ -138,6 +140,7 @@ struct Engine::Impl {
         bool fenced = false;            // the offset table refused our epoch: we lost a partition
         bool one_by_one = false;        // batch handler: one call per record (after a failed batch call)
         std::vector<std::size_t> call_items; // batch handler: the records of the call
+        std::vector<std::size_t> call_slots; // and their Stage slots
         std::vector<Context> call_contexts;
         std::exception_ptr error;       // an unexpected exception, rethrown on the poll thread
     };
@@ -154,7 +157,17 @@ struct Engine::Impl {
     kafka::HandlePtr rk;
     bool cooperative = false;
     std::map<TopicPartition, PartitionState> parts;
+    // The batch being polled and decoded, and the one the workers process
+    // (pipeline: both at once). The poll thread touches `running` and the
+    // lanes only after finish_running().
     std::vector<Item> batch;
+    std::vector<Item> running;
+    bool in_flight = false;
+    std::atomic<bool> running_done{false};
+    std::size_t fill_bank = 0; // Stage bank `batch` decodes into
+    std::size_t run_bank = 0;  // Stage bank of `running`
+    kafka::QueuePtr consumer_queue; // to wake a poll when the running batch is done
+    std::exception_ptr deferred_error; // thrown in a rebalance callback, rethrown after the poll
 
     std::string dlq_topic = cfg.effective_dead_letter_topic();
     bool reset_to_latest = false; // auto.offset.reset, for the lag of a partition without commits
@@ -251,7 +264,14 @@ struct Engine::Impl {
 
     ~Impl()
     {
+        // run() left by an exception, maybe with a batch in the workers' hands:
+        // let it end, and take nothing of it (committing nothing is always safe).
+        if (pool)
+            pool->wait();
+        in_flight = false;
         batch.clear();
+        running.clear();
+        consumer_queue.reset();
         if (rk) {
             // run() left by an exception: leave the group without committing
             // anything, as a crash would (but without the session timeout).
@@ -438,6 +458,7 @@ struct Engine::Impl {
             throw KafkaError(secrets(fmt::format("cannot create Kafka consumer: {}", err)));
         conf.release(); // owned by rk now
         rd_kafka_poll_set_consumer(rk.get());
+        consumer_queue.reset(rd_kafka_queue_get_consumer(rk.get()));
 
         auto topics = kafka::make_list(static_cast<int>(cfg.topics.size()));
         for (const auto& t : cfg.topics)
@@ -450,6 +471,9 @@ struct Engine::Impl {
     void on_rebalance(rd_kafka_t* handle, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
     {
         metrics.rebalances.add();
+        // The running batch first: its positions belong to what is revoked, and
+        // its connections are free for the stored positions of what is assigned.
+        finish_running_in_callback();
         cooperative = std::strcmp(rd_kafka_rebalance_protocol(handle), "COOPERATIVE") == 0;
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
             for (int i = 0; i < list->cnt; ++i) {
@@ -852,6 +876,10 @@ struct Engine::Impl {
         Clock::time_point deadline{};
         std::size_t bytes = 0;
         while (batch.size() < cfg.max_batch && bytes < cfg.max_batch_bytes) {
+            // The workers are done: hand them what there is rather than leave
+            // PostgreSQL idle (and commit their positions when there is nothing).
+            if (in_flight && running_done.load())
+                return;
             milliseconds timeout = idle_poll;
             if (!batch.empty()) {
                 timeout = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
@@ -859,6 +887,8 @@ struct Engine::Impl {
                     timeout = milliseconds(0);
             }
             kafka::MessagePtr m(rd_kafka_consumer_poll(rk.get(), static_cast<int>(timeout.count())));
+            if (deferred_error)
+                std::rethrow_exception(std::exchange(deferred_error, nullptr));
             if (!m) {
                 if (batch.empty() || Clock::now() >= deadline || stop_requests.load())
                     return;
@@ -879,7 +909,6 @@ struct Engine::Impl {
                     continue; // fetched before the rewind; it comes again
                 ps->resume_from = -1;
             }
-            metrics.consumed.add();
             bytes += m->len + m->key_len;
             if (batch.empty())
                 deadline = Clock::now() + cfg.max_batch_wait;
@@ -938,34 +967,41 @@ struct Engine::Impl {
     void count_in_flight()
     {
         std::int64_t bytes = 0;
-        for (const auto& it : batch)
-            bytes += static_cast<std::int64_t>(it.msg->len + it.msg->key_len);
-        metrics.in_flight_records.set(static_cast<std::int64_t>(batch.size()));
+        for (const auto* items : {&batch, &running})
+            for (const auto& it : *items)
+                bytes += static_cast<std::int64_t>(it.msg->len + it.msg->key_len);
+        metrics.in_flight_records.set(static_cast<std::int64_t>(batch.size() + running.size()));
         metrics.in_flight_bytes.set(bytes);
     }
 
     // ---- processing -------------------------------------------------------
 
-    void poison(Item& it, DeadLetterReason reason, std::string error)
+    // Counted when the record is handed over (see launch()): a record decoded
+    // and then dropped by a rewind is not counted twice.
+    static void poison(Item& it, DeadLetterReason reason, std::string error)
     {
         it.state = State::poison;
         it.reason = reason;
         it.error = std::move(error);
-        if (reason == DeadLetterReason::invalid_event_id || reason == DeadLetterReason::missing_event_id)
+    }
+
+    void count_poison(const Item& it)
+    {
+        if (it.reason == DeadLetterReason::invalid_event_id || it.reason == DeadLetterReason::missing_event_id)
             metrics.invalid_event_ids.add();
         else
             metrics.decode_errors.add();
     }
 
     // The dedup-horizon guard: an event whose claim may already be purged is
-    // not handed to the handler blindly.
+    // not handed to the handler blindly. The reconcile hook needs PostgreSQL,
+    // so it runs in reconcile(), when no batch is in the workers' hands.
     void apply_horizon(Item& it)
     {
         const auto d = guard->check(it.id);
         it.key_window_open = d.key_window_open;
         if (d.beyond_horizon)
             metrics.beyond_dedup_horizon.add();
-        const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
         if (d.action == HorizonAction::dead_letter) {
             it.state = State::poison;
             it.reason = d.reason == reason_non_v7_event_id ? DeadLetterReason::non_v7_event_id
@@ -977,42 +1013,51 @@ struct Engine::Impl {
             return;
         }
         if (d.action == HorizonAction::reconcile) {
-            ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
-            try {
-                pqxx::work tx(*lanes.front().db);
-                outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, 1, it.key_window_open));
-                tx.commit();
-            } catch (const std::exception& e) {
-                say(LogLevel::warning, about(it, e.what()), "reconcile hook failed on {}: {}; the record comes again",
-                    where, e.what());
-                it.retry_later = true;
-                return;
-            }
-            if (outcome == ReconcileOutcome::skip) {
-                say(LogLevel::info, about(it), "reconcile hook skipped {} (event {})", where, it.id.to_string());
-                it.state = State::done;
-                metrics.duplicates.add();
-            } else if (outcome == ReconcileOutcome::dead_letter) {
-                it.state = State::poison;
-                it.reason = DeadLetterReason::beyond_dedup_horizon;
-                it.error = "reconcile hook chose the dead letter";
-            } else {
-                metrics.horizon_processed.add();
-            }
+            it.reconcile = true;
             return;
         }
         if (d.beyond_horizon) {
             metrics.horizon_processed.add();
-            say(LogLevel::warning, about(it), "{} (event {}) is beyond the dedup horizon; processed by policy", where,
-                it.id.to_string());
+            say(LogLevel::warning, about(it), "{} (event {}) is beyond the dedup horizon; processed by policy",
+                coords(it.record.topic, it.record.partition, it.record.offset), it.id.to_string());
         }
     }
 
+    void reconcile(Item& it)
+    {
+        const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
+        ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
+        try {
+            pqxx::work tx(*lanes.front().db);
+            outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, 1, it.key_window_open));
+            tx.commit();
+        } catch (const std::exception& e) {
+            say(LogLevel::warning, about(it, e.what()), "reconcile hook failed on {}: {}; the record comes again",
+                where, e.what());
+            it.retry_later = true;
+            return;
+        }
+        if (outcome == ReconcileOutcome::skip) {
+            say(LogLevel::info, about(it), "reconcile hook skipped {} (event {})", where, it.id.to_string());
+            it.state = State::done;
+            metrics.duplicates.add();
+        } else if (outcome == ReconcileOutcome::dead_letter) {
+            it.state = State::poison;
+            it.reason = DeadLetterReason::beyond_dedup_horizon;
+            it.error = "reconcile hook chose the dead letter";
+        } else {
+            metrics.horizon_processed.add();
+        }
+    }
+
+    // Decodes `batch` into the free Stage bank (pipeline: while the workers
+    // process `running` from the other one).
     void decode_all()
     {
-        stage.prepare(batch.size());
+        stage.prepare(fill_bank, batch.size());
         for (std::size_t i = 0; i < batch.size(); ++i) {
             auto& it = batch[i];
+            it.slot = i;
             const auto& r = it.record;
             if (!r.value || r.value->empty()) {
                 poison(it, DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
@@ -1025,10 +1070,9 @@ struct Engine::Impl {
                 continue;
             }
             try {
-                it.id = stage.decode(i, r);
+                it.id = stage.decode(fill_bank, i, r);
                 if (it.id.is_nil())
                     throw InvalidEventId("event id is the nil UUID");
-                apply_horizon(it);
             } catch (const MissingEventId& e) {
                 poison(it, DeadLetterReason::missing_event_id, e.what());
             } catch (const InvalidEventId& e) {
@@ -1096,7 +1140,7 @@ struct Engine::Impl {
         std::vector<OutgoingRecord> records;
         records.reserve(items.size());
         for (std::size_t i : items)
-            records.push_back(dead_letter_record(batch[i], attempt_of(batch[i]) - 1));
+            records.push_back(dead_letter_record(running[i], attempt_of(running[i]) - 1));
         std::vector<std::string> errors;
         try {
             errors = dead_letter_producer().publish_all(records, cfg.dead_letter_timeout);
@@ -1104,7 +1148,7 @@ struct Engine::Impl {
             errors.assign(items.size(), e.what());
         }
         for (std::size_t k = 0; k < items.size(); ++k) {
-            auto& it = batch[items[k]];
+            auto& it = running[items[k]];
             const auto& r = it.record;
             if (errors[k].empty()) {
                 it.state = State::done;
@@ -1202,7 +1246,7 @@ struct Engine::Impl {
     {
         std::vector<EventId> release;
         for (std::size_t j = k; j < first.size(); ++j) {
-            const auto& it = batch[first[j]];
+            const auto& it = running[first[j]];
             add_hold(lane.holds, it.part, it.record.offset, 0);
             if (claimed.count(it.id))
                 release.push_back(it.id);
@@ -1213,7 +1257,7 @@ struct Engine::Impl {
                            cfg.group_id, ProcessedEventStore::array_literal(release));
         std::size_t n = 0;
         for (std::size_t j : lane.items)
-            if (held(lane.holds, batch[j]))
+            if (held(lane.holds, running[j]))
                 ++n;
         return n;
     }
@@ -1229,7 +1273,7 @@ struct Engine::Impl {
         seen.reserve(lane.items.size());
         std::size_t active = 0;
         for (std::size_t i : lane.items) {
-            const auto& it = batch[i];
+            const auto& it = running[i];
             if (it.state != State::pending || held(lane.holds, it))
                 continue;
             ++active;
@@ -1251,6 +1295,7 @@ struct Engine::Impl {
         const bool batched = stage.batched();
         const bool gather = batched && !lane.one_by_one;
         lane.call_items.clear();
+        lane.call_slots.clear();
         lane.call_contexts.clear();
         try {
             pqxx::work tx(*lane.db);
@@ -1260,7 +1305,7 @@ struct Engine::Impl {
             std::size_t handled = 0;
             for (std::size_t k = 0; k < first.size(); ++k) {
                 const std::size_t i = first[k];
-                auto& it = batch[i];
+                auto& it = running[i];
                 if (!claimed.count(it.id))
                     continue;
                 if (forced())
@@ -1273,7 +1318,7 @@ struct Engine::Impl {
                         handled, given_back);
                     active = 0;
                     for (std::size_t j : lane.items)
-                        if (batch[j].state == State::pending && !held(lane.holds, batch[j]))
+                        if (running[j].state == State::pending && !held(lane.holds, running[j]))
                             ++active;
                     lane.info.records = active;
                     lane_claimed_override = handled;
@@ -1283,6 +1328,7 @@ struct Engine::Impl {
                     metrics.key_window_closed.add();
                 if (gather) {
                     lane.call_items.push_back(i);
+                    lane.call_slots.push_back(it.slot);
                     lane.call_contexts.emplace_back(it.record, it.id, attempt_of(it), it.key_window_open);
                     continue;
                 }
@@ -1291,9 +1337,9 @@ struct Engine::Impl {
                 const bool ok = call_handler(i, failure, [&] {
                     const Context ctx(it.record, it.id, attempt_of(it), it.key_window_open);
                     if (batched)
-                        stage.handle_batch(tx, &i, &ctx, 1);
+                        stage.handle_batch(run_bank, tx, &it.slot, &ctx, 1);
                     else
-                        stage.handle(i, tx, ctx);
+                        stage.handle(run_bank, it.slot, tx, ctx);
                 });
                 if (!ok)
                     return Outcome::handler_failed;
@@ -1302,7 +1348,7 @@ struct Engine::Impl {
                 // One call for every claimed record of the transaction.
                 handled = lane.call_items.size();
                 const bool ok = call_handler(lane.call_items.front(), failure, [&] {
-                    stage.handle_batch(tx, lane.call_items.data(), lane.call_contexts.data(), handled);
+                    stage.handle_batch(run_bank, tx, lane.call_slots.data(), lane.call_contexts.data(), handled);
                 });
                 if (!ok && handled == 1)
                     return Outcome::handler_failed;
@@ -1362,7 +1408,7 @@ struct Engine::Impl {
     {
         std::map<PartitionState*, OffsetStore::Position> by_part;
         for (std::size_t i : lane.items) {
-            const auto& it = batch[i];
+            const auto& it = running[i];
             if (held(lane.holds, it))
                 continue;
             auto& p = by_part[it.part];
@@ -1439,7 +1485,7 @@ struct Engine::Impl {
 
     void on_handler_failure(Lane& lane, const HandlerFailed& f)
     {
-        auto& it = batch[f.index];
+        auto& it = running[f.index];
         const int failures = count_failure(it);
         metrics.handler_failures.add();
         const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
@@ -1471,18 +1517,31 @@ struct Engine::Impl {
         return it.part->lane % lanes.size();
     }
 
-    void process_batch()
+    // Hands `batch` (decoded) to the workers. Runs when none is in their
+    // hands, so the lanes' connections are free for the reconcile hook.
+    void launch()
     {
+        std::swap(batch, running);
+        run_bank = fill_bank;
+        fill_bank = (fill_bank + 1) % Stage::banks;
+        metrics.consumed.add(running.size());
         batch_deadline = Clock::now() + batch_budget;
-        decode_all();
         Holds holds;
-        for (auto& it : batch)
+        for (auto& it : running) {
+            if (it.state == State::poison) {
+                count_poison(it);
+                continue;
+            }
+            apply_horizon(it);
+            if (it.reconcile)
+                reconcile(it);
             if (it.retry_later)
                 add_hold(holds, it.part, it.record.offset, count_failure(it));
+        }
         {
             std::vector<std::size_t> poisoned;
-            for (std::size_t i = 0; i < batch.size(); ++i)
-                if (batch[i].state == State::poison && !held(holds, batch[i]))
+            for (std::size_t i = 0; i < running.size(); ++i)
+                if (running[i].state == State::poison && !held(holds, running[i]))
                     poisoned.push_back(i);
             dead_letter(poisoned, holds);
         }
@@ -1493,9 +1552,9 @@ struct Engine::Impl {
             lane.failed = lane.lost_connection = lane.abandoned = lane.one_by_one = false;
             lane.error = nullptr;
         }
-        for (std::size_t i = 0; i < batch.size(); ++i)
-            if (batch[i].state == State::pending)
-                lanes[lane_of(batch[i])].items.push_back(i);
+        for (std::size_t i = 0; i < running.size(); ++i)
+            if (running[i].state == State::pending)
+                lanes[lane_of(running[i])].items.push_back(i);
 
         auto work = [this](std::size_t n) {
             auto& lane = lanes[n];
@@ -1508,13 +1567,37 @@ struct Engine::Impl {
                 lane.error = std::current_exception();
             }
         };
-        if (lanes.size() == 1)
+        in_flight = true;
+        if (!pool) {
             work(0);
-        else
-            pool->run(lanes.size(), work);
+            running_done = true;
+            return;
+        }
+        running_done = false;
+        pool->start(lanes.size(), work, [this] {
+            running_done = true;
+            if (consumer_queue)
+                rd_kafka_queue_yield(consumer_queue.get()); // a poll waiting for records returns now
+        });
+        if (!cfg.pipeline)
+            pool->wait();
+    }
+
+    // Waits for the batch in the workers' hands and takes its results: holds
+    // and rewinds, positions, counters, the offset commit when it is due.
+    // Records of `batch` on a partition rewound here are dropped: they come
+    // again after the records the running batch gave back.
+    void finish_running()
+    {
+        if (!in_flight)
+            return;
+        if (pool)
+            pool->wait();
+        in_flight = false;
 
         // Merge: a partition stops at the earliest hold of any lane, and at the
         // first unfinished record of a lane whose transaction did not commit.
+        Holds holds;
         BatchInfo info;
         bool any_failed = false, lost = false;
         std::exception_ptr error;
@@ -1527,8 +1610,8 @@ struct Engine::Impl {
                 if (lane.error && !error)
                     error = lane.error;
                 for (std::size_t i : lane.items)
-                    if (batch[i].state != State::done)
-                        add_hold(holds, batch[i].part, batch[i].record.offset, 0);
+                    if (running[i].state != State::done)
+                        add_hold(holds, running[i].part, running[i].record.offset, 0);
                 if (lane.lost_connection)
                     lane.db.reset();
                 continue;
@@ -1537,11 +1620,19 @@ struct Engine::Impl {
             info.claimed += lane.info.claimed;
             info.duplicates += lane.info.duplicates;
         }
-        apply_holds(holds);
+        apply_holds(holds, running);
+        if (!holds.empty()) {
+            batch.erase(std::remove_if(batch.begin(), batch.end(),
+                                       [&](const Item& it) { return holds.count(it.part) > 0; }),
+                        batch.end());
+        }
         if (any_failed && !forced())
             db_hold();
-        if (error)
+        if (error) {
+            running.clear();
+            count_in_flight();
             std::rethrow_exception(error);
+        }
 
         const auto committed_at = Clock::now();
         if (info.records) {
@@ -1549,13 +1640,20 @@ struct Engine::Impl {
             metrics.batch_records.observe(static_cast<double>(info.records));
             metrics.claimed.add(info.claimed);
             metrics.duplicates.add(info.duplicates);
-            if (cfg.hooks.after_db_commit)
-                cfg.hooks.after_db_commit(info); // may throw: then nothing below happens
+            if (cfg.hooks.after_db_commit) {
+                try {
+                    cfg.hooks.after_db_commit(info); // may throw: then nothing below happens
+                } catch (...) {
+                    running.clear();
+                    count_in_flight();
+                    throw;
+                }
+            }
             if (outbox_relay && info.claimed)
                 outbox_relay->wake(); // handlers may have enqueued: publish now, not at the next poll
         }
         std::set<PartitionState*> moved;
-        for (auto& it : batch) {
+        for (auto& it : running) {
             if (held(holds, it))
                 continue;
             it.state = State::done;
@@ -1564,7 +1662,7 @@ struct Engine::Impl {
             if (!it.part->failures.empty())
                 forget_failures(it);
         }
-        batch.clear();
+        running.clear();
         count_in_flight();
         if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
             return; // not stored: Kafka must not get ahead of the database either
@@ -1572,6 +1670,20 @@ struct Engine::Impl {
             uncommitted_since = committed_at;
         if (committed_at >= next_commit_at)
             flush_commits();
+    }
+
+    // finish_running() in a librdkafka callback: an exception must not cross
+    // librdkafka's frames, so it is kept and thrown after the poll returns,
+    // and nothing more is committed meanwhile (as after a crash).
+    void finish_running_in_callback() noexcept
+    {
+        try {
+            finish_running();
+        } catch (...) {
+            no_commit = true;
+            if (!deferred_error)
+                deferred_error = std::current_exception();
+        }
     }
 
     // Sends the positions committed in PostgreSQL since the last commit (see
@@ -1610,12 +1722,12 @@ struct Engine::Impl {
 
     // Rewinds every held partition to its hold; a hold after handler failures
     // also pauses the partition for the backoff (other partitions go on).
-    void apply_holds(const Holds& holds)
+    void apply_holds(const Holds& holds, const std::vector<Item>& items)
     {
         const auto now = Clock::now();
         for (const auto& [ps, h] : holds) {
             const Item* first = nullptr;
-            for (const auto& it : batch)
+            for (const auto& it : items)
                 if (it.part == ps) {
                     first = &it;
                     break;
@@ -1639,7 +1751,7 @@ struct Engine::Impl {
         Holds holds;
         for (const auto& it : batch)
             add_hold(holds, it.part, it.record.offset, 0);
-        apply_holds(holds);
+        apply_holds(holds, batch);
         batch.clear();
         count_in_flight();
     }
@@ -1649,8 +1761,8 @@ struct Engine::Impl {
     void run()
     {
         lanes = std::vector<Lane>(cfg.workers);
-        if (cfg.workers > 1)
-            pool = std::make_unique<LanePool>(cfg.workers - 1);
+        if (cfg.workers > 1 || cfg.pipeline)
+            pool = std::make_unique<LanePool>(cfg.workers);
         try {
             for (std::size_t i = 0; i < lanes.size(); ++i)
                 connect_lane(lanes[i], i == 0);
@@ -1680,15 +1792,20 @@ struct Engine::Impl {
 
         while (stop_requests.load() == 0) {
             housekeeping();
+            fill_batch(); // pipeline: meanwhile the workers process the running batch
+            if (!batch.empty())
+                decode_all();
+            finish_running();
             const bool db_ready = ensure_db();
-            fill_batch();
             if (batch.empty())
                 continue;
             if (!db_ready) {
                 rewind_batch();
                 continue;
             }
-            process_batch();
+            launch();
+            if (!cfg.pipeline)
+                finish_running();
         }
         shutdown();
     }
@@ -1697,9 +1814,11 @@ struct Engine::Impl {
     {
         // Positions of batches already committed in PostgreSQL are always safe
         // to commit, also on a forced stop; unfinished work is not committed.
+        finish_running();
         batch.clear();
         count_in_flight();
         commit_positions(nullptr, false);
+        consumer_queue.reset(); // before the close
         say(LogLevel::info, "closing consumer{}", forced() ? " (forced)" : "");
         if (auto e = rd_kafka_consumer_close(rk.get()))
             say(LogLevel::warning, error_field(rd_kafka_err2str(e)), "consumer close: {}", rd_kafka_err2str(e));

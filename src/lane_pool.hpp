@@ -1,11 +1,13 @@
 #pragma once
-// A fixed set of threads that run one batch's lanes in parallel and join.
+// A fixed set of threads that run one batch's lanes in parallel, in the
+// background of the poll thread.
 
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace idemkafka::detail {
@@ -15,11 +17,12 @@ public:
     explicit LanePool(std::size_t threads)
     {
         for (std::size_t i = 0; i < threads; ++i)
-            threads_.emplace_back([this, i] { loop(i + 1); });
+            threads_.emplace_back([this, i] { loop(i); });
     }
 
     ~LanePool()
     {
+        wait();
         {
             std::lock_guard<std::mutex> lock(mu_);
             quit_ = true;
@@ -32,23 +35,30 @@ public:
     LanePool(const LanePool&) = delete;
     LanePool& operator=(const LanePool&) = delete;
 
-    /// Runs work(0) on the calling thread and work(1..n-1) on the pool's
-    /// threads (n - 1 must not exceed their number); returns when all are done.
-    /// `work` must not throw.
-    void run(std::size_t n, const std::function<void(std::size_t)>& work)
+    std::size_t threads() const noexcept { return threads_.size(); }
+
+    /// Starts work(0..n-1), each on its own pool thread (n must not exceed
+    /// threads()), and returns at once. The thread that finishes last calls
+    /// `done` before wait() returns. Neither may throw. The previous start()
+    /// must have been waited for.
+    void start(std::size_t n, std::function<void(std::size_t)> work, std::function<void()> done = {})
     {
         {
             std::lock_guard<std::mutex> lock(mu_);
-            work_ = &work;
+            work_ = std::move(work);
+            done_cb_ = std::move(done);
             lanes_ = n;
-            pending_ = n - 1;
+            pending_ = n;
             ++generation_;
         }
         wake_.notify_all();
-        work(0);
+    }
+
+    /// Returns when the started work has finished (at once when none runs).
+    void wait()
+    {
         std::unique_lock<std::mutex> lock(mu_);
         done_.wait(lock, [this] { return pending_ == 0; });
-        work_ = nullptr;
     }
 
 private:
@@ -56,7 +66,6 @@ private:
     {
         std::size_t seen = 0;
         for (;;) {
-            const std::function<void(std::size_t)>* work = nullptr;
             {
                 std::unique_lock<std::mutex> lock(mu_);
                 wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
@@ -65,20 +74,21 @@ private:
                 seen = generation_;
                 if (lane >= lanes_)
                     continue;
-                work = work_;
             }
-            (*work)(lane);
-            {
-                std::lock_guard<std::mutex> lock(mu_);
-                --pending_;
-            }
-            done_.notify_one();
+            work_(lane); // work_ stays as it is until every lane has finished
+            std::unique_lock<std::mutex> lock(mu_);
+            if (--pending_ > 0)
+                continue;
+            if (done_cb_)
+                done_cb_();
+            done_.notify_all();
         }
     }
 
     std::mutex mu_;
     std::condition_variable wake_, done_;
-    const std::function<void(std::size_t)>* work_ = nullptr;
+    std::function<void(std::size_t)> work_;
+    std::function<void()> done_cb_;
     std::size_t lanes_ = 0;
     std::size_t pending_ = 0;
     std::size_t generation_ = 0;

@@ -88,6 +88,15 @@ struct ConsumerConfig {
     std::size_t workers = 1;
     /// How records are spread over the workers.
     Ordering ordering = Ordering::partition;
+    /// Overlap polling with processing: while a batch's transactions run on
+    /// the worker threads, the thread in run() polls and decodes the next
+    /// batch (it is handed over once the running one has committed, so order
+    /// per partition and every guarantee stay as they are). The handler then
+    /// runs on a worker thread, not on the thread that called run(), and the
+    /// decoder may run at the same time as the handler. False: poll, decode
+    /// and handle one batch after the other (the handler still runs on a
+    /// worker thread when workers > 1).
+    bool pipeline = true;
     /// A batch also closes once its payloads reach this many bytes.
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
     /// Bytes and records the Kafka client may prefetch ahead of processing, for

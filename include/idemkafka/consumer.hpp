@@ -160,22 +160,26 @@ private:
               handle_batch_(std::move(h.batch))
         {
         }
-        void prepare(std::size_t n) override
+        void prepare(std::size_t bank, std::size_t n) override
         {
-            slots_.clear();
-            slots_.resize(n);
+            slots_[bank].clear();
+            slots_[bank].resize(n);
         }
-        EventId decode(std::size_t i, const Record& record) override
+        EventId decode(std::size_t bank, std::size_t i, const Record& record) override
         {
-            slots_[i].emplace(decode_(record));
-            return id_of_(*slots_[i]);
+            auto& slot = slots_[bank][i];
+            slot.emplace(decode_(record));
+            return id_of_(*slot);
         }
-        void handle(std::size_t i, pqxx::work& tx, const Context& ctx) override { handle_(tx, *slots_[i], ctx); }
+        void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) override
+        {
+            handle_(tx, *slots_[bank][i], ctx);
+        }
         bool batched() const noexcept override { return static_cast<bool>(handle_batch_); }
-        void handle_batch(pqxx::work& tx, const std::size_t* index, const Context* contexts,
+        void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
                           std::size_t n) override
         {
-            handle_batch_(tx, Batch<Event>(slots_.data(), index, contexts, n));
+            handle_batch_(tx, Batch<Event>(slots_[bank].data(), index, contexts, n));
         }
 
     private:
@@ -183,7 +187,7 @@ private:
         EventIdOf id_of_;
         Handler handle_;
         BatchHandler handle_batch_;
-        std::vector<std::optional<Event>> slots_;
+        std::vector<std::optional<Event>> slots_[detail::Stage::banks];
     };
 
     template <class Decode>

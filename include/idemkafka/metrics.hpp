@@ -56,7 +56,7 @@ struct PartitionLag {
 
 /// A point-in-time copy of a consumer's counters.
 struct MetricsSnapshot {
-    std::uint64_t consumed = 0;          ///< records polled from Kafka
+    std::uint64_t consumed = 0;          ///< records taken from Kafka into processing (again after a rewind)
     std::uint64_t claimed = 0;           ///< records whose handler ran and committed
     std::uint64_t duplicates = 0;        ///< records skipped: event id already claimed
     std::uint64_t decode_errors = 0;     ///< records the decoder rejected (skipped, logged)

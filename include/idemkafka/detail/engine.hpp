@@ -14,24 +14,29 @@
 namespace idemkafka::detail {
 
 /// The typed half: decodes records into slots and runs the handler on them.
+/// Slots come in two banks, so that one batch can be decoded while the
+/// handler runs on the one before it.
 class Stage {
 public:
+    static constexpr std::size_t banks = 2;
+
     virtual ~Stage() = default;
-    /// Makes room for `n` decoded events; called once per batch.
-    virtual void prepare(std::size_t n) = 0;
-    /// Decodes `record` into slot `i` and returns its event id. Throws
-    /// DecodeError (or anything else) for an undecodable record and
+    /// Makes room for `n` decoded events in `bank`; called once per batch.
+    virtual void prepare(std::size_t bank, std::size_t n) = 0;
+    /// Decodes `record` into slot `i` of `bank` and returns its event id.
+    /// Throws DecodeError (or anything else) for an undecodable record and
     /// InvalidEventId for a record without a usable id.
-    virtual EventId decode(std::size_t i, const Record& record) = 0;
-    /// Runs the user's handler on slot `i`.
-    virtual void handle(std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
+    virtual EventId decode(std::size_t bank, std::size_t i, const Record& record) = 0;
+    /// Runs the user's handler on slot `i` of `bank`.
+    virtual void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
     /// True when the user gave a batch handler: handle_batch() replaces handle().
     virtual bool batched() const noexcept { return false; }
-    /// Runs the user's batch handler on slots index[0..n) with their contexts.
-    virtual void handle_batch(pqxx::work& tx, const std::size_t* index, const Context* contexts, std::size_t n)
+    /// Runs the user's batch handler on slots index[0..n) of `bank` with their contexts.
+    virtual void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
+                              std::size_t n)
     {
         for (std::size_t k = 0; k < n; ++k)
-            handle(index[k], tx, contexts[k]);
+            handle(bank, index[k], tx, contexts[k]);
     }
 };
 
