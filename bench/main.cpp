@@ -75,6 +75,8 @@ services and runs this; by hand, point it at your own:
   --latency-seconds S    length of each paced run (default 3; 0 skips them)
   --consumer-prop K=V    extra librdkafka consumer property for every Kafka mode,
                          repeatable (what-if runs, e.g. queued.max.messages.kbytes=8192)
+  --no-pipeline          library modes with ConsumerConfig::pipeline = false
+                         (batches polled and processed one after the other)
   --quick                smoke run: 10k records, per-record modes at 2000,
                          1 s paced runs
   --out PATH             JSON report (default bench/results/latest.json)
@@ -104,6 +106,7 @@ struct Options {
     std::map<std::string, std::string> consumer_props;
     bool keep = false;
     bool verbose = false;
+    bool pipeline = true;
 };
 
 [[noreturn]] void fail_usage(const std::string& why)
@@ -189,6 +192,8 @@ Options parse_options(int argc, char** argv)
             if (eq == std::string::npos || eq == 0)
                 fail_usage("--consumer-prop: expected KEY=VALUE, got '" + kv + "'");
             o.consumer_props[kv.substr(0, eq)] = kv.substr(eq + 1);
+        } else if (arg == "--no-pipeline") {
+            o.pipeline = false;
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--out") {
@@ -331,7 +336,7 @@ int run(const Options& o)
         tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
     }
     const Meter meter(backend_pid, o.services.mock_control);
-    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props};
+    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline};
 
     utsname un{};
     uname(&un);
@@ -356,6 +361,7 @@ int run(const Options& o)
         {"workers", library_has_workers ? nlohmann::ordered_json(o.workers) : nlohmann::ordered_json::array()},
         {"broker", o.services.mock_control.empty() ? "external" : "idemkafka-mock-broker"},
         {"consumer_props", o.consumer_props},
+        {"pipeline", o.pipeline},
         {"cpu_postgres_measured", meter.has_postgres()},
         {"cpu_broker_measured", meter.has_broker()},
     };

@@ -100,6 +100,8 @@ struct RunEnv {
     /// Extra consumer properties for every Kafka mode (--consumer-prop), over
     /// common_consumer_props(): for what-if runs such as a smaller prefetch.
     std::map<std::string, std::string> consumer_props;
+    /// ConsumerConfig::pipeline of the library modes (--no-pipeline: false).
+    bool pipeline = true;
 };
 
 /// Called once the consumer can receive records (assigned, or at once for the

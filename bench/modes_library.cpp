@@ -60,6 +60,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     cfg.schema = st.tables.schema;
     cfg.table = st.tables.claims;
     cfg.max_batch = job.batch;
+    cfg.pipeline = env.pipeline;
     auto props = common_consumer_props();
     for (const auto& [k, v] : env.consumer_props)
         props[k] = v;
