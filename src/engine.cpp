@@ -164,6 +164,7 @@ struct Engine::Impl {
     std::vector<Item> running;
     bool in_flight = false;
     std::atomic<bool> running_done{false};
+    std::atomic<bool> polling{false}; // the poll thread is in (or about to enter) a poll
     std::size_t fill_bank = 0; // Stage bank `batch` decodes into
     std::size_t run_bank = 0;  // Stage bank of `running`
     kafka::QueuePtr consumer_queue; // to wake a poll when the running batch is done
@@ -878,8 +879,13 @@ struct Engine::Impl {
         while (batch.size() < cfg.max_batch && bytes < cfg.max_batch_bytes) {
             // The workers are done: hand them what there is rather than leave
             // PostgreSQL idle (and commit their positions when there is nothing).
-            if (in_flight && running_done.load())
+            // `polling` is set first: a worker finishing from here on sees it
+            // and wakes the poll below.
+            polling = true;
+            if (in_flight && running_done.load()) {
+                polling = false;
                 return;
+            }
             milliseconds timeout = idle_poll;
             if (!batch.empty()) {
                 timeout = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
@@ -887,6 +893,7 @@ struct Engine::Impl {
                     timeout = milliseconds(0);
             }
             kafka::MessagePtr m(rd_kafka_consumer_poll(rk.get(), static_cast<int>(timeout.count())));
+            polling = false;
             if (deferred_error)
                 std::rethrow_exception(std::exchange(deferred_error, nullptr));
             if (!m) {
@@ -1576,7 +1583,7 @@ struct Engine::Impl {
         running_done = false;
         pool->start(lanes.size(), work, [this] {
             running_done = true;
-            if (consumer_queue)
+            if (polling && consumer_queue)
                 rd_kafka_queue_yield(consumer_queue.get()); // a poll waiting for records returns now
         });
         if (!cfg.pipeline)
