@@ -162,6 +162,7 @@ struct Engine::Impl {
     // lanes only after finish_running().
     std::vector<Item> batch;
     std::vector<Item> running;
+    bool pipelined = false; // ConsumerConfig::pipeline, when it applies
     bool in_flight = false;
     std::atomic<bool> running_done{false};
     std::atomic<bool> polling{false}; // the poll thread is in (or about to enter) a poll
@@ -1586,7 +1587,7 @@ struct Engine::Impl {
             if (polling && consumer_queue)
                 rd_kafka_queue_yield(consumer_queue.get()); // a poll waiting for records returns now
         });
-        if (!cfg.pipeline)
+        if (!pipelined)
             pool->wait();
     }
 
@@ -1768,7 +1769,10 @@ struct Engine::Impl {
     void run()
     {
         lanes = std::vector<Lane>(cfg.workers);
-        if (cfg.workers > 1 || cfg.pipeline)
+        // A hand-over per record costs two thread wake-ups, more than the
+        // overlap saves: max_batch = 1 runs one record after the other.
+        pipelined = cfg.pipeline && cfg.max_batch > 1;
+        if (cfg.workers > 1 || pipelined)
             pool = std::make_unique<LanePool>(cfg.workers);
         try {
             for (std::size_t i = 0; i < lanes.size(); ++i)
@@ -1811,7 +1815,7 @@ struct Engine::Impl {
                 continue;
             }
             launch();
-            if (!cfg.pipeline)
+            if (!pipelined)
                 finish_running();
         }
         shutdown();

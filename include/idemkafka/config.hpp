@@ -93,9 +93,10 @@ struct ConsumerConfig {
     /// batch (it is handed over once the running one has committed, so order
     /// per partition and every guarantee stay as they are). The handler then
     /// runs on a worker thread, not on the thread that called run(), and the
-    /// decoder may run at the same time as the handler. False: poll, decode
-    /// and handle one batch after the other (the handler still runs on a
-    /// worker thread when workers > 1).
+    /// decoder may run at the same time as the handler. False, or
+    /// max_batch = 1 (where a hand-over per record costs more than it saves):
+    /// poll, decode and handle one batch after the other (the handler still
+    /// runs on a worker thread when workers > 1).
     bool pipeline = true;
     /// A batch also closes once its payloads reach this many bytes.
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
