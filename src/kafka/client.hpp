@@ -21,6 +21,9 @@ struct MessageDeleter {
 struct PartitionListDeleter {
     void operator()(rd_kafka_topic_partition_list_t* p) const noexcept { rd_kafka_topic_partition_list_destroy(p); }
 };
+struct QueueDeleter {
+    void operator()(rd_kafka_queue_t* p) const noexcept { rd_kafka_queue_destroy(p); }
+};
 struct ErrorDeleter {
     void operator()(rd_kafka_error_t* p) const noexcept { rd_kafka_error_destroy(p); }
 };
@@ -30,6 +33,7 @@ using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
 using MessagePtr = std::unique_ptr<rd_kafka_message_t, MessageDeleter>;
 using PartitionListPtr = std::unique_ptr<rd_kafka_topic_partition_list_t, PartitionListDeleter>;
 using ErrorPtr = std::unique_ptr<rd_kafka_error_t, ErrorDeleter>;
+using QueuePtr = std::unique_ptr<rd_kafka_queue_t, QueueDeleter>;
 
 /// Sets one property; throws ConfigError naming the property and librdkafka's reason.
 void set(rd_kafka_conf_t* conf, const std::string& key, const std::string& value);
