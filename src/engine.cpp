@@ -27,6 +27,7 @@
 #include "idemkafka/retention.hpp"
 #include "idemkafka/store.hpp"
 #include "kafka/client.hpp"
+#include "kafka/fetch_wakeup.hpp"
 #include "kafka/stats.hpp"
 #include "lane_pool.hpp"
 #include "log_context.hpp"
@@ -155,6 +156,15 @@ struct Engine::Impl {
     static_assert(std::atomic<int>::is_always_lock_free, "stop() must be async-signal-safe");
 
     kafka::HandlePtr rk;
+    // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
+    // is down to half its caps after it had filled (see FetchWakeup).
+    std::unique_ptr<kafka::FetchWakeup> fetch_wakeup;
+    std::size_t wake_below_records = 0;
+    std::size_t wake_below_bytes = 0;
+    std::size_t fill_bytes = 0;   // payload and key bytes taken by the last fill_batch()
+    std::size_t record_bytes = 0; // their mean per record, to estimate the queue's bytes
+    bool wake_armed = false;
+    Clock::time_point next_wake{};
     bool cooperative = false;
     std::map<TopicPartition, PartitionState> parts;
     // The batch being polled and decoded, and the one the workers process
@@ -273,6 +283,7 @@ struct Engine::Impl {
         in_flight = false;
         batch.clear();
         running.clear();
+        fetch_wakeup.reset();
         consumer_queue.reset();
         if (rk) {
             // run() left by an exception: leave the group without committing
@@ -410,7 +421,8 @@ struct Engine::Impl {
         };
         // Once a prefetch cap is reached, librdkafka before 2.1 looks at the
         // partition again only when its broker thread wakes (up to a second
-        // later); 2.1 made that delay a setting, which we shorten.
+        // later; FetchWakeup wakes it sooner); 2.1 made that delay a
+        // setting, which we shorten.
         if (rd_kafka_version() >= 0x020100ff)
             props["fetch.queue.backoff.ms"] = "20";
         for (const auto& [k, v] : cfg.kafka)
@@ -461,6 +473,12 @@ struct Engine::Impl {
         conf.release(); // owned by rk now
         rd_kafka_poll_set_consumer(rk.get());
         consumer_queue.reset(rd_kafka_queue_get_consumer(rk.get()));
+        if (rd_kafka_version() < 0x020100ff && consumer_queue) {
+            wake_below_records =
+                std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2);
+            wake_below_bytes = std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512;
+            fetch_wakeup = std::make_unique<kafka::FetchWakeup>(rk.get());
+        }
 
         auto topics = kafka::make_list(static_cast<int>(cfg.topics.size()));
         for (const auto& t : cfg.topics)
@@ -876,7 +894,8 @@ struct Engine::Impl {
     void fill_batch()
     {
         Clock::time_point deadline{};
-        std::size_t bytes = 0;
+        auto& bytes = fill_bytes;
+        bytes = 0;
         while (batch.size() < cfg.max_batch && bytes < cfg.max_batch_bytes) {
             // The workers are done: hand them what there is rather than leave
             // PostgreSQL idle (and commit their positions when there is nothing).
@@ -923,6 +942,30 @@ struct Engine::Impl {
             add_item(std::move(m), topic, ps);
             if (stop_requests.load())
                 return;
+        }
+    }
+
+    // Called around fill_batch(): a queue at half a cap or more before the
+    // batch may have stopped the fetchers; once the batch took it below both
+    // halves, wake them (at most every 20 ms). The queue's bytes are
+    // estimated from the records taken.
+    void check_prefetch(bool before_batch)
+    {
+        if (!fetch_wakeup)
+            return;
+        const auto queued = static_cast<std::size_t>(rd_kafka_queue_length(consumer_queue.get()));
+        if (!before_batch && !batch.empty())
+            record_bytes = fill_bytes / batch.size();
+        const bool half_full = queued >= wake_below_records || queued * record_bytes >= wake_below_bytes;
+        if (before_batch) {
+            wake_armed = wake_armed || half_full;
+            return;
+        }
+        const auto now = Clock::now();
+        if (wake_armed && !half_full && now >= next_wake) {
+            fetch_wakeup->wake();
+            wake_armed = false;
+            next_wake = now + milliseconds(20);
         }
     }
 
@@ -1803,7 +1846,9 @@ struct Engine::Impl {
 
         while (stop_requests.load() == 0) {
             housekeeping();
+            check_prefetch(true);
             fill_batch(); // pipeline: meanwhile the workers process the running batch
+            check_prefetch(false);
             if (!batch.empty())
                 decode_all();
             finish_running();
@@ -1829,8 +1874,9 @@ struct Engine::Impl {
         batch.clear();
         count_in_flight();
         commit_positions(nullptr, false);
-        consumer_queue.reset(); // before the close
         say(LogLevel::info, "closing consumer{}", forced() ? " (forced)" : "");
+        fetch_wakeup.reset();   // uses the handle
+        consumer_queue.reset(); // before the close
         if (auto e = rd_kafka_consumer_close(rk.get()))
             say(LogLevel::warning, error_field(rd_kafka_err2str(e)), "consumer close: {}", rd_kafka_err2str(e));
         rk.reset();

@@ -105,12 +105,11 @@ struct ConsumerConfig {
     /// and queued.min.messages; fetch responses are 1 MiB at most
     /// (fetch.max.bytes); values set in `kafka` win). With
     /// max_batch_bytes they bound the consumer's memory whatever the number of
-    /// events: about max_prefetch_records x (payload + ~300 bytes). With
-    /// librdkafka 2.0 a reached cap pauses fetching for up to a second, so the
-    /// caps should hold about a second of consumption; lower them to trade
-    /// throughput for memory (see README, Performance).
+    /// events: about max_prefetch_records x (payload + ~300 bytes). Fetching
+    /// resumes once the queue is down to half a cap (librdkafka 2.0 would
+    /// otherwise wait up to a second), so small caps keep the throughput.
     std::size_t max_prefetch_bytes = 32 * 1024 * 1024;
-    std::size_t max_prefetch_records = 50000;
+    std::size_t max_prefetch_records = 10000;
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
     /// Kafka offset commits are sent at most this often: positions of batches
