@@ -103,10 +103,11 @@ struct MetricsSnapshot {
     std::vector<PartitionLag> partitions;
     /// Records taken from the Kafka client and not finished yet (committed,
     /// skipped as duplicates, dead-lettered or given back for redelivery): the
-    /// current batch. Bounded by max_batch; what librdkafka prefetched is not
-    /// included (that is bounded by max_prefetch_bytes).
+    /// running batch and, with the pipeline, the next one. Bounded by
+    /// 2 x max_batch; what librdkafka prefetched is not included (that is
+    /// bounded by max_prefetch_records and max_prefetch_bytes).
     std::int64_t in_flight_records = 0;
-    /// Key and payload bytes of those records (bounded by about max_batch_bytes).
+    /// Key and payload bytes of those records (bounded by about 2 x max_batch_bytes).
     std::int64_t in_flight_bytes = 0;
     /// Creation time (Unix ms) of this group's oldest claim in the dedup table:
     /// the UUIDv7 time of its smallest event id, or the oldest `processed_at`
