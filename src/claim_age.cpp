@@ -44,7 +44,7 @@ ClaimAgeMonitor::ClaimAgeMonitor(std::string conninfo, ProcessedEventStore store
     : conninfo_(std::move(conninfo)), store_(std::move(store)), group_(std::move(group)), interval_(interval),
       gauge_(gauge), log_(std::move(log))
 {
-    thread_ = std::thread([this] { loop(); });
+    thread_.start(interval_, [this] { refresh(); });
 }
 
 ClaimAgeMonitor::~ClaimAgeMonitor()
@@ -54,13 +54,7 @@ ClaimAgeMonitor::~ClaimAgeMonitor()
 
 void ClaimAgeMonitor::stop() noexcept
 {
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stopping_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
-        thread_.join();
+    thread_.stop();
 }
 
 void ClaimAgeMonitor::say(LogLevel level, const std::string& line) noexcept
@@ -68,39 +62,30 @@ void ClaimAgeMonitor::say(LogLevel level, const std::string& line) noexcept
     detail::emit(log_, level, line, "consumer", {{log_field::group, group_}});
 }
 
-void ClaimAgeMonitor::loop() noexcept
+void ClaimAgeMonitor::refresh() noexcept
 {
     // A refresh may take this long; a slow walk of the index (many older claims
     // of other groups) then leaves the previous value rather than loading the server.
     const auto timeout = std::clamp(interval_, std::chrono::milliseconds(1000), std::chrono::milliseconds(10000));
-    std::unique_ptr<pqxx::connection> conn;
-    bool failing = false;
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stopping_) {
-        lock.unlock();
-        try {
-            if (!conn)
-                conn = std::make_unique<pqxx::connection>(conninfo_);
-            const auto oldest = oldest_claim_ms(*conn, store_, group_, timeout);
-            gauge_.set(oldest ? *oldest : -1);
-            if (failing)
-                say(LogLevel::info,
-                    fmt::format("oldest claim of {} in {} measured again", group_, store_.qualified_name()));
-            failing = false;
-        } catch (const std::exception& e) {
-            if (conn && !conn->is_open())
-                conn.reset();
-            if (!failing)
-                say(LogLevel::warning, fmt::format("cannot measure the oldest claim of {} in {} (the gauge keeps "
-                                                   "its last value, retried every {} ms): {}",
-                                                   group_, store_.qualified_name(), interval_.count(), e.what()));
-            failing = true;
-        } catch (...) {
-            conn.reset();
-            failing = true;
-        }
-        lock.lock();
-        wake_.wait_for(lock, interval_, [this] { return stopping_; });
+    try {
+        if (!conn_)
+            conn_ = std::make_unique<pqxx::connection>(conninfo_);
+        const auto oldest = oldest_claim_ms(*conn_, store_, group_, timeout);
+        gauge_.set(oldest ? *oldest : -1);
+        if (failing_)
+            say(LogLevel::info, fmt::format("oldest claim of {} in {} measured again", group_, store_.qualified_name()));
+        failing_ = false;
+    } catch (const std::exception& e) {
+        if (conn_ && !conn_->is_open())
+            conn_.reset();
+        if (!failing_)
+            say(LogLevel::warning, fmt::format("cannot measure the oldest claim of {} in {} (the gauge keeps "
+                                               "its last value, retried every {} ms): {}",
+                                               group_, store_.qualified_name(), interval_.count(), e.what()));
+        failing_ = true;
+    } catch (...) {
+        conn_.reset();
+        failing_ = true;
     }
 }
 

@@ -3,15 +3,14 @@
 // group is, measured on a connection and thread of its own, never on a lane's.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include <pqxx/pqxx>
 
+#include "idemkafka/detail/periodic.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/store.hpp"
@@ -55,7 +54,7 @@ public:
     void stop() noexcept;
 
 private:
-    void loop() noexcept;
+    void refresh() noexcept;
     void say(LogLevel level, const std::string& line) noexcept;
 
     std::string conninfo_;
@@ -64,10 +63,9 @@ private:
     std::chrono::milliseconds interval_;
     Metrics::Gauge& gauge_;
     LogSink log_;
-    std::mutex mutex_;
-    std::condition_variable wake_;
-    bool stopping_ = false;
-    std::thread thread_;
+    std::unique_ptr<pqxx::connection> conn_; // the thread's; reconnected after a failure
+    bool failing_ = false;
+    PeriodicThread thread_; // last: stopped before the members it uses go
 };
 
 } // namespace idemkafka::detail

@@ -169,11 +169,11 @@ struct Engine::Impl {
     std::map<TopicPartition, PartitionState> parts;
     // The batch being polled and decoded, and the one the workers process
     // (pipeline: both at once). The poll thread touches `running` and the
-    // lanes only after finish_running().
+    // lanes only after finish_running(). `running` is empty when no batch is
+    // in the workers' hands.
     std::vector<Item> batch;
     std::vector<Item> running;
     bool pipelined = false; // ConsumerConfig::pipeline, when it applies
-    bool in_flight = false;
     std::atomic<bool> running_done{false};
     std::atomic<bool> polling{false}; // the poll thread is in (or about to enter) a poll
     std::size_t fill_bank = 0; // Stage bank `batch` decodes into
@@ -280,7 +280,6 @@ struct Engine::Impl {
         // let it end, and take nothing of it (committing nothing is always safe).
         if (pool)
             pool->wait();
-        in_flight = false;
         batch.clear();
         running.clear();
         fetch_wakeup.reset();
@@ -902,7 +901,7 @@ struct Engine::Impl {
             // `polling` is set first: a worker finishing from here on sees it
             // and wakes the poll below.
             polling = true;
-            if (in_flight && running_done.load()) {
+            if (!running.empty() && running_done.load()) {
                 polling = false;
                 return;
             }
@@ -1618,7 +1617,6 @@ struct Engine::Impl {
                 lane.error = std::current_exception();
             }
         };
-        in_flight = true;
         if (!pool) {
             work(0);
             running_done = true;
@@ -1640,11 +1638,10 @@ struct Engine::Impl {
     // again after the records the running batch gave back.
     void finish_running()
     {
-        if (!in_flight)
+        if (running.empty())
             return;
         if (pool)
             pool->wait();
-        in_flight = false;
 
         // Merge: a partition stops at the earliest hold of any lane, and at the
         // first unfinished record of a lane whose transaction did not commit.

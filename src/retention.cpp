@@ -947,7 +947,7 @@ MaintenanceRunner::MaintenanceRunner(std::string conninfo, ProcessedEventStore s
       log_(detail::with_context(std::move(log), {}, detail::secrets_of(conninfo_))),
       interval_(config.maintenance_interval)
 {
-    thread_ = std::thread([this] { loop(); });
+    thread_.start(interval_, [this] { run(); });
 }
 
 MaintenanceRunner::~MaintenanceRunner()
@@ -957,14 +957,8 @@ MaintenanceRunner::~MaintenanceRunner()
 
 void MaintenanceRunner::stop() noexcept
 {
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stopping_ = true;
-    }
-    maintenance_.cancel();
-    wake_.notify_all();
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
-        thread_.join();
+    maintenance_.cancel(); // a purge stops after its current batch
+    thread_.stop();
 }
 
 std::optional<MaintenanceReport> MaintenanceRunner::last_report() const
@@ -973,43 +967,37 @@ std::optional<MaintenanceReport> MaintenanceRunner::last_report() const
     return last_;
 }
 
-void MaintenanceRunner::loop() noexcept
+void MaintenanceRunner::run() noexcept
 {
     auto say = [this](LogLevel level, std::string line, detail::LogFields fields = {}) {
         detail::emit(log_, level, std::move(line), "maintenance", std::move(fields));
     };
-    std::unique_ptr<pqxx::connection> conn;
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stopping_) {
-        lock.unlock();
-        try {
-            if (!conn)
-                conn = std::make_unique<pqxx::connection>(conninfo_);
-            MaintenanceReport report = maintenance_.run_once(*conn);
-            const bool changed =
-                !report.partitions_created.empty() || !report.partitions_dropped.empty() || report.rows_purged > 0;
-            if (report.acted)
-                say(changed ? LogLevel::info : LogLevel::debug,
-                    fmt::format("maintenance of {}: {} partitions created, {} dropped, {} rows purged",
-                                maintenance_.store().qualified_name(), report.partitions_created.size(),
-                                report.partitions_dropped.size(), report.rows_purged));
-            lock.lock();
+    try {
+        if (!conn_)
+            conn_ = std::make_unique<pqxx::connection>(conninfo_);
+        MaintenanceReport report = maintenance_.run_once(*conn_);
+        const bool changed =
+            !report.partitions_created.empty() || !report.partitions_dropped.empty() || report.rows_purged > 0;
+        if (report.acted)
+            say(changed ? LogLevel::info : LogLevel::debug,
+                fmt::format("maintenance of {}: {} partitions created, {} dropped, {} rows purged",
+                            maintenance_.store().qualified_name(), report.partitions_created.size(),
+                            report.partitions_dropped.size(), report.rows_purged));
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
             last_ = std::move(report);
-            lock.unlock();
-            runs_.fetch_add(1);
-        } catch (const std::exception& e) {
-            failures_.fetch_add(1);
-            conn.reset();
-            say(LogLevel::warning,
-                fmt::format("maintenance of {} failed, retried in {}: {}", maintenance_.store().qualified_name(),
-                            format_duration(interval_), e.what()),
-                {{log_field::error, e.what()}});
-        } catch (...) {
-            failures_.fetch_add(1);
-            conn.reset();
         }
-        lock.lock();
-        wake_.wait_for(lock, interval_, [this] { return stopping_; });
+        runs_.fetch_add(1);
+    } catch (const std::exception& e) {
+        failures_.fetch_add(1);
+        conn_.reset();
+        say(LogLevel::warning,
+            fmt::format("maintenance of {} failed, retried in {}: {}", maintenance_.store().qualified_name(),
+                        format_duration(interval_), e.what()),
+            {{log_field::error, e.what()}});
+    } catch (...) {
+        failures_.fetch_add(1);
+        conn_.reset();
     }
 }
 

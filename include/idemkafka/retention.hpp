@@ -27,6 +27,7 @@
 #include <pqxx/pqxx>
 
 #include "idemkafka/context.hpp"
+#include "idemkafka/detail/periodic.hpp"
 #include "idemkafka/event_id.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/store.hpp"
@@ -360,18 +361,17 @@ public:
     std::optional<MaintenanceReport> last_report() const;
 
 private:
-    void loop() noexcept;
+    void run() noexcept;
 
     std::string conninfo_;
     Maintenance maintenance_;
     LogSink log_;
     std::chrono::milliseconds interval_;
-    mutable std::mutex mutex_;
-    std::condition_variable wake_;
-    bool stopping_ = false;
+    std::unique_ptr<pqxx::connection> conn_; // the thread's; reconnected after a failure
+    mutable std::mutex mutex_;                // last_
     std::optional<MaintenanceReport> last_;
     std::atomic<std::uint64_t> runs_{0}, failures_{0};
-    std::thread thread_;
+    detail::PeriodicThread thread_; // last: stopped before the members it uses go
 };
 
 } // namespace idemkafka

@@ -2,11 +2,9 @@
 // Wakes librdkafka's fetchers once the prefetch queue has room again. Private
 // to the library.
 
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-
 #include <librdkafka/rdkafka.h>
+
+#include "idemkafka/detail/periodic.hpp"
 
 namespace idemkafka::detail::kafka {
 
@@ -20,23 +18,19 @@ namespace idemkafka::detail::kafka {
 /// if the queue is below its caps.
 class FetchWakeup {
 public:
+    /// `rk` must outlive this object.
     explicit FetchWakeup(rd_kafka_t* rk);
-    ~FetchWakeup();
     FetchWakeup(const FetchWakeup&) = delete;
     FetchWakeup& operator=(const FetchWakeup&) = delete;
 
     /// Returns at once; requests while one is under way coalesce.
-    void wake();
+    void wake() { thread_.wake(); }
 
 private:
-    void run();
+    void ask_end_offsets() noexcept;
 
     rd_kafka_t* rk_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool pending_ = false;
-    bool stop_ = false;
-    std::thread thread_;
+    PeriodicThread thread_; // last: stopped before rk_ may go
 };
 
 } // namespace idemkafka::detail::kafka
