@@ -20,6 +20,14 @@ if(NOT TARGET idemkafka_dep::pqxx)
   endif()
 endif()
 
+# libpq itself: the library reads a connection's transaction status after user code.
+if(NOT TARGET idemkafka_dep::pq)
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(IDEMKAFKA_PQ REQUIRED IMPORTED_TARGET libpq)
+  add_library(idemkafka_dep::pq INTERFACE IMPORTED)
+  set_target_properties(idemkafka_dep::pq PROPERTIES INTERFACE_LINK_LIBRARIES PkgConfig::IDEMKAFKA_PQ)
+endif()
+
 if(NOT TARGET idemkafka_dep::rdkafka)
   find_package(PkgConfig REQUIRED)
   pkg_check_modules(IDEMKAFKA_RDKAFKA REQUIRED IMPORTED_TARGET rdkafka>=1.9)

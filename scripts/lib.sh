@@ -44,12 +44,19 @@ _ik_pkg_installed() {
 
 # Installs the Debian packages the build and the tests need, when any is missing.
 ik_ensure_packages() {
+    ik_ensure_deb_packages "${IK_PACKAGES[@]}"
+}
+
+# Installs the named Debian packages when any is missing: as root with apt-get, otherwise
+# it prints the command to run and exits. Without dpkg it only warns.
+#   ik_ensure_deb_packages zlib1g-dev libssl-dev
+ik_ensure_deb_packages() {
     if ! command -v dpkg-query >/dev/null 2>&1; then
-        ik_warn "no dpkg here: not checking for ${IK_PACKAGES[*]}"
+        ik_warn "no dpkg here: not checking for $*"
         return 0
     fi
     local missing=() pkg
-    for pkg in "${IK_PACKAGES[@]}"; do
+    for pkg in "$@"; do
         if _ik_pkg_installed "$pkg"; then
             continue
         fi

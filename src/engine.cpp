@@ -31,6 +31,7 @@
 #include "kafka/stats.hpp"
 #include "lane_pool.hpp"
 #include "log_context.hpp"
+#include "pg/tx_guard.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -87,8 +88,22 @@ struct Engine::Impl {
         bool position_verified = true;    // offsets_in_database: stored position applied
         bool needs_seek = false;
         bool retry_paused = false;
+        int fenced = 0;                   // offsets_in_database: position writes refused in a row
+        bool retake = false;              // take the partition over again when the pause ends
         Clock::time_point resume_at{};
         std::map<std::int64_t, int> failures;  // handler failures by offset
+        // Dead letters of this assignment: acknowledged ones are not written
+        // again when the partition is rewound behind them; refused ones are
+        // tried again, with a growing backoff, before anything else is done
+        // with their records (the handler does not run again).
+        std::set<std::int64_t> dead_lettered;
+        struct DeadLetterDue {
+            DeadLetterReason reason;
+            std::string error;
+            int attempts;
+            int refusals;
+        };
+        std::map<std::int64_t, DeadLetterDue> dead_letter_due;
     };
 
     struct Item {
@@ -103,6 +118,8 @@ struct Engine::Impl {
         bool reconcile = false;   // beyond the dedup horizon: the reconcile hook decides
         bool retry_later = false; // held for another try before any transaction
         std::size_t slot = 0;     // of the decoded event in its Stage bank
+        int attempts = -1;        // for the dead letter; -1: from the failure count
+        int retry_failures = 0;   // with retry_later: failures so far, for the backoff
     };
 
     // Where a partition must stop in this batch: records from `offset` on are
@@ -194,6 +211,8 @@ struct Engine::Impl {
     std::vector<Lane> lanes;
     std::unique_ptr<LanePool> pool;
     std::mutex failures_mu; // PartitionState::failures, shared by lanes in per-key mode
+    std::mutex fenced_mu;
+    std::vector<TopicPartition> fenced_parts; // refused position writes, not handled yet
     std::size_t next_lane = 0;
     Clock::time_point batch_deadline{}; // time budget of the current batch
     milliseconds batch_budget{120000};
@@ -319,6 +338,8 @@ struct Engine::Impl {
             guard.emplace(g);
         }
         lane.db->prepare(claim_statement, store.claim_sql());
+        pg::set_session(*lane.db, "lock_timeout", std::to_string(cfg.lock_timeout.count())); // ms
+        pg::guard_session(*lane.db);
     }
 
     // Returns true when PostgreSQL can take transactions now; otherwise the
@@ -511,8 +532,13 @@ struct Engine::Impl {
             } else if (auto e = rd_kafka_assign(handle, list)) {
                 say(LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
             }
+            // librdkafka keeps an application pause across revoke and assign:
+            // a partition paused for a retry backoff before an eager rebalance
+            // would stay paused for good, as its new state knows nothing of it.
             if (db_pause)
                 rd_kafka_pause_partitions(handle, list);
+            else
+                rd_kafka_resume_partitions(handle, list);
             return;
         }
 
@@ -584,6 +610,7 @@ struct Engine::Impl {
         std::vector<OffsetStore::Stored> stored;
         try {
             pqxx::work tx(*lane.db);
+            pg::open_for_writes(tx);
             stored = offset_store->acquire(tx, cfg.group_id, wanted);
             tx.commit();
         } catch (const std::exception& e) {
@@ -872,16 +899,22 @@ struct Engine::Impl {
         const bool tick = now >= next_lag_update;
         if (tick) {
             update_lag();
+            if (maintenance)
+                metrics.expired_partitions_kept.set(static_cast<std::int64_t>(maintenance->expired_partitions_kept()));
             next_lag_update = now + milliseconds(200);
         }
         // Each tick also resends failed commits of an idle partition.
         if (now >= next_commit_at && (tick || uncommitted_since))
             flush_commits();
         for (auto& [tp, ps] : parts) {
+            if (ps.needs_seek && ps.resume_from < 0)
+                ps.needs_seek = false; // the rewound record arrived: the seek happened
             if (ps.needs_seek)
                 seek(ps, tp.topic, tp.partition);
             if (ps.retry_paused && now >= ps.resume_at && !ps.needs_seek) {
                 ps.retry_paused = false;
+                if (std::exchange(ps.retake, false))
+                    ps.position_verified = false; // ensure_db() takes it over again first
                 if (!db_pause)
                     pause_one(tp.topic, tp.partition, false);
             }
@@ -931,9 +964,15 @@ struct Engine::Impl {
             if (!ps)
                 continue; // not (or no longer) ours
             if (ps->resume_from >= 0) {
-                if (m->offset != ps->resume_from)
-                    continue; // fetched before the rewind; it comes again
+                // Records fetched before the rewind come again. The first one
+                // at or past the rewind point (which may itself be no record:
+                // a transaction marker, or an offset removed by retention)
+                // shows that the seek took effect, even if its call reported
+                // a timeout.
+                if (m->offset < ps->resume_from)
+                    continue;
                 ps->resume_from = -1;
+                ps->needs_seek = false;
             }
             bytes += m->len + m->key_len;
             if (batch.empty())
@@ -1060,6 +1099,7 @@ struct Engine::Impl {
                                    std::chrono::duration_cast<milliseconds>(cfg.retention.dedup_horizon()).count());
             if (it.reason == DeadLetterReason::non_v7_event_id)
                 it.error = "event id " + it.id.to_string() + " is not a UUIDv7; the partitioned claims table needs one";
+            explain_default_once(it.reason);
             return;
         }
         if (d.action == HorizonAction::reconcile) {
@@ -1073,18 +1113,64 @@ struct Engine::Impl {
         }
     }
 
+    // The first record a default policy dead-letters gets one error line
+    // saying which setting decided it and what to change.
+    bool non_v7_explained = false;
+    bool horizon_explained = false;
+    void explain_default_once(DeadLetterReason reason)
+    {
+        if (reason == DeadLetterReason::non_v7_event_id && !std::exchange(non_v7_explained, true))
+            say(LogLevel::error,
+                "event ids that are not UUIDv7 are dead-lettered: retention.non_v7 is dead_letter (the default "
+                "with the partitioned claims table, whose partitions expire by the id's time). Producers that send "
+                "UUIDv4 or other ids need retention.non_v7 = NonV7Policy::process or retention.mode = "
+                "RetentionMode::purge (README, \"Event ids\"). Logged once; every such record is dead-lettered "
+                "with reason non_v7_event_id");
+        if (reason == DeadLetterReason::beyond_dedup_horizon && !std::exchange(horizon_explained, true))
+            say(LogLevel::error,
+                "events older than the dedup horizon ({} h) are dead-lettered: retention.beyond_horizon is "
+                "dead_letter (the default), as their claims may already be purged. To handle them set "
+                "beyond_horizon = reconcile with a reconcile hook, or process, or keep claims longer "
+                "(retention.retention). Logged once; every such record is dead-lettered with reason "
+                "beyond_dedup_horizon",
+                std::chrono::duration_cast<std::chrono::hours>(cfg.retention.dedup_horizon()).count());
+    }
+
     void reconcile(Item& it)
     {
         const auto where = coords(it.record.topic, it.record.partition, it.record.offset);
         ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
+        const int attempt = attempt_of(it);
         try {
             pqxx::work tx(*lanes.front().db);
-            outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, 1, it.key_window_open));
+            pg::open_for_writes(tx);
+            outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
+            if (const auto state = pg::state_of(tx); state != pg::TxState::open) {
+                const auto last = pg::last_error(tx);
+                throw std::runtime_error(fmt::format("transaction {} after the hook returned; a database error was "
+                                                     "caught and not rethrown{}{}",
+                                                     pg::to_string(state), last.empty() ? "" : ": ", last));
+            }
+            if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
+                tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal({it.id}), cfg.group_id);
             tx.commit();
         } catch (const std::exception& e) {
-            say(LogLevel::warning, about(it, e.what()), "reconcile hook failed on {}: {}; the record comes again",
-                where, e.what());
+            const int failures = count_failure(it);
+            metrics.handler_failures.add();
+            if (failures >= cfg.max_attempts) {
+                say(LogLevel::error, about(it, e.what()), "reconcile hook failed on {} (attempt {} of {}): {}", where,
+                    failures, cfg.max_attempts, e.what());
+                it.state = State::poison;
+                it.reason = DeadLetterReason::beyond_dedup_horizon;
+                it.error = fmt::format("reconcile hook failed {} times: {}", failures, e.what());
+                return;
+            }
+            metrics.retries.add();
+            say(LogLevel::warning, about(it, e.what()),
+                "reconcile hook failed on {} (attempt {} of {}): {}; the record comes again", where, failures,
+                cfg.max_attempts, e.what());
             it.retry_later = true;
+            it.retry_failures = failures;
             return;
         }
         if (outcome == ReconcileOutcome::skip) {
@@ -1155,6 +1241,31 @@ struct Engine::Impl {
         return *dlq;
     }
 
+    // The dead-letter producer's record size limit (librdkafka's
+    // message.max.bytes), less room for the record's framing.
+    std::size_t dead_letter_budget() const
+    {
+        std::size_t limit = 1000000;
+        auto m = cfg.dead_letter_kafka.find("message.max.bytes");
+        if (m != cfg.dead_letter_kafka.end()) {
+            try {
+                limit = std::stoull(m->second);
+            } catch (const std::exception&) {
+                // not a number: the producer's own error names the property
+            }
+        }
+        constexpr std::size_t framing = 1024;
+        return limit > 2 * framing ? limit - framing : limit / 2;
+    }
+
+    static std::size_t header_bytes(const std::vector<Header>& headers)
+    {
+        std::size_t n = 0;
+        for (const auto& h : headers)
+            n += h.name.size() + (h.value ? h.value->size() : 0);
+        return n;
+    }
+
     OutgoingRecord dead_letter_record(const Item& it, int attempts) const
     {
         const auto& r = it.record;
@@ -1166,8 +1277,9 @@ struct Engine::Impl {
             out.value.emplace(*r.value);
         out.headers = r.headers;
         auto add = [&](const char* name, std::string value) { out.headers.push_back(Header{name, std::move(value)}); };
+        constexpr std::size_t max_error = 4096; // an exception's text can be anything
         add(dead_letter_header::reason, std::string(to_string(it.reason)));
-        add(dead_letter_header::error, it.error);
+        add(dead_letter_header::error, it.error.size() > max_error ? it.error.substr(0, max_error) + "..." : it.error);
         add(dead_letter_header::original_topic, std::string(r.topic));
         add(dead_letter_header::original_partition, std::to_string(r.partition));
         add(dead_letter_header::original_offset, std::to_string(r.offset));
@@ -1176,21 +1288,56 @@ struct Engine::Impl {
             add(dead_letter_header::event_id, it.id.to_string());
         add(dead_letter_header::attempts, std::to_string(attempts));
         add(dead_letter_header::consumer_group, cfg.group_id);
+        fit_dead_letter(out, r.headers.size());
         return out;
+    }
+
+    // A dead letter always fits the producer's limit: what does not fit is
+    // left out (the value first, then the original headers, then the key),
+    // and headers say what and how large it was.
+    void fit_dead_letter(OutgoingRecord& out, std::size_t original_headers) const
+    {
+        const std::size_t budget = dead_letter_budget();
+        auto size = [&] {
+            return (out.key ? out.key->size() : 0) + (out.value ? out.value->size() : 0) + header_bytes(out.headers) +
+                   64; // the headers added below
+        };
+        if (size() <= budget)
+            return;
+        if (out.value) {
+            const auto bytes = out.value->size();
+            out.value.reset();
+            out.headers.push_back(Header{dead_letter_header::original_value_bytes, std::to_string(bytes)});
+        }
+        if (size() > budget && original_headers > 0) {
+            out.headers.erase(out.headers.begin(), out.headers.begin() + static_cast<std::ptrdiff_t>(original_headers));
+            out.headers.push_back(Header{dead_letter_header::original_headers_dropped, std::to_string(original_headers)});
+        }
+        if (size() > budget && out.key) {
+            const auto bytes = out.key->size();
+            out.key.reset();
+            out.headers.push_back(Header{dead_letter_header::original_key_bytes, std::to_string(bytes)});
+        }
     }
 
     // Produces the items to the dead-letter topic and waits for the broker's
     // acknowledgement. Acknowledged items are done; for the others the
     // partition is held there, so their offsets never move before the dead
-    // letter is safe, and they are tried again after a backoff.
+    // letter is safe, and they are tried again after a backoff that grows
+    // with each refusal (a topic that refuses for good stalls only that
+    // partition, visibly: dead_letter_failures and an error line per try).
     void dead_letter(const std::vector<std::size_t>& items, Holds& holds)
     {
         if (items.empty())
             return;
         std::vector<OutgoingRecord> records;
         records.reserve(items.size());
-        for (std::size_t i : items)
-            records.push_back(dead_letter_record(running[i], attempt_of(running[i]) - 1));
+        for (std::size_t i : items) {
+            auto& it = running[i];
+            if (it.attempts < 0)
+                it.attempts = attempt_of(it) - 1;
+            records.push_back(dead_letter_record(it, it.attempts));
+        }
         std::vector<std::string> errors;
         try {
             errors = dead_letter_producer().publish_all(records, cfg.dead_letter_timeout);
@@ -1203,6 +1350,11 @@ struct Engine::Impl {
             if (errors[k].empty()) {
                 it.state = State::done;
                 forget_failures(it);
+                {
+                    std::lock_guard<std::mutex> lock(failures_mu);
+                    it.part->dead_letter_due.erase(r.offset);
+                    it.part->dead_lettered.insert(r.offset);
+                }
                 metrics.dead_lettered[static_cast<std::size_t>(it.reason)].add();
                 auto fields = about(it, it.error);
                 fields.push_back({"reason", std::string(to_string(it.reason))});
@@ -1211,12 +1363,46 @@ struct Engine::Impl {
                     it.id.is_nil() ? "" : ", event ", it.id.is_nil() ? std::string() : it.id.to_string(), it.error);
                 continue;
             }
+            int refusals = 0;
+            {
+                std::lock_guard<std::mutex> lock(failures_mu);
+                auto& due = it.part->dead_letter_due[r.offset];
+                refusals = ++due.refusals;
+                due.reason = it.reason;
+                due.error = it.error;
+                due.attempts = it.attempts;
+            }
             metrics.dead_letter_failures.add();
-            say(LogLevel::error, about(it, errors[k]),
-                "dead letter for {} not acknowledged ({}); its offset does not move, retrying",
-                coords(r.topic, r.partition, r.offset), errors[k]);
-            add_hold(holds, it.part, r.offset, 1);
+            auto fields = about(it, errors[k]);
+            fields.push_back({"refusals", std::to_string(refusals)});
+            say(LogLevel::error, std::move(fields),
+                "dead letter for {} not acknowledged ({}); its offset does not move, next try in {} ms "
+                "(refusal {})",
+                coords(r.topic, r.partition, r.offset), errors[k],
+                backoff_for(refusals, cfg.retry_backoff, cfg.retry_backoff_max).count(), refusals);
+            add_hold(holds, it.part, r.offset, refusals);
         }
+    }
+
+    // A record whose dead letter was written in this assignment is done when
+    // its partition is rewound behind it; one whose dead letter was refused
+    // goes to the dead letter again, as it was (its handler does not run
+    // again). Runs on the poll thread with no batch in the workers' hands.
+    static bool settled_before(Item& it)
+    {
+        auto* ps = it.part;
+        if (ps->dead_lettered.count(it.record.offset)) {
+            it.state = State::done;
+            return true;
+        }
+        auto due = ps->dead_letter_due.find(it.record.offset);
+        if (due == ps->dead_letter_due.end())
+            return false;
+        it.state = State::poison;
+        it.reason = due->second.reason;
+        it.error = due->second.error;
+        it.attempts = due->second.attempts;
+        return true;
     }
 
     int attempt_of(const Item& it)
@@ -1240,11 +1426,15 @@ struct Engine::Impl {
 
     // ---- transactions -----------------------------------------------------
 
+    // A failure of record `index`; SIZE_MAX when no record is to blame (a
+    // conflict at the claim or at COMMIT).
     struct HandlerFailed {
         std::size_t index = 0;
         std::string what;
         bool retryable = true;
+        bool batch_call = false; // in a batch handler call of several records
     };
+    static constexpr std::size_t nobody = SIZE_MAX;
 
     // split: a batch handler failed; run again with one call per record.
     enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
@@ -1277,6 +1467,11 @@ struct Engine::Impl {
             throw;
         } catch (const pqxx::transaction_rollback&) {
             throw;
+        } catch (const pqxx::sql_error& e) {
+            if (pg::is_lock_timeout(e))
+                throw; // waiting on others' locks is no record's failure
+            failure = {blame, e.what(), retryable(e)};
+            return false;
         } catch (const std::exception& e) {
             failure = {blame, e.what(), retryable(e)};
             return false;
@@ -1286,6 +1481,27 @@ struct Engine::Impl {
         }
         metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
         return true;
+    }
+
+    // After a handler call that returned normally: a transaction it left
+    // aborted or ended (it caught a database error and went on) is that
+    // record's failure. Its writes go with the rollback; none of them was
+    // committed (see pg::guard_session for libpqxx 6).
+    bool left_usable(const pqxx::dbtransaction& tx, const Lane& lane, std::size_t blame, HandlerFailed& failure)
+    {
+        const auto state = pg::state_of(tx);
+        if (state == pg::TxState::open)
+            return true;
+        if (state == pg::TxState::unknown && !lane.db->is_open())
+            throw pqxx::broken_connection("connection lost inside the handler");
+        metrics.handler_aborted_transactions.add();
+        const auto last = pg::last_error(tx);
+        failure = {blame,
+                   fmt::format("transaction aborted inside the handler: it returned normally with the transaction {}; "
+                               "a database error was caught and not rethrown{}{}",
+                               pg::to_string(state), last.empty() ? "" : ": ", last),
+                   true};
+        return false;
     }
 
     // Releases the claims of the records from first[k] on (their handlers have
@@ -1340,7 +1556,7 @@ struct Engine::Impl {
         // and cannot deadlock each other.
         std::sort(ids.begin(), ids.end());
 
-        std::size_t current = SIZE_MAX;
+        std::size_t current = nobody; // the record whose handler runs
         std::size_t lane_claimed_override = SIZE_MAX;
         const bool batched = stage.batched();
         const bool gather = batched && !lane.one_by_one;
@@ -1349,6 +1565,7 @@ struct Engine::Impl {
         lane.call_contexts.clear();
         try {
             pqxx::work tx(*lane.db);
+            pg::open_for_writes(tx);
             auto claimed_list = ProcessedEventStore::claimed_ids(
                 tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
             std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
@@ -1390,16 +1607,18 @@ struct Engine::Impl {
                         stage.handle_batch(run_bank, tx, &it.slot, &ctx, 1);
                     else
                         stage.handle(run_bank, it.slot, tx, ctx);
-                });
+                }) && left_usable(tx, lane, i, failure);
                 if (!ok)
                     return Outcome::handler_failed;
+                current = nobody;
             }
             if (!lane.call_items.empty()) {
                 // One call for every claimed record of the transaction.
                 handled = lane.call_items.size();
-                const bool ok = call_handler(lane.call_items.front(), failure, [&] {
+                current = lane.call_items.front();
+                const bool ok = call_handler(current, failure, [&] {
                     stage.handle_batch(run_bank, tx, lane.call_slots.data(), lane.call_contexts.data(), handled);
-                });
+                }) && left_usable(tx, lane, current, failure);
                 if (!ok && handled == 1)
                     return Outcome::handler_failed;
                 if (!ok) {
@@ -1410,9 +1629,11 @@ struct Engine::Impl {
                     return Outcome::split;
                 }
             }
-            current = SIZE_MAX;
+            current = nobody;
             if (offset_store && !positions_after_merge())
                 write_positions(tx, lane_positions(lane));
+            if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+                throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
             tx.commit();
             lane.info.claimed = lane_claimed_override != SIZE_MAX ? lane_claimed_override : claimed.size();
             lane.info.duplicates = active - lane.info.claimed;
@@ -1433,19 +1654,40 @@ struct Engine::Impl {
         } catch (const pqxx::check_violation& e) {
             // 23514 on the claim: maintenance attached the partition for this
             // id at that moment (handler errors never get here). Run it again.
-            failure = {current == SIZE_MAX ? first.front() : current, e.what(), true};
+            failure = {current, e.what(), true, current != nobody && lane.call_items.size() > 1};
             return Outcome::conflict;
         } catch (const pqxx::transaction_rollback& e) {
-            // 40001 / 40P01: the whole transaction is safe to run again.
-            failure = {current == SIZE_MAX ? first.front() : current, e.what(), true};
+            // 40001 / 40P01: the whole transaction is safe to run again. In a
+            // handler call it may be that record's doing; at the claim or at
+            // COMMIT it is nobody's.
+            failure = {current, e.what(), true, current != nobody && lane.call_items.size() > 1};
             return Outcome::conflict;
-        } catch (const std::exception& e) {
-            metrics.db_failures.add();
-            say(LogLevel::error, "PostgreSQL error outside the handler, batch rolled back and retried: {}", e.what());
-            if (lane.db && !lane.db->is_open())
-                lost_connection(lane, e.what());
+        } catch (const pqxx::sql_error& e) {
+            if (!pg::is_lock_timeout(e))
+                return db_error(lane, e);
+            metrics.lock_timeouts.add();
+            say(LogLevel::warning, error_field(e.what()),
+                "a statement waited for a lock longer than lock_timeout ({} ms){}; the batch is rolled back and runs "
+                "again after a backoff: {}",
+                cfg.lock_timeout.count(),
+                current == nobody ? " at the claim (another member's batch holds these event ids?)" : " in a handler",
+                e.what());
             return Outcome::db_failed;
+        } catch (const std::exception& e) {
+            return db_error(lane, e);
         }
+    }
+
+    // Any other PostgreSQL error outside the handlers: the batch is rolled
+    // back and runs again after a backoff.
+    Outcome db_error(Lane& lane, const std::exception& e)
+    {
+        metrics.db_failures.add();
+        say(LogLevel::error, error_field(e.what()),
+            "PostgreSQL error outside the handler, batch rolled back and retried after a backoff: {}", e.what());
+        if (lane.db && !lane.db->is_open())
+            lost_connection(lane, e.what());
+        return Outcome::db_failed;
     }
 
     // Per-key mode spreads a partition over several lanes: no lane alone knows
@@ -1481,6 +1723,11 @@ struct Engine::Impl {
         if (fenced.empty())
             return;
         metrics.fenced_writes.add(fenced.size());
+        {
+            std::lock_guard<std::mutex> lock(fenced_mu);
+            for (const auto& p : fenced)
+                fenced_parts.push_back({p.topic, p.partition});
+        }
         for (const auto& p : fenced)
             say(LogLevel::error,
                 {{log_field::topic, p.topic},
@@ -1522,6 +1769,21 @@ struct Engine::Impl {
                     continue;
                 }
                 conflicts = 0; // persistent: a failure of the record that hit it
+                if (failure.batch_call) {
+                    // In a call for several records: find which one, one at a time.
+                    lane.one_by_one = true;
+                    continue;
+                }
+                if (failure.index == nobody) {
+                    // Not any record's doing: the batch waits for a backoff and
+                    // runs again; nobody is dead-lettered for it.
+                    metrics.db_failures.add();
+                    say(LogLevel::error, error_field(failure.what),
+                        "transaction conflict persisted outside the handlers, batch rolled back and retried after a "
+                        "backoff: {}", failure.what);
+                    lane.failed = true;
+                    return;
+                }
             }
             if (out == Outcome::handler_failed || out == Outcome::conflict) {
                 on_handler_failure(lane, failure);
@@ -1578,6 +1840,8 @@ struct Engine::Impl {
         batch_deadline = Clock::now() + batch_budget;
         Holds holds;
         for (auto& it : running) {
+            if (settled_before(it))
+                continue;
             if (it.state == State::poison) {
                 count_poison(it);
                 continue;
@@ -1586,7 +1850,7 @@ struct Engine::Impl {
             if (it.reconcile)
                 reconcile(it);
             if (it.retry_later)
-                add_hold(holds, it.part, it.record.offset, count_failure(it));
+                add_hold(holds, it.part, it.record.offset, it.retry_failures);
         }
         {
             std::vector<std::size_t> poisoned;
@@ -1669,6 +1933,7 @@ struct Engine::Impl {
             info.duplicates += lane.info.duplicates;
         }
         apply_holds(holds, running);
+        pause_fenced();
         if (!holds.empty()) {
             batch.erase(std::remove_if(batch.begin(), batch.end(),
                                        [&](const Item& it) { return holds.count(it.part) > 0; }),
@@ -1707,9 +1972,12 @@ struct Engine::Impl {
             it.state = State::done;
             it.part->processed_next = std::max(it.part->processed_next, it.record.offset + 1);
             moved.insert(it.part);
+            it.part->fenced = 0;
             if (!it.part->failures.empty())
                 forget_failures(it);
         }
+        for (auto* ps : moved)
+            ps->dead_lettered.erase(ps->dead_lettered.begin(), ps->dead_lettered.lower_bound(ps->processed_next));
         running.clear();
         count_in_flight();
         if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
@@ -1752,18 +2020,28 @@ struct Engine::Impl {
         for (auto& [tp, ps] : parts)
             if (moved.count(&ps))
                 positions.push_back({tp.topic, tp.partition, ps.processed_next, ps.epoch});
+        auto& db = lanes.front().db;
+        if (!db) {
+            // Lost in this batch (by another worker's lane, too): ensure_db()
+            // reconnects; the positions go with the partition's next batch.
+            say(LogLevel::warning, "positions not stored: no PostgreSQL connection (records are redelivered and "
+                                   "deduplicated)");
+            return false;
+        }
         try {
-            pqxx::work tx(*lanes.front().db);
+            pqxx::work tx(*db);
+            pg::open_for_writes(tx);
             write_positions(tx, positions);
             tx.commit();
             return true;
         } catch (const Fenced&) {
+            pause_fenced();
             return false;
         } catch (const std::exception& e) {
             say(LogLevel::warning, error_field(e.what()),
                 "storing positions failed (records are redelivered and deduplicated): {}", e.what());
-            if (!lanes.front().db->is_open())
-                lanes.front().db.reset();
+            if (!db->is_open())
+                db.reset();
             return false;
         }
     }
@@ -1789,6 +2067,37 @@ struct Engine::Impl {
                 ps->resume_at = now + backoff_for(h.failures, cfg.retry_backoff, cfg.retry_backoff_max);
                 pause_one(topic, first->record.partition, true);
             }
+        }
+    }
+
+    // A refused position write means another member took the partition over
+    // in the offset table. Usually this member lost it in Kafka too and hears
+    // so at its next poll; the partition waits (a backoff growing with each
+    // refusal in a row) and, if it is still ours then (after an operator's
+    // `idemkafka-admin offsets set`, say), is taken over again from the
+    // stored position, instead of being rewound and refused forever.
+    void pause_fenced()
+    {
+        std::vector<TopicPartition> fenced;
+        {
+            std::lock_guard<std::mutex> lock(fenced_mu);
+            fenced.swap(fenced_parts);
+        }
+        const auto now = Clock::now();
+        for (const auto& tp : fenced) {
+            auto* ps = state_of(tp.topic, tp.partition);
+            if (!ps || ps->retake)
+                continue;
+            ++ps->fenced;
+            ps->retake = true;
+            ps->retry_paused = true;
+            const auto wait = backoff_for(ps->fenced, milliseconds(1000), milliseconds(30000));
+            ps->resume_at = now + wait;
+            pause_one(tp.topic, tp.partition, true);
+            say(LogLevel::warning, coordinates(tp.topic, tp.partition, ps->processed_next),
+                "{}/{} is owned by another member in the offset table; paused for {} ms, then taken over again "
+                "from the stored position unless a rebalance revokes it first",
+                tp.topic, tp.partition, wait.count());
         }
     }
 

@@ -44,6 +44,11 @@ constexpr CounterDesc counters[] = {
     {"outbox_failures", "Outbox rows the broker did not acknowledge.", &MetricsSnapshot::outbox_failures},
     {"fenced_writes", "Position writes refused because another member owns the partition.",
      &MetricsSnapshot::fenced_writes},
+    {"lock_timeouts", "Transactions that waited for a lock longer than lock_timeout (retried after a backoff).",
+     &MetricsSnapshot::lock_timeouts},
+    {"handler_aborted_transactions",
+     "Handler calls that returned with their transaction aborted (a database error caught and not rethrown).",
+     &MetricsSnapshot::handler_aborted_transactions},
 };
 
 template <class T>
@@ -113,6 +118,9 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, in_flight_bytes);
     render_gauge(out, "oldest_claim_age_seconds", "Age of the group's oldest claim in the dedup table (-1: unknown).",
                  label, oldest_claim_age_seconds);
+    render_gauge(out, "expired_partitions_kept",
+                 "Expired claim partitions the latest maintenance run could not drop (lock_timeout).", label,
+                 expired_partitions_kept);
     return out;
 }
 
@@ -173,6 +181,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.batch_splits = batch_splits.get();
     s.dead_letter_failures = dead_letter_failures.get();
     s.fenced_writes = fenced_writes.get();
+    s.lock_timeouts = lock_timeouts.get();
+    s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();
     s.horizon_processed = horizon_processed.get();
     s.key_window_closed = key_window_closed.get();
@@ -189,6 +199,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.in_flight_records = in_flight_records.get();
     s.in_flight_bytes = in_flight_bytes.get();
     s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();
+    s.expired_partitions_kept = expired_partitions_kept.get();
     if (s.oldest_claim_unix_ms >= 0) {
         const auto now_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

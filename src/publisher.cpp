@@ -44,6 +44,9 @@ struct Publisher::Impl {
     detail::kafka::HandlePtr rk;
     std::atomic<std::uint64_t> delivered{0}, failed{0};
     std::mutex mu;
+    // publish_all() one call at a time: its timeout purges every record not
+    // yet delivered, which must be its own only.
+    std::mutex all_mu;
     std::uint64_t failed_since_flush = 0;
     std::string first_error;
 
@@ -187,6 +190,7 @@ void Publisher::publish(std::string_view topic, std::optional<std::string_view> 
 std::vector<std::string> Publisher::publish_all(const std::vector<OutgoingRecord>& records,
                                                 std::chrono::milliseconds timeout)
 {
+    std::lock_guard<std::mutex> serial(impl_->all_mu);
     // Waiters must stay put while delivery reports can still arrive.
     std::vector<Waiter> waiters(records.size());
     std::vector<std::string> result(records.size());

@@ -601,7 +601,7 @@ public:
     }
 
     void drop_expired(pqxx::connection& conn, TimePoint now, bool dry_run, std::vector<std::string>& dropped,
-                      std::vector<std::string>& actions) const
+                      std::vector<std::string>& kept, std::vector<std::string>& actions) const
     {
         std::vector<Partition> parts;
         {
@@ -631,6 +631,7 @@ public:
             } catch (const pqxx::broken_connection&) {
                 throw;
             } catch (const pqxx::sql_error& e) {
+                kept.push_back(p.name);
                 note(actions, LogLevel::warning,
                      fmt::format("could not drop {}{}: {}", what,
                                  is_lock_timeout(e) ? " (lock not available within lock_timeout; retried on the "
@@ -860,7 +861,7 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
             throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); not maintaining it", t,
                                           kind.partkey));
         ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved, report.actions);
-        ops.drop_expired(conn, report.now, dry_run, report.partitions_dropped, report.actions);
+        ops.drop_expired(conn, report.now, dry_run, report.partitions_dropped, report.partitions_kept, report.actions);
         {
             pqxx::work tx(conn);
             parts = list_partitions(tx, t);
@@ -983,6 +984,8 @@ void MaintenanceRunner::run() noexcept
                 fmt::format("maintenance of {}: {} partitions created, {} dropped, {} rows purged",
                             maintenance_.store().qualified_name(), report.partitions_created.size(),
                             report.partitions_dropped.size(), report.rows_purged));
+        if (report.acted)
+            kept_.store(report.partitions_kept.size());
         {
             std::lock_guard<std::mutex> lock(mutex_);
             last_ = std::move(report);

@@ -139,6 +139,13 @@ struct ConsumerConfig {
     /// Times a transaction is re-run at once after a serialization failure or
     /// deadlock (SQLSTATE 40001 / 40P01) before that counts as a handler failure.
     int transaction_retries = 10;
+    /// Longest wait of any statement of the consumer's transactions for a
+    /// lock (PostgreSQL lock_timeout on its connections): a claim waiting on
+    /// the uncommitted claims of another member's batch, or a handler waiting
+    /// on a row lock. Past it the transaction rolls back and the batch runs
+    /// again after a backoff; no record is blamed for it (lock_timeouts
+    /// counts it, a warning says so). Zero: wait without limit.
+    std::chrono::milliseconds lock_timeout{30000};
 
     /// Dead-letter topic. Empty means "<group_id>.dlq".
     std::string dead_letter_topic;

@@ -4,7 +4,10 @@
 /// key, value and headers unchanged, plus `idemkafka.*` headers saying why it
 /// was dead-lettered and where it came from, so it can be inspected and
 /// replayed to its source topic (its event id, in the payload, is unchanged, so
-/// dedup still protects a replayed event).
+/// dedup still protects a replayed event). A record too large for the
+/// dead-letter producer goes without its value (then, if still too large,
+/// without its headers and key), with `original_value_bytes` and friends
+/// saying what was left out: a dead letter always fits.
 
 #include <array>
 #include <cstddef>
@@ -44,6 +47,14 @@ inline constexpr const char* original_timestamp = "idemkafka.original.timestamp"
 inline constexpr const char* event_id = "idemkafka.event_id";
 inline constexpr const char* attempts = "idemkafka.attempts";
 inline constexpr const char* consumer_group = "idemkafka.consumer_group";
+/// Present when the original value was left out because the dead letter would
+/// not fit the dead-letter producer's `message.max.bytes`: its size in bytes.
+/// The value is then null; read it at the original coordinates.
+inline constexpr const char* original_value_bytes = "idemkafka.original.value_bytes";
+/// Present when the original headers were left out too: how many there were.
+inline constexpr const char* original_headers_dropped = "idemkafka.original.headers_dropped";
+/// Present when the original key was left out too: its size in bytes.
+inline constexpr const char* original_key_bytes = "idemkafka.original.key_bytes";
 /// Prefix of every header the library adds; strip these when replaying.
 inline constexpr std::string_view prefix = "idemkafka.";
 } // namespace dead_letter_header

@@ -74,6 +74,10 @@ struct MetricsSnapshot {
     std::uint64_t batch_splits = 0;      ///< batch handler failures (re-run with one call per record)
     std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
     std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
+    std::uint64_t lock_timeouts = 0;     ///< transactions that waited past ConsumerConfig::lock_timeout (retried)
+    /// Handler calls that returned normally with their transaction aborted (a
+    /// database error caught and not rethrown): failures of that record.
+    std::uint64_t handler_aborted_transactions = 0;
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
     std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
     std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
@@ -117,6 +121,11 @@ struct MetricsSnapshot {
     /// Seconds from oldest_claim_unix_ms to the snapshot's time (0 for an id
     /// from the future); -1 while unknown.
     double oldest_claim_age_seconds = -1;
+    /// Expired claim partitions the consumer's latest maintenance run could
+    /// not drop (a DROP waited longer than the retention lock_timeout for some
+    /// transaction on the claims table); they stay, and take disk, until a
+    /// run drops them. 0 without in-consumer maintenance.
+    std::int64_t expired_partitions_kept = 0;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -142,7 +151,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
-        beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        lock_timeouts, handler_aborted_transactions, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class Histogram {
@@ -166,6 +175,7 @@ public:
     Gauge in_flight_records;
     Gauge in_flight_bytes;
     Gauge oldest_claim_unix_ms{{-1}};
+    Gauge expired_partitions_kept;
 
     /// Replaces the per-partition lags (the consumer thread, after each lag update).
     void set_partitions(std::vector<PartitionLag> partitions);

@@ -74,6 +74,10 @@ public:
     /// `timeout` in all). Returns one entry per record, in order: empty when the
     /// broker acknowledged it, otherwise the reason it was not. Never throws for
     /// a delivery failure; throws KafkaError only if the client itself fails.
+    /// Calls from several threads run one after the other. At `timeout` the
+    /// records still undelivered are purged, with every other record this
+    /// publisher has not delivered yet (publish() and publish_async() ones
+    /// included): give publish_all() a Publisher of its own where that matters.
     std::vector<std::string> publish_all(const std::vector<OutgoingRecord>& records,
                                          std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 

@@ -114,9 +114,13 @@ struct RetentionConfig {
     /// Policy for events beyond the dedup horizon.
     HorizonPolicy beyond_horizon = HorizonPolicy::dead_letter;
     /// Called for an event beyond the horizon when beyond_horizon == reconcile,
-    /// inside the batch transaction and before the claim: it looks for the effect
-    /// (the charge of that order, say) and returns what to do. Required for that
-    /// policy. An exception from it counts as a handler failure of the record.
+    /// before the batch's transaction, in a transaction of its own: it looks
+    /// for the effect (the charge of that order, say) and returns what to do.
+    /// For `skip` that transaction also claims the event, so the claim commits
+    /// with whatever the hook wrote. Required for that policy. An exception
+    /// from it (or a transaction it leaves aborted) counts as a failure of the
+    /// record: retried with the backoff, and after max_attempts the record is
+    /// dead-lettered (reason beyond_dedup_horizon, error "reconcile hook failed ...").
     std::function<ReconcileOutcome(pqxx::work& tx, const Context& ctx)> reconcile;
     /// How long the downstream service remembers an Idempotency-Key (payment
     /// providers often keep keys for 24 hours); zero when not configured.
@@ -228,6 +232,10 @@ struct MaintenanceReport {
     std::chrono::system_clock::time_point cutoff{};
     std::vector<std::string> partitions_created;
     std::vector<std::string> partitions_dropped;
+    /// Expired partitions that could not be dropped (their DROP waited longer
+    /// than lock_timeout for a transaction on the claims table, or failed);
+    /// each is logged at warning level and tried again at the next run.
+    std::vector<std::string> partitions_kept;
     /// Rows moved from the default partition into newly created partitions.
     std::uint64_t rows_moved = 0;
     /// Rows purged (purge mode, and the default partition in partitioned mode);
@@ -357,6 +365,9 @@ public:
     std::uint64_t runs() const noexcept { return runs_.load(); }
     /// Runs that failed (logged, retried at the next interval). Thread-safe; never throws.
     std::uint64_t failures() const noexcept { return failures_.load(); }
+    /// Expired partitions the latest run could not drop (partitions_kept of
+    /// its report); 0 before the first run. Thread-safe; never throws.
+    std::uint64_t expired_partitions_kept() const noexcept { return kept_.load(); }
     /// The report of the latest completed run, if any. Thread-safe; throws only std::bad_alloc.
     std::optional<MaintenanceReport> last_report() const;
 
@@ -370,7 +381,7 @@ private:
     std::unique_ptr<pqxx::connection> conn_; // the thread's; reconnected after a failure
     mutable std::mutex mutex_;                // last_
     std::optional<MaintenanceReport> last_;
-    std::atomic<std::uint64_t> runs_{0}, failures_{0};
+    std::atomic<std::uint64_t> runs_{0}, failures_{0}, kept_{0};
     detail::PeriodicThread thread_; // last: stopped before the members it uses go
 };
 

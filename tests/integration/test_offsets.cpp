@@ -169,12 +169,16 @@ TEST_CASE("a fenced zombie cannot move the stored position back, and effects sta
     struct ReleaseOnExit {
         std::atomic<bool>& flag;
         ~ReleaseOnExit() { flag = true; }
-    } release_on_exit{release};
+    };
+    ReleaseOnExit release_on_exit{release};
     REQUIRE(wait_until([&] { return frozen.load(); }, 60s));
 
     std::atomic<int> taken_over{0};
     Consumer successor(s.config(), decode, event_id_of, s.handler(taken_over, "successor"));
     Runner<Consumer> sr(successor);
+    // Destroyed before sr: a failed REQUIRE releases the zombie first, whose
+    // open transaction holds claims the successor's batch waits for.
+    ReleaseOnExit release_before_joins{release};
     // The successor gets the partition, but the zombie's open transaction holds
     // the claims of its batch; release the zombie once the successor owns the
     // partition (its epoch is newer).

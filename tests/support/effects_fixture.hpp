@@ -1,0 +1,94 @@
+#pragma once
+// A topic, a consumer group and an effects table for tests that count effects:
+// every event once, nothing else. Shared by the fault-label programs.
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+#include <idemkafka/publisher.hpp>
+
+#include "catch_compat.hpp"
+#include "test_env.hpp"
+
+namespace idemkafka::test {
+
+using Consumer = IdempotentConsumer<TestEvent>;
+
+struct Fixture {
+    std::string topic = unique_name("fault");
+    std::string group = unique_name("g");
+    std::string effects = unique_name("effect");
+    std::vector<TestEvent> events;
+
+    explicit Fixture(int partitions)
+    {
+        create_topic(topic, partitions);
+        exec(fmt::format("CREATE TABLE {} (seq bigserial PRIMARY KEY, event_id uuid NOT NULL, member text,"
+                         " kafka_partition int NOT NULL, kafka_offset bigint NOT NULL)",
+                         effects));
+    }
+
+    void publish(int n, const std::string& key_prefix = "entity")
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        for (int i = 0; i < n; ++i) {
+            TestEvent e{new_event_id(), fmt::format("{}-{}", key_prefix, i % 50), i};
+            events.push_back(e);
+            pub.publish_async(topic, e.entity, encode(e));
+        }
+        pub.flush();
+    }
+
+    void insert(pqxx::work& tx, const TestEvent& e, const Context& ctx, const std::string& member = "") const
+    {
+        tx.exec_params(fmt::format("INSERT INTO {} (event_id, member, kafka_partition, kafka_offset)"
+                                   " VALUES ($1::uuid, $2, $3, $4)",
+                                   effects),
+                       e.id.to_string(), member, ctx.partition(), ctx.offset());
+    }
+
+    std::int64_t rows() const { return scalar("SELECT count(*) FROM " + effects); }
+    std::int64_t distinct_rows() const { return scalar("SELECT count(DISTINCT event_id) FROM " + effects); }
+    std::int64_t claims() const
+    {
+        return scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", group));
+    }
+
+    // Exact effect counts: every event once, nothing else.
+    void check_exact(std::size_t expected) const
+    {
+        CHECK(rows() == static_cast<std::int64_t>(expected));
+        CHECK(distinct_rows() == static_cast<std::int64_t>(expected));
+        CHECK(claims() == static_cast<std::int64_t>(expected));
+    }
+
+    ConsumerConfig config() const
+    {
+        auto cfg = consumer_config(group, topic);
+        cfg.retry_backoff = std::chrono::milliseconds(20);
+        return cfg;
+    }
+};
+
+template <class F>
+void run_until(Consumer& c, F&& done, std::chrono::seconds timeout = std::chrono::seconds(90))
+{
+    Runner<Consumer> run(c);
+    const bool ok = wait_until(std::forward<F>(done), timeout);
+    run.join();
+    if (auto e = run.error()) {
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            FAIL("run() threw: " << ex.what());
+        }
+    }
+    REQUIRE(ok);
+}
+
+
+} // namespace idemkafka::test
