@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "pg/exec.hpp"
 #include <idemkafka/store.hpp>
 
 namespace idemkafka::bench {
@@ -237,7 +238,7 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
 
         pqxx::work tx(conn);
         const auto claimed_list = ProcessedEventStore::claimed_ids(
-            tx.exec_prepared("ikbench_claim", ProcessedEventStore::array_literal(ids), group));
+            detail::pg::exec_prepared(tx, "ikbench_claim", ProcessedEventStore::array_literal(ids), group));
         const std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
         fresh.clear();
         for (std::size_t i : first)
@@ -245,10 +246,11 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
                 fresh.push_back(&rows[i]);
         if (!multi_row) {
             for (const Row* row : fresh)
-                tx.exec_prepared("ikbench_effect", row->id_text.data(), row->key, amount_of(row->id), row->produced_us);
+                detail::pg::exec_prepared(tx, "ikbench_effect", row->id_text.data(), row->key, amount_of(row->id),
+                                          row->produced_us);
         } else if (!fresh.empty()) {
-            tx.exec_prepared(
-                "ikbench_effects",
+            detail::pg::exec_prepared(
+                tx, "ikbench_effects",
                 array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return std::string(r->id_text.data()); }),
                 array_literal(fresh.begin(), fresh.end(), [](const Row* r) { return r->key; }),
                 array_literal(fresh.begin(), fresh.end(),

@@ -8,6 +8,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "modes.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka::bench {
 
@@ -180,10 +181,10 @@ void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
         const std::string key(static_cast<const char*>(m->key), m->key ? m->key_len : 0);
 
         pqxx::work tx(db);
-        const bool fresh = tx.exec_params(check, d.id_text.data(), group).empty();
+        const bool fresh = detail::pg::exec_params(tx, check, d.id_text.data(), group).empty();
         if (fresh) {
-            tx.exec_params(insert_claim, d.id_text.data(), group);
-            tx.exec_params(st.tables.insert_effect, d.id_text.data(), key, amount_of(d.id), d.produced_us);
+            detail::pg::exec_params(tx, insert_claim, d.id_text.data(), group);
+            detail::pg::exec_params(tx, st.tables.insert_effect, d.id_text.data(), key, amount_of(d.id), d.produced_us);
         }
         tx.commit();
         ++st.result.transactions;

@@ -14,6 +14,7 @@
 #include <idemkafka/consumer.hpp>
 
 #include "modes.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka::bench {
 
@@ -106,20 +107,25 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     auto handler = [&](pqxx::work& tx, const BenchEvent& e, const Context& ctx) {
         prepare_once(tx.conn(), effect_statement, st.tables.insert_effect);
         const auto key = ctx.key() ? std::string(*ctx.key()) : std::string();
-        tx.exec_prepared(effect_statement, e.d.id_text.data(), key, amount_of(e.d.id), e.d.produced_us);
+        detail::pg::exec_prepared(tx, effect_statement, e.d.id_text.data(), key, amount_of(e.d.id), e.d.produced_us);
         std::lock_guard<std::mutex> lock(pending_mu);
         keep_pending(e);
     };
     auto batch_handler = [&](pqxx::work& tx, const Batch<BenchEvent>& batch) {
         prepare_once(tx.conn(), effects_statement, st.tables.insert_effects_unnest);
         using Entry = Batch<BenchEvent>::Entry;
-        tx.exec_prepared(
-            effects_statement,
-            array_literal(batch.begin(), batch.end(), [](const Entry& r) { return std::string(r.event.d.id_text.data()); }),
-            array_literal(batch.begin(), batch.end(),
-                          [](const Entry& r) { return r.context.key() ? std::string(*r.context.key()) : std::string(); }),
-            array_literal(batch.begin(), batch.end(), [](const Entry& r) { return std::to_string(amount_of(r.event.d.id)); }),
-            array_literal(batch.begin(), batch.end(), [](const Entry& r) { return std::to_string(r.event.d.produced_us); }));
+        detail::pg::exec_prepared(tx, effects_statement,
+                                  array_literal(batch.begin(), batch.end(),
+                                                [](const Entry& r) { return std::string(r.event.d.id_text.data()); }),
+                                  array_literal(batch.begin(), batch.end(),
+                                                [](const Entry& r) {
+                                                    return r.context.key() ? std::string(*r.context.key())
+                                                                           : std::string();
+                                                }),
+                                  array_literal(batch.begin(), batch.end(),
+                                                [](const Entry& r) { return std::to_string(amount_of(r.event.d.id)); }),
+                                  array_literal(batch.begin(), batch.end(),
+                                                [](const Entry& r) { return std::to_string(r.event.d.produced_us); }));
         std::lock_guard<std::mutex> lock(pending_mu);
         for (const auto& r : batch)
             keep_pending(r.event);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/event_id.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka::detail {
 
@@ -24,13 +25,14 @@ std::optional<std::int64_t> oldest_claim_ms(pqxx::connection& conn, const Proces
 {
     pqxx::read_transaction tx(conn);
     tx.exec(fmt::format("SET LOCAL statement_timeout = {}", std::max<long long>(1, timeout.count())));
-    const auto first = tx.exec_params(oldest_claim_sql(store), group);
+    const auto first = pg::exec_params(tx, oldest_claim_sql(store), group);
     if (first.empty())
         return std::nullopt;
     EventId id;
     if (EventId::try_parse(first[0][0].c_str(), id) && id.version() == 7)
         return static_cast<std::int64_t>(id.unix_ms());
-    const auto oldest = tx.exec_params(
+    const auto oldest = pg::exec_params(
+        tx,
         fmt::format("SELECT (extract(epoch FROM min(processed_at)) * 1000)::bigint FROM {} WHERE consumer_group = $1",
                     store.qualified_name()),
         group);

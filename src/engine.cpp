@@ -31,6 +31,7 @@
 #include "kafka/stats.hpp"
 #include "lane_pool.hpp"
 #include "log_context.hpp"
+#include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 
 namespace idemkafka::detail {
@@ -1152,7 +1153,7 @@ struct Engine::Impl {
                                                      pg::to_string(state), last.empty() ? "" : ": ", last));
             }
             if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
-                tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal({it.id}), cfg.group_id);
+                pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal({it.id}), cfg.group_id);
             tx.commit();
         } catch (const std::exception& e) {
             const int failures = count_failure(it);
@@ -1518,9 +1519,10 @@ struct Engine::Impl {
                 release.push_back(it.id);
         }
         if (!release.empty())
-            tx.exec_params(fmt::format("DELETE FROM {} WHERE consumer_group = $1 AND event_id = ANY($2::uuid[])",
-                                       store.qualified_name()),
-                           cfg.group_id, ProcessedEventStore::array_literal(release));
+            pg::exec_params(tx,
+                            fmt::format("DELETE FROM {} WHERE consumer_group = $1 AND event_id = ANY($2::uuid[])",
+                                        store.qualified_name()),
+                            cfg.group_id, ProcessedEventStore::array_literal(release));
         std::size_t n = 0;
         for (std::size_t j : lane.items)
             if (held(lane.holds, running[j]))
@@ -1567,7 +1569,7 @@ struct Engine::Impl {
             pqxx::work tx(*lane.db);
             pg::open_for_writes(tx);
             auto claimed_list = ProcessedEventStore::claimed_ids(
-                tx.exec_prepared(claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
+                pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal(ids), cfg.group_id));
             std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
             std::size_t handled = 0;
             for (std::size_t k = 0; k < first.size(); ++k) {

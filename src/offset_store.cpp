@@ -5,6 +5,7 @@
 #include "idemkafka/error.hpp"
 #include "idemkafka/store.hpp"
 #include "pg/arrays.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka {
 
@@ -74,7 +75,8 @@ OffsetStore::acquire(pqxx::transaction_base& tx, std::string_view group,
         topics.push_back(t);
         parts.push_back(p);
     }
-    const auto r = tx.exec_params(
+    const auto r = detail::pg::exec_params(
+        tx,
         fmt::format("INSERT INTO {0} AS o (consumer_group, topic, partition, epoch)"
                     " SELECT $1, t, p, 1 FROM unnest($2::text[], $3::int[]) AS v(t, p)"
                     " ON CONFLICT (consumer_group, topic, partition)"
@@ -101,14 +103,15 @@ std::vector<OffsetStore::Position> OffsetStore::write(pqxx::transaction_base& tx
         offsets.push_back(p.next_offset);
         epochs.push_back(p.epoch);
     }
-    const auto r = tx.exec_params(
+    const auto r = detail::pg::exec_params(
+        tx,
         fmt::format("UPDATE {} AS o SET next_offset = GREATEST(o.next_offset, v.n), updated_at = now()"
                     " FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS v(t, p, n, e)"
                     " WHERE o.consumer_group = $1 AND o.topic = v.t AND o.partition = v.p AND o.epoch = v.e"
                     " RETURNING o.topic, o.partition",
                     qualified_),
         std::string(group), text_array(topics), int_array(parts), int_array(offsets), int_array(epochs));
-    if (r.size() == positions.size())
+    if (static_cast<std::size_t>(r.size()) == positions.size())
         return {};
     std::vector<Position> fenced;
     for (const auto& p : positions) {
@@ -125,7 +128,8 @@ std::vector<OffsetStore::Position> OffsetStore::write(pqxx::transaction_base& tx
 std::vector<std::pair<std::string, OffsetStore::Stored>> OffsetStore::read(pqxx::transaction_base& tx,
                                                                            std::string_view group) const
 {
-    const auto r = tx.exec_params(
+    const auto r = detail::pg::exec_params(
+        tx,
         fmt::format("SELECT consumer_group, topic, partition, next_offset, epoch, updated_at::text AS updated_at"
                     " FROM {} WHERE $1 = '' OR consumer_group = $1 ORDER BY consumer_group, topic, partition",
                     qualified_),
@@ -140,7 +144,8 @@ std::optional<std::int64_t> OffsetStore::set(pqxx::transaction_base& tx, std::st
                                              std::string_view topic, std::int32_t partition,
                                              std::int64_t next_offset) const
 {
-    const auto before = tx.exec_params(
+    const auto before = detail::pg::exec_params(
+        tx,
         fmt::format("SELECT next_offset FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 "
                     "FOR UPDATE",
                     qualified_),
@@ -148,13 +153,14 @@ std::optional<std::int64_t> OffsetStore::set(pqxx::transaction_base& tx, std::st
     std::optional<std::int64_t> previous;
     if (!before.empty() && !before[0][0].is_null())
         previous = before[0][0].as<std::int64_t>();
-    tx.exec_params(fmt::format("INSERT INTO {0} AS o (consumer_group, topic, partition, next_offset, epoch)"
-                               " VALUES ($1, $2, $3, $4, 1)"
-                               " ON CONFLICT (consumer_group, topic, partition)"
-                               " DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = o.epoch + 1,"
-                               " updated_at = now()",
-                               qualified_),
-                   std::string(group), std::string(topic), partition, next_offset);
+    detail::pg::exec_params(tx,
+                            fmt::format("INSERT INTO {0} AS o (consumer_group, topic, partition, next_offset, epoch)"
+                                        " VALUES ($1, $2, $3, $4, 1)"
+                                        " ON CONFLICT (consumer_group, topic, partition)"
+                                        " DO UPDATE SET next_offset = EXCLUDED.next_offset, epoch = o.epoch + 1,"
+                                        " updated_at = now()",
+                                        qualified_),
+                            std::string(group), std::string(topic), partition, next_offset);
     return previous;
 }
 

@@ -9,11 +9,12 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
-#include "pg/transaction.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
 #include "log_context.hpp"
 #include "pg/arrays.hpp"
+#include "pg/exec.hpp"
+#include "pg/transaction.hpp"
 
 namespace idemkafka {
 namespace {
@@ -194,7 +195,7 @@ void Outbox::ensure_schema(pqxx::work& tx) const
         tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q_));
         // Table and indexes are created together, so an existing table has its
         // indexes, and PostgreSQL picks index names that fit its 63-byte limit.
-        if (!tx.exec_params("SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
+        if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
             return;
         tx.exec(fmt::format("CREATE TABLE {} ("
                             " id bigserial PRIMARY KEY,"
@@ -229,8 +230,9 @@ EventId Outbox::enqueue(pqxx::transaction_base& tx, std::string_view topic, std:
     if (event_id && event_id->is_nil())
         throw InvalidEventId("enqueue: the event id is the nil UUID");
     const EventId id = event_id ? *event_id : new_event_id();
-    tx.exec_params(insert_sql_, id.to_string(), std::string(topic), key.has_value(), key ? to_hex(*key) : std::string(),
-                   to_hex(payload), !headers.empty(), to_hex(encode_headers(headers)));
+    detail::pg::exec_params(tx, insert_sql_, id.to_string(), std::string(topic), key.has_value(),
+                            key ? to_hex(*key) : std::string(), to_hex(payload), !headers.empty(),
+                            to_hex(encode_headers(headers)));
     return id;
 }
 
@@ -258,9 +260,10 @@ std::uint64_t Outbox::purge_sent(pqxx::connection& conn, std::chrono::millisecon
             if (b > 0 && limits.pause.count() > 0)
                 std::this_thread::sleep_for(limits.pause);
             pqxx::work tx(conn);
-            const auto n = static_cast<std::uint64_t>(tx.exec_params(sql, static_cast<std::int64_t>(older_than.count()),
-                                                                     static_cast<std::int64_t>(limits.batch))
-                                                          .affected_rows());
+            const auto n = static_cast<std::uint64_t>(
+                detail::pg::exec_params(tx, sql, static_cast<std::int64_t>(older_than.count()),
+                                        static_cast<std::int64_t>(limits.batch))
+                    .affected_rows());
             tx.commit();
             total += n;
             if (n < limits.batch)
@@ -624,8 +627,8 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
         }
     }
     const pqxx::result r =
-        tx.exec_params(st.fetch_sql, static_cast<std::int64_t>(options_.batch_size),
-                       detail::text_array(held_topics), detail::text_array(held_keys), int_array(held_rows));
+        detail::pg::exec_params(tx, st.fetch_sql, static_cast<std::int64_t>(options_.batch_size),
+                                detail::text_array(held_topics), detail::text_array(held_keys), int_array(held_rows));
     out.fetched = r.size();
 
     // A key whose retry is due sends only its first row: if that fails again,
@@ -643,7 +646,7 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
     }
     // Every unsent row of a due key was read (the batch was not full) and none
     // is left: the key's hold is stale (its rows were marked or deleted by hand).
-    if (r.size() < options_.batch_size) {
+    if (static_cast<std::size_t>(r.size()) < options_.batch_size) {
         for (auto it = st.held.begin(); it != st.held.end();) {
             if (it->second.next_try <= now && !seen.count(it->first))
                 it = st.held.erase(it);
@@ -704,7 +707,7 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
         options_.hooks.after_publish(acknowledged);
     std::size_t marked = 0;
     if (!mark.empty())
-        marked = static_cast<std::size_t>(tx.exec_params(st.mark_sql, int_array(mark)).affected_rows());
+        marked = static_cast<std::size_t>(detail::pg::exec_params(tx, st.mark_sql, int_array(mark)).affected_rows());
     tx.commit();
 
     const std::size_t unacknowledged = rows.size() - acknowledged;

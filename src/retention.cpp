@@ -10,6 +10,7 @@
 
 #include "idemkafka/error.hpp"
 #include "log_context.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka {
 namespace {
@@ -126,9 +127,10 @@ struct TableKind {
 
 TableKind table_kind(pqxx::transaction_base& tx, const std::string& qualified)
 {
-    const auto r = tx.exec_params("SELECT c.relkind::text, coalesce(pg_get_partkeydef(c.oid), '') "
-                                  "FROM pg_class c WHERE c.oid = to_regclass($1)",
-                                  qualified);
+    const auto r = detail::pg::exec_params(tx,
+                                           "SELECT c.relkind::text, coalesce(pg_get_partkeydef(c.oid), '') "
+                                           "FROM pg_class c WHERE c.oid = to_regclass($1)",
+                                           qualified);
     TableKind k;
     if (r.empty())
         return k;
@@ -148,10 +150,11 @@ bool keyed_by_event_id(const TableKind& k)
 // scanning the table once per batch.
 bool ensure_processed_at_index(pqxx::transaction_base& tx, const std::string& target, const std::string& index_name)
 {
-    const auto idx = tx.exec_params("SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-                                    "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass($1) "
-                                    "AND a.attname = 'processed_at'",
-                                    target);
+    const auto idx = detail::pg::exec_params(tx,
+                                             "SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                                             "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass($1) "
+                                             "AND a.attname = 'processed_at'",
+                                             target);
     if (!idx.empty())
         return false;
     tx.exec(fmt::format("CREATE INDEX {} ON {} (processed_at)", quote_identifier(index_name), target));
@@ -206,11 +209,12 @@ void parse_bound(Partition& p)
 
 std::vector<Partition> list_partitions(pqxx::transaction_base& tx, const std::string& qualified)
 {
-    const auto r = tx.exec_params("SELECT n.nspname, c.relname, pg_get_expr(c.relpartbound, c.oid) "
-                                  "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                                  "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                                  "WHERE i.inhparent = to_regclass($1)",
-                                  qualified);
+    const auto r = detail::pg::exec_params(tx,
+                                           "SELECT n.nspname, c.relname, pg_get_expr(c.relpartbound, c.oid) "
+                                           "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                                           "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                                           "WHERE i.inhparent = to_regclass($1)",
+                                           qualified);
     std::vector<Partition> out;
     for (const auto& row : r) {
         Partition p;
@@ -274,7 +278,8 @@ public:
             return;
         try {
             pqxx::nontransaction tx(conn_);
-            tx.exec_params("SELECT pg_advisory_unlock(hashtext('idemkafka.maintenance'), hashtext($1))", key_);
+            detail::pg::exec_params(tx, "SELECT pg_advisory_unlock(hashtext('idemkafka.maintenance'), hashtext($1))",
+                                    key_);
         } catch (...) {
             // A broken connection has released the lock already.
         }
@@ -285,9 +290,9 @@ public:
     bool try_lock()
     {
         pqxx::nontransaction tx(conn_);
-        held_ =
-            tx.exec_params("SELECT pg_try_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))", key_)[0][0]
-                .as<bool>();
+        held_ = detail::pg::exec_params(
+                    tx, "SELECT pg_try_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))", key_)[0][0]
+                    .as<bool>();
         return held_;
     }
 
@@ -650,10 +655,11 @@ public:
         const std::int64_t cutoff_ms = to_ms(cutoff);
         if (dry_run) {
             pqxx::work tx(conn);
-            const auto n = tx.exec_params(fmt::format("SELECT count(*) FROM {} WHERE processed_at < "
-                                                      "to_timestamp($1::bigint / 1000.0)",
-                                                      target),
-                                          cutoff_ms)[0][0]
+            const auto n = detail::pg::exec_params(tx,
+                                                   fmt::format("SELECT count(*) FROM {} WHERE processed_at < "
+                                                               "to_timestamp($1::bigint / 1000.0)",
+                                                               target),
+                                                   cutoff_ms)[0][0]
                                .as<std::uint64_t>();
             report.rows_purged += n;
             note(report.actions, LogLevel::info,
@@ -678,7 +684,8 @@ public:
                 pqxx::work tx(conn);
                 tx.exec(set_lock_timeout(cfg_.lock_timeout));
                 n = static_cast<std::uint64_t>(
-                    tx.exec_params(sql, cutoff_ms, static_cast<std::int64_t>(cfg_.purge_batch)).affected_rows());
+                    detail::pg::exec_params(tx, sql, cutoff_ms, static_cast<std::int64_t>(cfg_.purge_batch))
+                        .affected_rows());
                 tx.commit();
             }
             ++batches;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "pg/exec.hpp"
 #include "pg/transaction.hpp"
 
 namespace idemkafka {
@@ -108,7 +109,7 @@ std::vector<EventId> ProcessedEventStore::claim(pqxx::transaction_base& tx, std:
 {
     if (ids.empty())
         return {};
-    return claimed_ids(tx.exec_params(claim_sql_, array_literal(ids), std::string(group)));
+    return claimed_ids(detail::pg::exec_params(tx, claim_sql_, array_literal(ids), std::string(group)));
 }
 
 } // namespace idemkafka

@@ -161,8 +161,13 @@ try {
                           pqxx::work& tx, const billing::OrderConfirmed& e, const idemkafka::Context& ctx) {
                           const auto key = ctx.idempotency_key();
                           const auto payment_id = payments.charge(e.order_id, e.amount_cents, e.currency, key);
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+                          tx.exec(insert, pqxx::params{e.order_id, e.customer_id, e.amount_cents, e.currency,
+                                                       payment_id, key});
+#else // libpqxx before 7.10 has no exec(sql, params)
                           tx.exec_params(insert, e.order_id, e.customer_id, e.amount_cents, e.currency, payment_id,
                                          key);
+#endif
                       });
 #ifdef BILLING_METRICS_HTTP
     std::optional<MetricsEndpoint> metrics_endpoint;

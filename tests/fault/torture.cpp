@@ -60,10 +60,12 @@
 #include <idemkafka/dead_letter.hpp>
 #include <idemkafka/store.hpp>
 
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 namespace {
 
+namespace pg = idemkafka::detail::pg;
 namespace test = idemkafka::test;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -695,12 +697,14 @@ private:
             snap.committed = probe_->committed(topic_, opt_.partitions);
             pqxx::connection c(pg_);
             pqxx::nontransaction tx(c);
-            if (tx.exec_params("SELECT to_regclass($1) IS NOT NULL", idemkafka::quote_identifier(claims_table_))[0][0]
+            if (pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL",
+                                idemkafka::quote_identifier(claims_table_))[0][0]
                     .as<bool>())
-                for (const auto& row : tx.exec_params("SELECT event_id::text FROM " +
-                                                          idemkafka::quote_identifier(claims_table_) +
-                                                          " WHERE consumer_group = $1",
-                                                      group_))
+                for (const auto& row :
+                     pg::exec_params(tx,
+                                     "SELECT event_id::text FROM " + idemkafka::quote_identifier(claims_table_) +
+                                         " WHERE consumer_group = $1",
+                                     group_))
                     snap.claims.insert(row[0].as<std::string>());
         } catch (const std::exception& e) {
             fail(fmt::format("run {}: could not take the after-kill snapshot: {}", run, e.what()));
@@ -829,10 +833,11 @@ private:
                     // The call sits in the aggregate's FILTER so that it runs only on
                     // rows the WHERE clause kept: in a WHERE of its own the planner
                     // could evaluate it before the application_name test.
-                    terminated = tx.exec_params("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM "
-                                                "pg_stat_activity WHERE application_name = $1 AND pid <> "
-                                                "pg_backend_pid()",
-                                                app_name_)[0][0]
+                    terminated = pg::exec_params(tx,
+                                                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM "
+                                                 "pg_stat_activity WHERE application_name = $1 AND pid <> "
+                                                 "pg_backend_pid()",
+                                                 app_name_)[0][0]
                                      .as<long long>();
                     return terminated > 0;
                 },
@@ -1059,10 +1064,11 @@ private:
         if (!doubled.empty()) {
             std::string detail;
             for (std::size_t i = 0; i < doubled.size() && i < 5; ++i) {
-                const auto rows = tx.exec_params(
-                    "SELECT id, idempotency_key::text, payment_id, charged_at::text FROM " +
-                        idemkafka::quote_identifier(charge_table_) + " WHERE order_id = $1 ORDER BY id",
-                    doubled[i]);
+                const auto rows =
+                    pg::exec_params(tx,
+                                    "SELECT id, idempotency_key::text, payment_id, charged_at::text FROM " +
+                                        idemkafka::quote_identifier(charge_table_) + " WHERE order_id = $1 ORDER BY id",
+                                    doubled[i]);
                 detail += fmt::format("\n    {}:", doubled[i]);
                 for (const auto& r : rows)
                     detail += fmt::format(" [id {} key {} payment {} at {}]", r[0].c_str(), r[1].c_str(),
@@ -1082,9 +1088,10 @@ private:
         std::unordered_set<std::string> expected_events;
         for (const auto& [order, ev] : event_of_order)
             expected_events.insert(ev);
-        const auto claims = tx.exec_params("SELECT event_id::text FROM " + idemkafka::quote_identifier(claims_table_) +
-                                               " WHERE consumer_group = $1",
-                                           group_);
+        const auto claims = pg::exec_params(tx,
+                                            "SELECT event_id::text FROM " + idemkafka::quote_identifier(claims_table_) +
+                                                " WHERE consumer_group = $1",
+                                            group_);
         claims_ = static_cast<long long>(claims.size());
         long long stray = 0;
         for (const auto& row : claims)

@@ -18,6 +18,7 @@
 
 #include "catch_compat.hpp"
 #include "effects_fixture.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -57,7 +58,7 @@ struct Swallower {
         }
         try {
             // A write after the error: it must never commit.
-            tx.exec_params(fmt::format("INSERT INTO {} VALUES ($1::uuid)", escaped), e.id.to_string());
+            detail::pg::exec_params(tx, fmt::format("INSERT INTO {} VALUES ($1::uuid)", escaped), e.id.to_string());
         } catch (const pqxx::sql_error&) {
         }
     }

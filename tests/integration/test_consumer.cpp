@@ -14,6 +14,7 @@
 #include <idemkafka/store.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -36,10 +37,11 @@ std::string make_effect_table(const std::string& name)
 void insert_effect(pqxx::work& tx, const std::string& table, const TestEvent& e, const Context& ctx,
                    const std::string& group)
 {
-    tx.exec_params(fmt::format("INSERT INTO {} (event_id, entity, grp, kafka_partition, kafka_offset)"
-                               " VALUES ($1::uuid, $2, $3, $4, $5)",
-                               table),
-                   e.id.to_string(), e.entity, group, ctx.partition(), ctx.offset());
+    detail::pg::exec_params(tx,
+                            fmt::format("INSERT INTO {} (event_id, entity, grp, kafka_partition, kafka_offset)"
+                                        " VALUES ($1::uuid, $2, $3, $4, $5)",
+                                        table),
+                            e.id.to_string(), e.entity, group, ctx.partition(), ctx.offset());
 }
 
 std::int64_t claims(const std::string& group)
@@ -361,10 +363,11 @@ void insert_effects(pqxx::work& tx, const std::string& table, const Batch<TestEv
     }
     ids += '}';
     entities += '}';
-    tx.exec_params(fmt::format("INSERT INTO {} (event_id, entity, grp, kafka_partition, kafka_offset)"
-                               " SELECT unnest($1::uuid[]), unnest($2::text[]), $3, -1, -1",
-                               table),
-                   ids, entities, group);
+    detail::pg::exec_params(tx,
+                            fmt::format("INSERT INTO {} (event_id, entity, grp, kafka_partition, kafka_offset)"
+                                        " SELECT unnest($1::uuid[]), unnest($2::text[]), $3, -1, -1",
+                                        table),
+                            ids, entities, group);
 }
 
 } // namespace

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -218,8 +219,14 @@ TEST_CASE("a serialization failure re-runs the transaction without counting a ha
     std::atomic<bool> thrown{false};
     Consumer c(f.config(), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
         f.insert(tx, e, ctx);
-        if (ctx.offset() == 7 && !thrown.exchange(true))
-            throw pqxx::serialization_failure("could not serialize access due to concurrent update");
+        if (ctx.offset() == 7 && !thrown.exchange(true)) {
+            const std::string what = "could not serialize access due to concurrent update";
+#if PQXX_VERSION_MAJOR >= 7 // what, query, SQLSTATE
+            throw pqxx::serialization_failure(what, "", "40001");
+#else
+            throw pqxx::serialization_failure(what);
+#endif
+        }
     });
     run_until(c, [&] { return f.rows() == 20; });
     const auto m = c.metrics().snapshot();

@@ -20,6 +20,7 @@
 
 #include "catch_compat.hpp"
 #include "claim_age.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -271,7 +272,8 @@ TEST_CASE("oldest claim: an index walk, the UUIDv7 time, processed_at for other 
             tx.exec("SET LOCAL enable_sort = off");
             tx.exec("SET LOCAL enable_seqscan = off");
             std::string plan;
-            for (const auto& row : tx.exec_params("EXPLAIN (COSTS OFF) " + detail::oldest_claim_sql(store), "g"))
+            for (const auto& row :
+                 detail::pg::exec_params(tx, "EXPLAIN (COSTS OFF) " + detail::oldest_claim_sql(store), "g"))
                 plan += std::string(row[0].c_str()) + "\n";
             INFO(plan);
             CHECK(plan.find("Index Only Scan") != std::string::npos);
@@ -284,10 +286,11 @@ TEST_CASE("oldest claim: an index walk, the UUIDv7 time, processed_at for other 
         };
         const auto insert = [&](const std::string& id, const std::string& group, std::int64_t processed_ms) {
             pqxx::work tx(conn);
-            tx.exec_params(fmt::format("INSERT INTO {} (event_id, consumer_group, processed_at) "
-                                       "VALUES ($1::uuid, $2, to_timestamp($3::bigint / 1000.0))",
-                                       store.qualified_name()),
-                           id, group, processed_ms);
+            detail::pg::exec_params(tx,
+                                    fmt::format("INSERT INTO {} (event_id, consumer_group, processed_at) "
+                                                "VALUES ($1::uuid, $2, to_timestamp($3::bigint / 1000.0))",
+                                                store.qualified_name()),
+                                    id, group, processed_ms);
             tx.commit();
         };
         // Group "a": UUIDv7 ids; its oldest is the smallest id, whatever processed_at says.

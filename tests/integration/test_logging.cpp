@@ -15,6 +15,7 @@
 #include <idemkafka/retention.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -191,7 +192,7 @@ TEST_CASE("a consumer whose configuration holds passwords never logs or throws t
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
         if (e.id == fails_once && !failed_once.exchange(true))
             throw std::runtime_error("payment service refused host=pay password=" + pg_password);
-        tx.exec_params("INSERT INTO effect (event_id) VALUES ($1::uuid)", e.id.to_string());
+        detail::pg::exec_params(tx, "INSERT INTO effect (event_id) VALUES ($1::uuid)", e.id.to_string());
     });
     {
         Runner<Consumer> run(consumer);

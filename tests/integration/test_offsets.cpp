@@ -15,6 +15,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -61,8 +62,8 @@ struct OffsetsSetup {
     Consumer::Handler handler(std::atomic<int>& calls, const std::string& who = "a") const
     {
         return [this, &calls, who](pqxx::work& tx, const TestEvent& e, const Context&) {
-            tx.exec_params(fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, $2)", effects),
-                           e.id.to_string(), who);
+            detail::pg::exec_params(tx, fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, $2)", effects),
+                                    e.id.to_string(), who);
             ++calls;
         };
     }
@@ -155,8 +156,8 @@ TEST_CASE("a fenced zombie cannot move the stored position back, and effects sta
     std::atomic<bool> frozen{false};
     std::atomic<bool> release{false};
     Consumer zombie(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        tx.exec_params(fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, 'zombie')", s.effects),
-                       e.id.to_string());
+        detail::pg::exec_params(
+            tx, fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, 'zombie')", s.effects), e.id.to_string());
         ++calls;
         if (ctx.offset() == 100 && !frozen.exchange(true)) {
             // Frozen while holding a batch (a GC pause, a stuck call ...).

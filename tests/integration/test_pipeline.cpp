@@ -13,6 +13,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -86,10 +87,11 @@ TEST_CASE("pipeline: the next batch is decoded while a handler runs, on another 
             std::int64_t last = -1;
             for (const auto& [event, ctx] : batch) {
                 last = std::max(last, ctx.offset());
-                tx.exec_params(fmt::format("INSERT INTO {} (event_id, kafka_partition, kafka_offset)"
-                                           " VALUES ($1::uuid, $2, $3)",
-                                           effects),
-                               event.id.to_string(), ctx.partition(), ctx.offset());
+                detail::pg::exec_params(tx,
+                                        fmt::format("INSERT INTO {} (event_id, kafka_partition, kafka_offset)"
+                                                    " VALUES ($1::uuid, $2, $3)",
+                                                    effects),
+                                        event.id.to_string(), ctx.partition(), ctx.offset());
                 has_target = has_target || event.id == target;
             }
             std::unique_lock<std::mutex> lock(mu);
@@ -136,9 +138,10 @@ TEST_CASE("pipeline: records polled behind a rewound partition are dropped and c
     cfg.retry_backoff_max = 20ms;
     std::atomic<int> failures{0};
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        tx.exec_params(fmt::format("INSERT INTO {} (event_id, kafka_partition, kafka_offset) VALUES ($1::uuid, $2, $3)",
-                                   effects),
-                       e.id.to_string(), ctx.partition(), ctx.offset());
+        detail::pg::exec_params(
+            tx,
+            fmt::format("INSERT INTO {} (event_id, kafka_partition, kafka_offset) VALUES ($1::uuid, $2, $3)", effects),
+            e.id.to_string(), ctx.partition(), ctx.offset());
         if (ctx.attempt() == 1 && failing.count(e.id)) {
             ++failures;
             throw std::runtime_error("first attempt fails");

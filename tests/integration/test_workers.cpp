@@ -13,6 +13,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -38,11 +39,12 @@ struct Setup {
 
     void insert(pqxx::work& tx, const TestEvent& e, const Context& ctx) const
     {
-        tx.exec_params(fmt::format("INSERT INTO {} (event_id, entity, n, kafka_partition, worker)"
-                                   " VALUES ($1::uuid, $2, $3, $4, $5)",
-                                   effects),
-                       e.id.to_string(), e.entity, e.amount, ctx.partition(),
-                       std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())));
+        detail::pg::exec_params(tx,
+                                fmt::format("INSERT INTO {} (event_id, entity, n, kafka_partition, worker)"
+                                            " VALUES ($1::uuid, $2, $3, $4, $5)",
+                                            effects),
+                                e.id.to_string(), e.entity, e.amount, ctx.partition(),
+                                std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())));
     }
 
     std::int64_t rows() const { return scalar("SELECT count(*) FROM " + effects); }
@@ -183,7 +185,8 @@ TEST_CASE("lock_entity serialises read-modify-write of one entity across consume
         const auto balance = tx.exec(fmt::format("SELECT balance FROM {} WHERE id = 'acct-1'", accounts))[0][0]
                                  .as<std::int64_t>();
         std::this_thread::sleep_for(std::chrono::microseconds(200)); // widen the race window
-        tx.exec_params(fmt::format("UPDATE {} SET balance = $1 WHERE id = 'acct-1'", accounts), balance + e.amount);
+        detail::pg::exec_params(tx, fmt::format("UPDATE {} SET balance = $1 WHERE id = 'acct-1'", accounts),
+                                balance + e.amount);
     };
     auto c1 = consumer_config(unique_name("billing"), s.topic);
     auto c2 = consumer_config(unique_name("ledger"), s.topic);

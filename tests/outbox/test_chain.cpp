@@ -15,6 +15,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -110,10 +111,12 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
     // Consumer B: payment.charged -> receipt.
     Consumer b(consumer_config(unique_name("receipts"), payments), decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context&) {
-                   tx.exec_params(fmt::format("INSERT INTO {} (order_id, payment_event_id, amount) VALUES ($1, "
-                                              "$2::uuid, $3)",
-                                              receipts),
-                                  e.entity, e.id.to_string(), e.amount);
+                   detail::pg::exec_params(
+                       tx,
+                       fmt::format("INSERT INTO {} (order_id, payment_event_id, amount) VALUES ($1, "
+                                   "$2::uuid, $3)",
+                                   receipts),
+                       e.entity, e.id.to_string(), e.amount);
                });
     Runner<Consumer> run_b(b);
 
@@ -122,10 +125,12 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
     const auto group_a = unique_name("billing");
     auto handler_a = [&](pqxx::work& tx, const TestEvent& e, const Context&) {
         const EventId payment_id = Outbox::new_event_id(); // taken first, so the payload carries it
-        tx.exec_params(fmt::format("INSERT INTO {} (order_id, order_event_id, payment_event_id, amount) VALUES ($1, "
-                                   "$2::uuid, $3::uuid, $4)",
-                                   charges),
-                       e.entity, e.id.to_string(), payment_id.to_string(), e.amount);
+        detail::pg::exec_params(
+            tx,
+            fmt::format("INSERT INTO {} (order_id, order_event_id, payment_event_id, amount) VALUES ($1, "
+                        "$2::uuid, $3::uuid, $4)",
+                        charges),
+            e.entity, e.id.to_string(), payment_id.to_string(), e.amount);
         outbox.enqueue(tx, payments, std::string_view(e.entity), encode(TestEvent{payment_id, e.entity, e.amount}),
                        {Header{"order-event-id", e.id.to_string()}}, payment_id);
     };

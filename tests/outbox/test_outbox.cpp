@@ -14,6 +14,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 using namespace idemkafka;
@@ -117,8 +118,9 @@ MetricsSnapshot consume_downstream(const std::string& topic, const std::string& 
 {
     Consumer c(consumer_config(unique_name("down"), topic), decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context&) {
-                   tx.exec_params(fmt::format("INSERT INTO {} (event_id, entity) VALUES ($1::uuid, $2)", effects),
-                                  e.id.to_string(), e.entity);
+                   detail::pg::exec_params(
+                       tx, fmt::format("INSERT INTO {} (event_id, entity) VALUES ($1::uuid, $2)", effects),
+                       e.id.to_string(), e.entity);
                });
     Runner<Consumer> run(c);
     const bool done = wait_until([&] { return c.metrics().snapshot().consumed >= records; }, 60s);

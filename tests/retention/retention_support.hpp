@@ -14,6 +14,7 @@
 #include <idemkafka/retention.hpp>
 #include <idemkafka/store.hpp>
 
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 namespace idemkafka::test {
@@ -81,7 +82,8 @@ inline std::int64_t count_rows(pqxx::connection& conn, const std::string& sql)
 inline std::string partition_of(pqxx::connection& conn, const ProcessedEventStore& store, const EventId& id)
 {
     pqxx::nontransaction tx(conn);
-    const auto r = tx.exec_params(
+    const auto r = detail::pg::exec_params(
+        tx,
         fmt::format("SELECT c.relname FROM {} t JOIN pg_class c ON c.oid = t.tableoid WHERE t.event_id = $1::uuid",
                     store.qualified_name()),
         id.to_string());
@@ -92,9 +94,10 @@ inline std::string partition_of(pqxx::connection& conn, const ProcessedEventStor
 inline std::vector<std::string> partitions(pqxx::connection& conn, const ProcessedEventStore& store)
 {
     pqxx::nontransaction tx(conn);
-    const auto r = tx.exec_params("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                                  "WHERE i.inhparent = to_regclass($1) ORDER BY 1",
-                                  store.qualified_name());
+    const auto r = detail::pg::exec_params(tx,
+                                           "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                                           "WHERE i.inhparent = to_regclass($1) ORDER BY 1",
+                                           store.qualified_name());
     std::vector<std::string> out;
     for (const auto& row : r)
         out.push_back(row[0].as<std::string>());

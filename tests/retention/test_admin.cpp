@@ -17,6 +17,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "retention_support.hpp"
 
 using namespace idemkafka;
@@ -370,8 +371,8 @@ TEST_CASE("admin: maintain, with --dry-run, purge mode and the maintenance lock"
     auto other = connect();
     {
         pqxx::nontransaction tx(*other);
-        tx.exec_params("SELECT pg_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
-                       store.qualified_name());
+        detail::pg::exec_params(tx, "SELECT pg_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
+                                store.qualified_name());
     }
     {
         const auto r = admin(with_db({"maintain"}, table));

@@ -10,6 +10,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "retention_support.hpp"
 
 using namespace idemkafka;
@@ -42,7 +43,8 @@ MetricsSnapshot consume(const std::string& group, const std::string& topic, cons
     auto cfg = consumer_config(group, topic);
     cfg.table = table;
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
-        tx.exec_params(fmt::format("INSERT INTO {} (event_id) VALUES ($1::uuid)", effects), e.id.to_string());
+        detail::pg::exec_params(tx, fmt::format("INSERT INTO {} (event_id) VALUES ($1::uuid)", effects),
+                                e.id.to_string());
     });
     Runner<Consumer> run(consumer);
     const bool done = wait_until([&] { return consumer.metrics().snapshot().consumed >= records; }, 120s);
@@ -157,7 +159,8 @@ TEST_CASE("purge beside a consumer at full speed deletes only expired claims", "
     ccfg.retention = cfg;
     ccfg.retention.maintenance = false; // this test runs the purge itself, beside the consumer
     Consumer consumer(ccfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
-        tx.exec_params(fmt::format("INSERT INTO {} (event_id) VALUES ($1::uuid)", effects), e.id.to_string());
+        detail::pg::exec_params(tx, fmt::format("INSERT INTO {} (event_id) VALUES ($1::uuid)", effects),
+                                e.id.to_string());
     });
     MaintenanceReport rep;
     std::uint64_t consumed_at_purge_start = 0, consumed_at_purge_end = 0;

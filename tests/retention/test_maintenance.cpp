@@ -11,6 +11,7 @@
 #include <idemkafka/error.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "retention_support.hpp"
 
 using namespace idemkafka;
@@ -463,8 +464,9 @@ TEST_CASE("only one session maintains a table at a time", "[retention]")
     auto other = connect();
     {
         pqxx::nontransaction tx(*other);
-        REQUIRE(tx.exec_params("SELECT pg_try_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
-                               store.qualified_name())[0][0]
+        REQUIRE(detail::pg::exec_params(tx,
+                                        "SELECT pg_try_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
+                                        store.qualified_name())[0][0]
                     .as<bool>());
     }
     const auto busy = m.run_once(*conn);
@@ -472,14 +474,14 @@ TEST_CASE("only one session maintains a table at a time", "[retention]")
     CHECK(busy.partitions_created.empty());
     {
         pqxx::nontransaction tx(*other);
-        tx.exec_params("SELECT pg_advisory_unlock(hashtext('idemkafka.maintenance'), hashtext($1))",
-                       store.qualified_name());
+        detail::pg::exec_params(tx, "SELECT pg_advisory_unlock(hashtext('idemkafka.maintenance'), hashtext($1))",
+                                store.qualified_name());
     }
     CHECK(m.run_once(*conn).acted);
     // The lock is released after a run: another session can take it.
     pqxx::nontransaction tx(*other);
-    CHECK(tx.exec_params("SELECT pg_try_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
-                         store.qualified_name())[0][0]
+    CHECK(detail::pg::exec_params(tx, "SELECT pg_try_advisory_lock(hashtext('idemkafka.maintenance'), hashtext($1))",
+                                  store.qualified_name())[0][0]
               .as<bool>());
 }
 

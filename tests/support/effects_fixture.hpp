@@ -12,6 +12,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "pg/exec.hpp"
 #include "test_env.hpp"
 
 namespace idemkafka::test {
@@ -45,10 +46,11 @@ struct Fixture {
 
     void insert(pqxx::work& tx, const TestEvent& e, const Context& ctx, const std::string& member = "") const
     {
-        tx.exec_params(fmt::format("INSERT INTO {} (event_id, member, kafka_partition, kafka_offset)"
-                                   " VALUES ($1::uuid, $2, $3, $4)",
-                                   effects),
-                       e.id.to_string(), member, ctx.partition(), ctx.offset());
+        detail::pg::exec_params(tx,
+                                fmt::format("INSERT INTO {} (event_id, member, kafka_partition, kafka_offset)"
+                                            " VALUES ($1::uuid, $2, $3, $4)",
+                                            effects),
+                                e.id.to_string(), member, ctx.partition(), ctx.offset());
     }
 
     std::int64_t rows() const { return scalar("SELECT count(*) FROM " + effects); }

@@ -18,6 +18,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka::detail::admin {
 namespace {
@@ -162,7 +163,7 @@ int run_offsets(std::vector<std::string> args)
         throw DatabaseError(fmt::format("cannot connect to PostgreSQL: {}", e.what()));
     }
     pqxx::work tx(*conn);
-    if (tx.exec_params("SELECT to_regclass($1) IS NOT NULL", store->qualified_name())[0][0].as<bool>() == false)
+    if (pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", store->qualified_name())[0][0].as<bool>() == false)
         throw DatabaseError(fmt::format("{} does not exist: no consumer runs with offsets_in_database here "
                                         "(or pass --schema/--table)",
                                         store->qualified_name()));
@@ -229,7 +230,7 @@ void print_stored_positions(const std::string& postgres, const std::string& sche
         pqxx::connection c(postgres);
         pqxx::nontransaction tx(c);
         const OffsetStore store(schema, "consumer_offset");
-        if (!tx.exec_params("SELECT to_regclass($1) IS NOT NULL", store.qualified_name())[0][0].as<bool>())
+        if (!pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", store.qualified_name())[0][0].as<bool>())
             return;
     }
     out("");

@@ -1,0 +1,48 @@
+#pragma once
+// Parameterised and prepared statements on every libpqxx we build against.
+// libpqxx 7.10 deprecates `exec_params()` and `exec_prepared()` in favour of
+// `exec(sql, params)` and `exec(prepped, params)`, which older versions lack.
+// Used by the library, the tests, the benchmark and idemkafka-admin.
+
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <pqxx/pqxx>
+#include <pqxx/version>
+
+namespace idemkafka::detail::pg {
+
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+
+/// `sql` with `$1`, `$2`... bound to `args`: what `tx.exec_params(sql, args...)` did.
+template <class... Args>
+pqxx::result exec_params(pqxx::transaction_base& tx, std::string_view sql, Args&&... args)
+{
+    return tx.exec(sql, pqxx::params{std::forward<Args>(args)...});
+}
+
+/// The statement prepared as `name`, with `args`: what `tx.exec_prepared(name, args...)` did.
+template <class... Args>
+pqxx::result exec_prepared(pqxx::transaction_base& tx, pqxx::zview name, Args&&... args)
+{
+    return tx.exec(pqxx::prepped{name}, pqxx::params{std::forward<Args>(args)...});
+}
+
+#else // libpqxx 6.x to 7.9: the member functions, not deprecated there
+
+template <class... Args>
+pqxx::result exec_params(pqxx::transaction_base& tx, const std::string& sql, Args&&... args)
+{
+    return tx.exec_params(sql, std::forward<Args>(args)...);
+}
+
+template <class... Args>
+pqxx::result exec_prepared(pqxx::transaction_base& tx, const std::string& name, Args&&... args)
+{
+    return tx.exec_prepared(name, std::forward<Args>(args)...);
+}
+
+#endif
+
+} // namespace idemkafka::detail::pg
