@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <librdkafka/rdkafka.h>
+#include <pqxx/version>
 
 #include <idemkafka/error.hpp>
 
@@ -30,6 +32,7 @@ commands:
   dead-letters   list or replay dead-letter records (list | replay)
   offsets        stored consumer positions next to Kafka's and the lag (list | set) [--dry-run]
   help [COMMAND] this text, or a command's options
+  --version      idemkafka's version and the libpqxx and librdkafka it was built with
 
 Run `idemkafka-admin <command> --help` for a command's options. The database comes from --postgres
 or IDEMKAFKA_POSTGRES, Kafka from --brokers or IDEMKAFKA_BROKERS.
@@ -65,6 +68,11 @@ int main(int argc, char** argv)
         args.erase(args.begin());
         if (command == "--help" || command == "-h") {
             out(usage_text);
+            return exit_ok;
+        }
+        if (command == "--version") {
+            out(fmt::format("idemkafka-admin {}\nlibpqxx {}, librdkafka {}", IDEMKAFKA_VERSION_TEXT, PQXX_VERSION,
+                            rd_kafka_version_str()));
             return exit_ok;
         }
         if (command == "help") {
