@@ -15,6 +15,16 @@
 // the processes is not, so a seed reproduces the plan, not the interleaving.
 // Each listener's stderr and the driver's timeline are kept in the log
 // directory when the test fails.
+//
+// With --misbehaving N the listener is the chaos listener (chaos_listener.cpp),
+// whose handlers misbehave for N per thousand orders in each of three ways
+// (misbehaviour.hpp): swallowing an SQL error, throwing every time, throwing
+// on the first attempt. Orders of the first two kinds must end in the
+// dead-letter topic (handler_failed), every record of them, with nothing
+// charged and nothing written after the swallowed error; the third kind is
+// charged once. With --oversize N the driver itself publishes N records larger
+// than the consumer's max_payload_bytes and the dead-letter producer's limit:
+// dead-lettered (payload_too_large) without their value.
 
 #include <algorithm>
 #include <atomic>
@@ -58,8 +68,10 @@
 #include <pqxx/pqxx>
 
 #include <idemkafka/dead_letter.hpp>
+#include <idemkafka/publisher.hpp>
 #include <idemkafka/store.hpp>
 
+#include "misbehaviour.hpp"
 #include "pg/exec.hpp"
 #include "test_env.hpp"
 
@@ -79,10 +91,14 @@ const char* const usage = R"(usage: idemkafka-torture --listener PATH --producer
   --kills N           SIGKILLs of the listener (default 22; more while events
                       are still being published)
   --partitions N      partitions of the order topic (default 8)
+  --misbehaving N     the listener is the chaos listener, N orders per thousand
+                      misbehave in each of its three ways (default 0: billing-listener)
+  --oversize N        also publish N records of 1.5 MB (default 0)
   --log-dir DIR       keep listener logs and the timeline there (default: a temp dir,
                       removed when the test passes)
 
 Prints one line: torture: seed=S kills=K broker_faults=B pg_kills=P ... OK|FAILED
+(with --misbehaving or --oversize, after a line "torture: misbehaving ..." of their figures)
 )";
 
 // ---- small helpers ----------------------------------------------------------
@@ -468,6 +484,8 @@ struct Options {
     long long events = 20000;
     int kills = 22;
     int partitions = 8;
+    int misbehaving = 0; // per mille of each kind; 0: billing-listener's handler
+    int oversize = 0;
     std::string log_dir;
 };
 
@@ -497,6 +515,10 @@ Options parse_options(int argc, char** argv)
             o.kills = std::stoi(v);
         else if (a == "--partitions")
             o.partitions = std::stoi(v);
+        else if (a == "--misbehaving")
+            o.misbehaving = std::stoi(v);
+        else if (a == "--oversize")
+            o.oversize = std::stoi(v);
         else if (a == "--log-dir")
             o.log_dir = v;
         else
@@ -514,8 +536,10 @@ Options parse_options(int argc, char** argv)
                 "{} must name an executable, got \"{}\" (the billing example is built with "
                 "IDEMKAFKA_BUILD_EXAMPLES=ON)",
                 name, path));
-    if (o.events < 1000 || o.kills < 1 || o.partitions < 1)
-        throw std::invalid_argument("--events must be at least 1000, --kills and --partitions positive");
+    if (o.events < 1000 || o.kills < 1 || o.partitions < 1 || o.misbehaving < 0 || o.misbehaving > 333 ||
+        o.oversize < 0)
+        throw std::invalid_argument("--events must be at least 1000, --kills and --partitions positive, "
+                                    "--misbehaving in [0, 333], --oversize not negative");
     return o;
 }
 
@@ -532,14 +556,27 @@ const char* fault_name(Fault f)
     }
 }
 
-// One poison record as published: what its dead letter must look like.
+// One poison record as published, or a record of a misbehaving order: what its
+// dead letter must look like.
 struct Poison {
     std::string reason;
     std::int32_t partition = 0;
     std::int64_t offset = 0;
     std::string value;
     int dead_letters = 0;
+    std::string key;            // checked when not empty
+    std::string error_contains; // in the idemkafka.error header
 };
+
+// Size of the oversize poison: past max_payload_bytes (1 MiB) and the
+// dead-letter producer's message.max.bytes (1,000,000), within the broker's.
+constexpr std::size_t oversize_bytes = 1500 * 1000;
+
+// Orders whose handler never succeeds: dead-lettered, never charged.
+bool failing(idemkafka::torture::Misbehaviour how)
+{
+    return how == idemkafka::torture::Misbehaviour::swallow || how == idemkafka::torture::Misbehaviour::throw_always;
+}
 
 class Torture {
 public:
@@ -641,12 +678,41 @@ private:
 
     std::unique_ptr<Child> start_listener(const std::string& name, std::size_t max_batch)
     {
-        return std::make_unique<Child>(
-            std::vector<std::string>{opt_.listener, "--brokers", brokers_, "--postgres", listener_pg_, "--topic",
-                                     topic_, "--group", group_, "--max-batch", std::to_string(max_batch),
-                                     "--charge-table", charge_table_, "--claims-table", claims_table_,
-                                     "--progress", "1"},
-            opt_.log_dir + "/" + name + ".out", opt_.log_dir + "/" + name + ".log");
+        std::vector<std::string> argv{opt_.listener, "--brokers", brokers_, "--postgres", listener_pg_, "--topic",
+                                      topic_, "--group", group_, "--max-batch", std::to_string(max_batch),
+                                      "--charge-table", charge_table_, "--claims-table", claims_table_,
+                                      "--progress", "1"};
+        if (opt_.misbehaving > 0)
+            argv.insert(argv.end(), {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
+                                     std::to_string(opt_.misbehaving)});
+        return std::make_unique<Child>(argv, opt_.log_dir + "/" + name + ".out",
+                                       opt_.log_dir + "/" + name + ".log");
+    }
+
+    // The oversize poison, published by the driver between listener runs,
+    // spread over the first --kills runs; keyed like the producer's poison.
+    void publish_oversize(int run)
+    {
+        const int due = opt_.oversize * std::min(run, opt_.kills) / opt_.kills;
+        if (oversize_published_ >= due)
+            return;
+        try {
+            if (!oversize_publisher_)
+                oversize_publisher_ = std::make_unique<idemkafka::Publisher>(
+                    idemkafka::PublisherConfig{brokers_, {{"message.max.bytes", "2000000"}},
+                                               idemkafka::stderr_sink(idemkafka::LogLevel::warning)});
+            while (oversize_published_ < due) {
+                ++oversize_published_;
+                std::string value(oversize_bytes, 'x');
+                value.replace(0, 40, fmt::format("oversize {} of run {}", oversize_published_, run));
+                oversize_publisher_->publish(
+                    topic_, fmt::format("poison-oversize-{:02}:payload_too_large", oversize_published_), value);
+            }
+            timeline.say("run {:2}: {} oversize record(s) of {} bytes published so far", run, oversize_published_,
+                         oversize_bytes);
+        } catch (const std::exception& e) {
+            fail(fmt::format("run {}: could not publish oversize record {}: {}", run, oversize_published_, e.what()));
+        }
     }
 
     // ---- the kill phase -----------------------------------------------------------
@@ -739,6 +805,8 @@ private:
                 fail(fmt::format("kill phase abandoned after {} failures", failures_.size()));
                 break;
             }
+            if (opt_.oversize > 0)
+                publish_oversize(run);
             const auto max_batch = batch_sizes[rng_() % 4];
             const auto fault = fault_at_.count(run) ? fault_at_[run] : Fault::none;
             // Some kills hit start-up (schema, connections, group join) rather
@@ -981,9 +1049,10 @@ private:
         for (auto e : source_ends_)
             end_total += e;
         published_ = end_total;
-        const auto produced = producer_summary_["published"];
+        const auto produced = producer_summary_["published"] + oversize_published_;
         if (end_total != produced)
-            fail(fmt::format("the topic holds {} records, the producer published {}", end_total, produced));
+            fail(fmt::format("the topic holds {} records, the producer published {} and the driver {} oversize",
+                             end_total, producer_summary_["published"], oversize_published_));
 
         const auto source = test::read_topic(topic_, static_cast<std::size_t>(end_total), std::chrono::seconds(120));
         if (static_cast<long long>(source.size()) != end_total)
@@ -1008,7 +1077,25 @@ private:
             }
             const auto ev = j["event_id"].get<std::string>();
             const auto order = j["order_id"].get<std::string>();
-            valid_records_.push_back({r.partition, r.offset, ev});
+            const auto how = idemkafka::torture::misbehaviour_of(order, opt_.seed, opt_.misbehaving);
+            if (failing(how)) {
+                // Every record of such an order (re-sends too: nothing claims the
+                // event) must be dead-lettered.
+                auto& p = failing_[{r.partition, r.offset}];
+                p.reason = "handler_failed";
+                p.partition = r.partition;
+                p.offset = r.offset;
+                p.value = r.value.value_or("");
+                p.key = r.key.value_or("");
+                p.error_contains = how == idemkafka::torture::Misbehaviour::swallow
+                                       ? "transaction aborted inside the handler"
+                                       : std::string(idemkafka::torture::thrown_message);
+                failing_orders_[order] = how;
+            } else {
+                valid_records_.push_back({r.partition, r.offset, ev});
+                if (how != idemkafka::torture::Misbehaviour::none)
+                    throw_once_orders_.insert(order);
+            }
             auto [it, fresh] = event_of_order.emplace(order, ev);
             if (!fresh && it->second != ev)
                 fail(fmt::format("order {} was published with two event ids", order));
@@ -1017,9 +1104,9 @@ private:
         if (unique_valid_ != producer_summary_["unique_orders"])
             fail(fmt::format("{} unique valid orders in the topic, the producer says {}", unique_valid_,
                              producer_summary_["unique_orders"]));
-        if (static_cast<long long>(poison_.size()) != producer_summary_["poison"])
-            fail(fmt::format("{} poison records in the topic, the producer says {}", poison_.size(),
-                             producer_summary_["poison"]));
+        if (static_cast<long long>(poison_.size()) != producer_summary_["poison"] + oversize_published_)
+            fail(fmt::format("{} poison records in the topic, the producer says {}, the driver published {} oversize",
+                             poison_.size(), producer_summary_["poison"], oversize_published_));
 
         verify_charges(event_of_order);
         verify_dead_letters();
@@ -1033,7 +1120,7 @@ private:
         const auto charges = tx.exec("SELECT order_id, idempotency_key::text FROM " +
                                      idemkafka::quote_identifier(charge_table_) + " ORDER BY id");
         std::unordered_map<std::string, int> times;
-        std::vector<std::string> doubled, unexpected, wrong_key;
+        std::vector<std::string> doubled, unexpected, wrong_key, failed_but_charged;
         for (const auto& row : charges) {
             const auto order = row[0].as<std::string>();
             const auto key = row[1].as<std::string>();
@@ -1044,12 +1131,16 @@ private:
                 unexpected.push_back(order);
             else if (it->second != key)
                 wrong_key.push_back(order);
+            if (failing_orders_.count(order))
+                failed_but_charged.push_back(order);
         }
         charges_ = static_cast<long long>(charges.size());
         double_charged_ = static_cast<long long>(doubled.size());
+        // Orders whose handler never succeeds are not charged: dead-lettered.
+        const auto chargeable = unique_valid_ - static_cast<long long>(failing_orders_.size());
         std::vector<std::string> missing;
         for (const auto& [order, ev] : event_of_order)
-            if (!times.count(order))
+            if (!times.count(order) && !failing_orders_.count(order))
                 missing.push_back(order);
         missing_ = static_cast<long long>(missing.size());
         std::sort(missing.begin(), missing.end());
@@ -1059,8 +1150,13 @@ private:
                 s += (i ? ", " : "") + v[i];
             return s + (v.size() > 10 ? ", ..." : "");
         };
-        if (charges_ != unique_valid_)
-            fail(fmt::format("{} charges for {} unique valid orders", charges_, unique_valid_));
+        if (charges_ != chargeable)
+            fail(fmt::format("{} charges for {} unique valid orders ({} of them with a handler that always fails)",
+                             charges_, unique_valid_, failing_orders_.size()));
+        if (!failed_but_charged.empty())
+            fail(fmt::format("{} orders charged although their handler always fails (swallowed SQL error or "
+                             "throw): {}",
+                             failed_but_charged.size(), some(failed_but_charged)));
         if (!doubled.empty()) {
             std::string detail;
             for (std::size_t i = 0; i < doubled.size() && i < 5; ++i) {
@@ -1087,7 +1183,8 @@ private:
 
         std::unordered_set<std::string> expected_events;
         for (const auto& [order, ev] : event_of_order)
-            expected_events.insert(ev);
+            if (!failing_orders_.count(order))
+                expected_events.insert(ev);
         const auto claims = pg::exec_params(tx,
                                             "SELECT event_id::text FROM " + idemkafka::quote_identifier(claims_table_) +
                                                 " WHERE consumer_group = $1",
@@ -1097,9 +1194,22 @@ private:
         for (const auto& row : claims)
             if (!expected_events.count(row[0].as<std::string>()))
                 ++stray;
-        if (claims_ != unique_valid_ || stray != 0)
-            fail(fmt::format("{} claims in {} for group {} ({} of them for no valid event), expected {}", claims_,
-                             claims_table_, group_, stray, unique_valid_));
+        if (claims_ != chargeable || stray != 0)
+            fail(fmt::format("{} claims in {} for group {} ({} of them for no chargeable event), expected {}",
+                             claims_, claims_table_, group_, stray, chargeable));
+
+        if (opt_.misbehaving > 0) {
+            // The swallowing handler's write after the error must never commit.
+            const auto rows = tx.exec("SELECT order_id FROM " +
+                                      idemkafka::quote_identifier(charge_table_ + "_after_error") + " ORDER BY 1");
+            after_error_rows_ = static_cast<long long>(rows.size());
+            std::vector<std::string> orders;
+            for (const auto& row : rows)
+                orders.push_back(row[0].as<std::string>());
+            if (!orders.empty())
+                fail(fmt::format("{} rows written after a swallowed SQL error committed: {}", orders.size(),
+                                 some(orders)));
+        }
     }
 
     void verify_dead_letters()
@@ -1116,13 +1226,20 @@ private:
         int wrong = 0;
         for (const auto& r : records) {
             const std::string key = r.key.value_or("");
-            auto it = poison_.find(key);
+            ++dead_letters_by_reason_[r.header(h::reason)];
+            Poison* expected = nullptr;
+            if (auto it = poison_.find(key); it != poison_.end())
+                expected = &it->second;
+            else if (auto f = failing_.find(origin_of(r)); f != failing_.end())
+                expected = &f->second;
             std::string problem;
-            if (it == poison_.end()) {
-                problem = "is not one of the poison records";
+            if (!expected) {
+                problem = "is neither one of the poison records nor a record of an order whose handler always fails";
             } else {
-                const auto& p = it->second;
-                ++it->second.dead_letters;
+                const auto& p = *expected;
+                ++expected->dead_letters;
+                // Too large for the dead-letter producer: sent without the value, saying its size.
+                const bool without_value = p.value.size() > oversize_bytes / 2;
                 if (r.header(h::reason) != p.reason)
                     problem = fmt::format("has reason \"{}\", expected \"{}\"", r.header(h::reason), p.reason);
                 else if (r.header(h::original_topic) != topic_ ||
@@ -1131,10 +1248,23 @@ private:
                     problem = fmt::format("names origin {}/{}@{}, expected {}/{}@{}", r.header(h::original_topic),
                                           r.header(h::original_partition), r.header(h::original_offset), topic_,
                                           p.partition, p.offset);
-                else if (r.value.value_or("") != p.value)
+                else if (without_value &&
+                         (r.value || r.header(h::original_value_bytes) != std::to_string(p.value.size())))
+                    problem = fmt::format("carries a value of {} bytes and {} \"{}\", expected none and {} bytes",
+                                          r.value ? r.value->size() : 0, h::original_value_bytes,
+                                          r.header(h::original_value_bytes), p.value.size());
+                else if (!without_value && r.value.value_or("") != p.value)
                     problem = "does not carry the original value";
                 else if (r.header(h::consumer_group) != group_)
                     problem = fmt::format("names group \"{}\"", r.header(h::consumer_group));
+                else if (r.header(h::error).find(p.error_contains) == std::string::npos)
+                    problem = fmt::format("has an error without \"{}\"", p.error_contains);
+                else if (p.reason == "handler_failed" &&
+                         r.header(h::attempts) != std::to_string(idemkafka::torture::max_attempts))
+                    problem = fmt::format("says {} attempts, expected {}", r.header(h::attempts),
+                                          idemkafka::torture::max_attempts);
+                else if (!p.key.empty() && key != p.key)
+                    problem = fmt::format("has key \"{}\", expected \"{}\"", key, p.key);
             }
             if (!problem.empty() && ++wrong <= 10)
                 fail(fmt::format("dead letter {}/{}@{} (key \"{}\", reason \"{}\", error \"{}\") {}", dlq_,
@@ -1142,18 +1272,37 @@ private:
         }
         if (wrong > 10)
             fail(fmt::format("... {} wrong dead letters in all", wrong));
+        // At least once each: a kill between the broker's acknowledgement of a
+        // dead letter and the offset commit sends it again.
         std::vector<std::string> absent;
         for (const auto& [key, p] : poison_)
             if (p.dead_letters == 0)
-                absent.push_back(key);
-        std::sort(absent.begin(), absent.end());
+                absent.push_back(fmt::format("{} ({}/{}@{})", key, topic_, p.partition, p.offset));
         poison_dead_lettered_ = static_cast<long long>(poison_.size() - absent.size());
+        for (const auto& [where, p] : failing_)
+            if (p.dead_letters == 0)
+                absent.push_back(fmt::format("order {} ({}/{}@{})", p.key, topic_, p.partition, p.offset));
+            else
+                ++failing_dead_lettered_;
+        std::sort(absent.begin(), absent.end());
         if (!absent.empty()) {
             std::string list;
             for (std::size_t i = 0; i < absent.size() && i < 10; ++i)
-                list += fmt::format("{}{} ({}/{}@{})", i ? ", " : "", absent[i], topic_, poison_[absent[i]].partition,
-                                    poison_[absent[i]].offset);
-            fail(fmt::format("{} poison records missing from the dead-letter topic: {}", absent.size(), list));
+                list += (i ? ", " : "") + absent[i];
+            fail(fmt::format("{} poison records or records of always-failing orders missing from the dead-letter "
+                             "topic: {}",
+                             absent.size(), list));
+        }
+    }
+
+    // The source coordinates a dead letter names ({-1, -1} when it names none).
+    static std::pair<std::int32_t, std::int64_t> origin_of(const test::ReadRecord& r)
+    {
+        namespace h = idemkafka::dead_letter_header;
+        try {
+            return {std::stoi(r.header(h::original_partition)), std::stoll(r.header(h::original_offset))};
+        } catch (const std::exception&) {
+            return {-1, -1};
         }
     }
 
@@ -1180,8 +1329,9 @@ private:
 
     int report()
     {
-        if (kills_ < 20)
-            fail(fmt::format("only {} kills (at least 20 required)", kills_));
+        const int required_kills = std::min(20, opt_.kills);
+        if (kills_ < required_kills)
+            fail(fmt::format("only {} kills (at least {} required)", kills_, required_kills));
         if (broker_faults_ < 1)
             fail("no broker fault was injected");
         if (pg_kills_ < 1)
@@ -1195,6 +1345,21 @@ private:
             std::fprintf(stderr, "  tables %s and %s kept for inspection\n", charge_table_.c_str(),
                          claims_table_.c_str());
         }
+        if (opt_.misbehaving > 0 || opt_.oversize > 0) {
+            std::string by_reason;
+            for (const auto& [reason, n] : dead_letters_by_reason_)
+                by_reason += fmt::format("{}{}={}", by_reason.empty() ? "" : ",", reason, n);
+            std::map<idemkafka::torture::Misbehaviour, int> kinds;
+            for (const auto& [order, how] : failing_orders_)
+                ++kinds[how];
+            std::printf("torture: misbehaving swallow_orders=%d throw_always_orders=%d throw_once_orders=%zu "
+                        "failing_records=%zu failing_dead_lettered=%lld after_error_rows=%lld oversize=%d "
+                        "dead_letters_by_reason=%s\n",
+                        kinds[idemkafka::torture::Misbehaviour::swallow],
+                        kinds[idemkafka::torture::Misbehaviour::throw_always], throw_once_orders_.size(),
+                        failing_.size(), failing_dead_lettered_, after_error_rows_, oversize_published_,
+                        by_reason.c_str());
+        }
         std::printf("torture: seed=%llu kills=%d broker_faults=%d pg_kills=%d pg_restarts=%d published=%lld "
                     "unique_valid=%lld charges=%lld double_charged=%lld missing=%lld poison=%zu "
                     "poison_dead_lettered=%lld dead_letters=%lld claims=%lld kill_points_checked=%zu "
@@ -1207,7 +1372,9 @@ private:
         if (ok) {
             try {
                 test::exec("DROP TABLE IF EXISTS " + idemkafka::quote_identifier(charge_table_) + ", " +
-                           idemkafka::quote_identifier(claims_table_));
+                           idemkafka::quote_identifier(claims_table_) + ", " +
+                           idemkafka::quote_identifier(charge_table_ + "_taken") + ", " +
+                           idemkafka::quote_identifier(charge_table_ + "_after_error"));
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "torture: could not drop the test tables: %s\n", e.what());
             }
@@ -1230,6 +1397,13 @@ private:
     std::map<std::string, long long> producer_summary_;
     std::vector<std::int64_t> source_ends_;
     std::map<std::string, Poison> poison_;
+    // Records of orders whose handler always fails, by their coordinates.
+    std::map<std::pair<std::int32_t, std::int64_t>, Poison> failing_;
+    std::unordered_map<std::string, idemkafka::torture::Misbehaviour> failing_orders_;
+    std::set<std::string> throw_once_orders_;
+    std::unique_ptr<idemkafka::Publisher> oversize_publisher_;
+    int oversize_published_ = 0;
+    std::map<std::string, long long> dead_letters_by_reason_;
     struct ValidRecord {
         std::int32_t partition;
         std::int64_t offset;
@@ -1242,7 +1416,7 @@ private:
     std::vector<std::string> failures_;
     int kills_ = 0, broker_faults_ = 0, pg_kills_ = 0, pg_restarts_ = 0;
     long long published_ = 0, unique_valid_ = 0, charges_ = 0, double_charged_ = 0, missing_ = 0, claims_ = 0,
-              dead_letters_ = 0, poison_dead_lettered_ = 0;
+              dead_letters_ = 0, poison_dead_lettered_ = 0, failing_dead_lettered_ = 0, after_error_rows_ = 0;
 };
 
 } // namespace
