@@ -102,7 +102,7 @@ TEST_CASE("candidates: a partition fenced by an operator's epoch bump is taken o
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { record_effect(tx, f, e, ctx); });
     Runner<Consumer> run(c);
-    REQUIRE(wait_until([&] { return f.rows() == 100 && stored_total(cfg.offsets_table, f.group) == 100; }, 30s));
+    REQUIRE(wait_until([&] { return f.rows() == 100 && stored_total(cfg.offsets_table, f.group) == 100; }, 60s));
     const auto epoch_before = c.metrics().snapshot().fenced_writes;
     CHECK(epoch_before == 0);
 
@@ -110,7 +110,7 @@ TEST_CASE("candidates: a partition fenced by an operator's epoch bump is taken o
     exec(fmt::format("UPDATE {} SET epoch = epoch + 1 WHERE consumer_group = '{}'", cfg.offsets_table, f.group));
     f.publish(100);
     const bool done =
-        wait_until([&] { return f.rows() == 200 && stored_total(cfg.offsets_table, f.group) == 200; }, 20s);
+        wait_until([&] { return f.rows() == 200 && stored_total(cfg.offsets_table, f.group) == 200; }, 60s);
     run.join();
     rethrow_run_error(run.error());
     const auto m = c.metrics().snapshot();
@@ -213,9 +213,9 @@ TEST_CASE("candidates: backends terminated repeatedly under per-key ordering wit
                                                  "LIMIT 1) k",
                                                  app));
             return terminated >= 40;
-        }, 30s);
+        }, 60s);
         const bool done = killed && wait_until([&] { return f.rows() == events && c.metrics().snapshot().lag == 0; },
-                                             30s);
+                                             60s);
         run.join();
         rethrow_run_error(run.error());
         CAPTURE(terminated, f.rows());

@@ -91,7 +91,7 @@ TEST_CASE("candidates: an expired partition whose DROP times out is counted as k
         WarningLines logs;
         std::optional<MaintenanceRunner> runner;
         runner.emplace(pg(), store, rc, logs.sink());
-        REQUIRE(wait_until([&] { return runner->runs() >= 1; }, 15s));
+        REQUIRE(wait_until([&] { return runner->runs() >= 1; }, 45s));
         CHECK(runner->expired_partitions_kept() == 1);
         const auto report = runner->last_report();
         REQUIRE(report);
@@ -102,7 +102,7 @@ TEST_CASE("candidates: an expired partition whose DROP times out is counted as k
         CHECK(has(partitions(*conn, store), held));
         release.now();
         const auto runs = runner->runs();
-        REQUIRE(wait_until([&] { return runner->runs() > runs + 1 && runner->expired_partitions_kept() == 0; }, 15s));
+        REQUIRE(wait_until([&] { return runner->runs() > runs + 1 && runner->expired_partitions_kept() == 0; }, 45s));
         runner.reset();
         CHECK_FALSE(has(partitions(*conn, store), held));
     }
@@ -119,13 +119,13 @@ TEST_CASE("candidates: an expired partition whose DROP times out is counted as k
         using Consumer = IdempotentConsumer<TestEvent>;
         Consumer c(cfg, decode, event_id_of, [](pqxx::work&, const TestEvent&, const Context&) {});
         Runner<Consumer> run(c);
-        const bool kept = wait_until([&] { return c.metrics().snapshot().expired_partitions_kept == 1; }, 15s);
+        const bool kept = wait_until([&] { return c.metrics().snapshot().expired_partitions_kept == 1; }, 45s);
         CHECK(logs.count("could not drop partition " + held) >= 1);
         CHECK(has(partitions(*conn, store), held));
         release.now();
         const bool dropped = kept && wait_until([&] {
             return c.metrics().snapshot().expired_partitions_kept == 0 && !has(partitions(*conn, store), held);
-        }, 15s);
+        }, 45s);
         run.join();
         REQUIRE_FALSE(run.error());
         REQUIRE(kept);
