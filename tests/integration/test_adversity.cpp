@@ -550,3 +550,42 @@ TEST_CASE("a partition in retry backoff during an eager rebalance is fetched aga
     CHECK(c.metrics().snapshot().rebalances >= 3);
     f.check_exact(20);
 }
+
+TEST_CASE("the first record the non_v7 default dead-letters logs once which setting to change", "[fault][adversity]")
+{
+    Fixture f(1);
+    f.publish(5);
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        for (int i = 0; i < 3; ++i) {
+            // UUIDv4, as most existing producers send.
+            const TestEvent e{EventId::parse(fmt::format("6f1c2a3b-4d5e-4f60-8a7b-{:012x}", 0xabc000 + i)),
+                              "entity-v4", i};
+            pub.publish(f.topic, e.entity, encode(e));
+        }
+    }
+    auto cfg = f.config();
+    cfg.table = unique_name("claims"); // created partitioned, the default layout
+    cfg.retention.maintenance = false;
+    std::mutex mu;
+    std::vector<LogRecord> errors;
+    auto sink = stderr_sink(LogLevel::warning);
+    cfg.log = [&](const LogRecord& r) {
+        if (r.level == LogLevel::error) {
+            std::lock_guard<std::mutex> lock(mu);
+            errors.push_back(r);
+        }
+        sink(r);
+    };
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
+    run_until(c, [&] { return f.rows() == 5 && c.metrics().snapshot().dead_lettered_total() == 3; }, 60s);
+    CHECK(c.metrics().snapshot().dead_lettered_for(DeadLetterReason::non_v7_event_id) == 3);
+    CHECK(f.rows() == 5);
+    std::lock_guard<std::mutex> lock(mu);
+    int explained = 0;
+    for (const auto& r : errors)
+        if (r.message.find("retention.non_v7 = NonV7Policy::process") != std::string::npos)
+            ++explained;
+    CHECK(explained == 1);
+}
