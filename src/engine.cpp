@@ -515,7 +515,10 @@ struct Engine::Impl {
         // The running batch first: its positions belong to what is revoked, and
         // its connections are free for the stored positions of what is assigned.
         finish_running_in_callback();
-        cooperative = std::strcmp(rd_kafka_rebalance_protocol(handle), "COOPERATIVE") == 0;
+        // NULL while the protocol is unknown, as in the revoke that
+        // rd_kafka_consumer_close() serves: the last known one still holds.
+        if (const char* protocol = rd_kafka_rebalance_protocol(handle))
+            cooperative = std::strcmp(protocol, "COOPERATIVE") == 0;
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
             for (int i = 0; i < list->cnt; ++i) {
                 PartitionState ps;
