@@ -54,7 +54,7 @@ cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${lane_ar
 ik_log "building"
 cmake --build "$BUILD_DIR" -j2
 
-versions="$("$BUILD_DIR/tools/idemkafka-admin" --version 2>/dev/null | tail -n 1 || true)"
+versions="$("$BUILD_DIR/tools/admin/idemkafka-admin" --version 2>/dev/null | tail -n 1 || true)"
 ik_log "lane $lane: ${versions:-versions unknown}"
 
 ik_log "starting PostgreSQL"
