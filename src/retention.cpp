@@ -11,6 +11,7 @@
 #include "idemkafka/error.hpp"
 #include "log_context.hpp"
 #include "pg/exec.hpp"
+#include "pg/tx_guard.hpp"
 
 namespace idemkafka {
 namespace {
@@ -114,10 +115,7 @@ std::string set_lock_timeout(milliseconds d)
     return fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(d.count(), 1));
 }
 
-bool is_lock_timeout(const pqxx::sql_error& e)
-{
-    return e.sqlstate() == "55P03";
-}
+using detail::pg::is_lock_timeout;
 
 struct TableKind {
     bool exists = false;
