@@ -100,27 +100,41 @@ struct Publisher::Impl {
                                     h.value ? static_cast<ssize_t>(h.value->size()) : 0);
         }
         const std::string topic_s(topic);
-        const void* key_ptr = key ? key->data() : nullptr;
-        const std::size_t key_len = key ? key->size() : 0;
-        void* value_ptr = payload ? const_cast<char*>(payload->data()) : nullptr;
-        const std::size_t value_len = payload ? payload->size() : 0;
+        // rd_kafka_produceva() rather than rd_kafka_producev(): the RD_KAFKA_V_*
+        // macros expand to GNU statement expressions, which -Wpedantic refuses
+        // under clang. Same contract: the headers stay ours when it fails.
+        rd_kafka_vu_t vus[6] = {};
+        vus[0].vtype = RD_KAFKA_VTYPE_TOPIC;
+        vus[0].u.cstr = topic_s.c_str();
+        vus[1].vtype = RD_KAFKA_VTYPE_KEY;
+        vus[1].u.mem.ptr = key ? const_cast<char*>(key->data()) : nullptr;
+        vus[1].u.mem.size = key ? key->size() : 0;
+        vus[2].vtype = RD_KAFKA_VTYPE_VALUE;
+        vus[2].u.mem.ptr = payload ? const_cast<char*>(payload->data()) : nullptr;
+        vus[2].u.mem.size = payload ? payload->size() : 0;
+        vus[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+        vus[3].u.i = RD_KAFKA_MSG_F_COPY;
+        vus[4].vtype = RD_KAFKA_VTYPE_OPAQUE;
+        vus[4].u.ptr = waiter;
+        std::size_t n = 5;
+        if (hdrs) {
+            vus[n].vtype = RD_KAFKA_VTYPE_HEADERS;
+            vus[n].u.headers = hdrs;
+            ++n;
+        }
         const auto deadline = std::chrono::steady_clock::now() + queue_wait;
         for (;;) {
-            const auto err = rd_kafka_producev(
-                rk.get(), RD_KAFKA_V_TOPIC(topic_s.c_str()),
-                RD_KAFKA_V_KEY(key_ptr, key_len),
-                RD_KAFKA_V_VALUE(value_ptr, value_len),
-                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(waiter),
-                RD_KAFKA_V_END);
-            if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+            const detail::kafka::ErrorPtr error(rd_kafka_produceva(rk.get(), vus, n));
+            if (!error)
                 return; // headers now owned by the message
+            const auto err = rd_kafka_error_code(error.get());
             if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && std::chrono::steady_clock::now() < deadline) {
                 rd_kafka_poll(rk.get(), 100);
                 continue;
             }
             if (hdrs)
                 rd_kafka_headers_destroy(hdrs);
-            throw KafkaError(fmt::format("cannot enqueue record for {}: {}", topic, rd_kafka_err2str(err)));
+            throw KafkaError(fmt::format("cannot enqueue record for {}: {}", topic, rd_kafka_error_string(error.get())));
         }
     }
 };
