@@ -751,6 +751,19 @@ struct Engine::Impl {
         auto list = kafka::make_list(1);
         rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), partition)->offset = ps.resume_from;
         kafka::ErrorPtr e(rd_kafka_seek_partitions(rk.get(), list.get(), 5000));
+        if (e && rd_kafka_error_code(e.get()) == RD_KAFKA_RESP_ERR__TIMED_OUT) {
+            // The call only stopped waiting for the reply: the seek is queued
+            // and its version barrier is set, so nothing fetched before it is
+            // delivered any more and it takes effect when librdkafka's thread
+            // gets to it (before 2.1 a 5000 ms timeout waited 5 ms, so under
+            // load this is common). Calling again would only restart the
+            // fetch, and a partition paused for a retry backoff, which resumes
+            // once the seek is done, would stay paused while calls time out.
+            say(LogLevel::debug, coordinates(topic, partition, ps.resume_from),
+                "seek to {} queued; its call timed out waiting for the reply", coords(topic, partition, ps.resume_from));
+            ps.needs_seek = false;
+            return;
+        }
         if (e || list->elems[0].err) {
             const char* why = e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err);
             say(LogLevel::warning, error_field(why, coordinates(topic, partition, ps.resume_from)),
