@@ -21,6 +21,7 @@
 #include "idemkafka/dead_letter.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
+#include "idemkafka/schema.hpp"
 #include "idemkafka/outbox.hpp"
 #include "idemkafka/publisher.hpp"
 #include "idemkafka/redact.hpp"
@@ -319,18 +320,12 @@ struct Engine::Impl {
     void connect_lane(Lane& lane, bool first)
     {
         lane.db = std::make_unique<pqxx::connection>(cfg.postgres);
-        if (first && cfg.create_schema) {
-            const auto report = Maintenance(store, cfg.retention, log).migrate(*lane.db);
-            layout = report.mode;
-            if (offset_store || cfg.outbox) {
-                pqxx::work tx(*lane.db);
-                if (offset_store)
-                    offset_store->ensure_schema(tx);
-                if (cfg.outbox)
-                    cfg.outbox->outbox().ensure_schema(tx);
-                tx.commit();
-            }
-        }
+        // The one schema definition (idemkafka/schema.hpp): created here, or,
+        // when a DBA manages it, checked so that a missing table fails now.
+        if (first && cfg.create_schema)
+            layout = migrate_schema(*lane.db, SchemaSpec::of(cfg), Maintenance::Existing::keep, log).claims.mode;
+        else if (first)
+            layout = require_schema(*lane.db, SchemaSpec::of(cfg)).front().mode;
         if (first && !guard) {
             // The guard follows the table's real layout: a plain table kept from
             // before has no reason to refuse non-v7 ids.
@@ -2144,6 +2139,8 @@ struct Engine::Impl {
         try {
             for (std::size_t i = 0; i < lanes.size(); ++i)
                 connect_lane(lanes[i], i == 0);
+        } catch (const ConfigError& e) {
+            throw ConfigError(secrets(e.what()));
         } catch (const DatabaseError& e) {
             throw DatabaseError(secrets(e.what()));
         } catch (const std::exception& e) {

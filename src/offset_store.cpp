@@ -6,6 +6,7 @@
 #include "idemkafka/store.hpp"
 #include "pg/arrays.hpp"
 #include "pg/exec.hpp"
+#include "schema_ddl.hpp"
 
 namespace idemkafka {
 
@@ -26,17 +27,12 @@ OffsetStore::OffsetStore(std::string schema, std::string table)
 void OffsetStore::ensure_schema(pqxx::work& tx) const
 {
     try {
-        tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
-        tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q_));
-        tx.exec(fmt::format("CREATE TABLE IF NOT EXISTS {} ("
-                            " consumer_group text NOT NULL,"
-                            " topic text NOT NULL,"
-                            " partition integer NOT NULL,"
-                            " next_offset bigint,"
-                            " epoch bigint NOT NULL DEFAULT 0,"
-                            " updated_at timestamptz NOT NULL DEFAULT now(),"
-                            " PRIMARY KEY (consumer_group, topic, partition))",
-                            qualified_));
+        tx.exec(detail::ddl::schema_lock);
+        tx.exec(detail::ddl::create_schema(schema_q_));
+        if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
+            return;
+        for (const auto& sql : detail::ddl::offsets_table(qualified_))
+            tx.exec(sql);
     } catch (const pqxx::sql_error& e) {
         throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
     }

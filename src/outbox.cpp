@@ -15,6 +15,7 @@
 #include "pg/arrays.hpp"
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
+#include "schema_ddl.hpp"
 
 namespace idemkafka {
 namespace {
@@ -191,27 +192,14 @@ void Outbox::ensure_schema(pqxx::work& tx) const
     try {
         // Concurrent CREATE ... IF NOT EXISTS can still fail on the catalog's
         // unique indexes; the lock every idemkafka table shares serialises them.
-        tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
-        tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q_));
-        // Table and indexes are created together, so an existing table has its
-        // indexes, and PostgreSQL picks index names that fit its 63-byte limit.
+        tx.exec(detail::ddl::schema_lock);
+        tx.exec(detail::ddl::create_schema(schema_q_));
+        // Table and indexes are created together (detail::ddl::outbox_table), so
+        // an existing table has its indexes.
         if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
             return;
-        tx.exec(fmt::format("CREATE TABLE {} ("
-                            " id bigserial PRIMARY KEY,"
-                            " event_id uuid NOT NULL,"
-                            " topic text NOT NULL,"
-                            " key bytea,"
-                            " payload bytea NOT NULL,"
-                            " headers bytea,"
-                            " created_at timestamptz NOT NULL DEFAULT now(),"
-                            " sent_at timestamptz,"
-                            " UNIQUE (event_id, topic))",
-                            qualified_));
-        // What the relay reads: small, because sent rows leave it.
-        tx.exec(fmt::format("CREATE INDEX ON {} (id) WHERE sent_at IS NULL", qualified_));
-        // What the purge reads.
-        tx.exec(fmt::format("CREATE INDEX ON {} (sent_at) WHERE sent_at IS NOT NULL", qualified_));
+        for (const auto& sql : detail::ddl::outbox_table(qualified_))
+            tx.exec(sql);
     } catch (const pqxx::sql_error& e) {
         throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
     }

@@ -12,6 +12,7 @@
 #include "log_context.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
+#include "schema_ddl.hpp"
 
 namespace idemkafka {
 namespace {
@@ -155,7 +156,7 @@ bool ensure_processed_at_index(pqxx::transaction_base& tx, const std::string& ta
                                              target);
     if (!idx.empty())
         return false;
-    tx.exec(fmt::format("CREATE INDEX {} ON {} (processed_at)", quote_identifier(index_name), target));
+    tx.exec(detail::ddl::processed_at_index(index_name, target));
     return true;
 }
 
@@ -261,12 +262,6 @@ bool overlaps(const std::vector<Partition>& parts, const EventId& lo, const Even
     return false;
 }
 
-// The columns of the claims table; a partition must have the same ones.
-constexpr const char* claim_columns = "event_id uuid NOT NULL,"
-                                      " consumer_group text NOT NULL,"
-                                      " processed_at timestamptz NOT NULL DEFAULT now(),"
-                                      " PRIMARY KEY (event_id, consumer_group)";
-
 class SessionLock {
 public:
     SessionLock(pqxx::connection& conn, std::string key) : conn_(conn), key_(std::move(key)) {}
@@ -314,6 +309,34 @@ private:
 }
 
 } // namespace
+
+// ---- DDL that needs the naming rules above -----------------------------------
+
+namespace detail::ddl {
+
+std::string plain_index_name(const std::string& table)
+{
+    return derived_name(table, "_processed_at");
+}
+
+std::string default_index_name(const std::string& table)
+{
+    return derived_name(table, "_default_processed_at");
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> partition_ranges(const RetentionConfig& cfg, std::int64_t now)
+{
+    const std::int64_t width = cfg.partition_width.count();
+    const std::int64_t now_ms = clamp_ms(now);
+    const std::int64_t first = floor_div(clamp_ms(now_ms - cfg.retention.count()), width) * width;
+    const std::int64_t last = floor_div(now_ms, width) * width + static_cast<std::int64_t>(cfg.partitions_ahead) * width;
+    std::vector<std::pair<std::int64_t, std::int64_t>> out;
+    for (std::int64_t lo_ms = first; lo_ms <= last && lo_ms < max_uuid_ms; lo_ms += width)
+        out.emplace_back(lo_ms, std::min(lo_ms + width, max_uuid_ms));
+    return out;
+}
+
+} // namespace detail::ddl
 
 // ---- names and enums -------------------------------------------------------
 
@@ -517,13 +540,7 @@ public:
             parts = list_partitions(tx, store_.qualified_name());
         }
         const Partition* def = find_default(parts);
-        const std::int64_t width = cfg_.partition_width.count();
-        const std::int64_t now_ms = clamp_ms(to_ms(now));
-        const std::int64_t first = floor_div(clamp_ms(now_ms - cfg_.retention.count()), width) * width;
-        const std::int64_t last =
-            floor_div(now_ms, width) * width + static_cast<std::int64_t>(cfg_.partitions_ahead) * width;
-        for (std::int64_t lo_ms = first; lo_ms <= last && lo_ms < max_uuid_ms; lo_ms += width) {
-            const std::int64_t hi_ms = std::min(lo_ms + width, max_uuid_ms);
+        for (const auto& [lo_ms, hi_ms] : detail::ddl::partition_ranges(cfg_, to_ms(now))) {
             const EventId lo = partition_bound(lo_ms), hi = partition_bound(hi_ms);
             if (overlaps(parts, lo, hi))
                 continue;
@@ -590,15 +607,14 @@ public:
             return true;
         // CREATE + ATTACH rather than CREATE ... PARTITION OF: ATTACH takes only a SHARE
         // UPDATE EXCLUSIVE lock on the parent, so claims keep flowing meanwhile.
-        tx.exec(fmt::format("CREATE TABLE {} ({})", q, claim_columns));
+        tx.exec(detail::ddl::claims_partition_table(q));
         if (rows > 0)
             tx.exec(
                 fmt::format("WITH moved AS (DELETE FROM {} WHERE {} RETURNING event_id, consumer_group, processed_at) "
                             "INSERT INTO {} (event_id, consumer_group, processed_at) "
                             "SELECT event_id, consumer_group, processed_at FROM moved",
                             def->qualified(), in_range, q));
-        tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})", store_.qualified_name(),
-                            q, uuid_literal(lo), uuid_literal(hi)));
+        tx.exec(detail::ddl::claims_attach(store_.qualified_name(), q, lo, hi));
         tx.commit();
         return true;
     }
@@ -732,19 +748,14 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
             pqxx::work tx(conn);
             // The same lock as ProcessedEventStore::ensure_schema: concurrent migrations
             // and consumer start-ups run one after the other.
-            tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
-            tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", store_.quoted_schema()));
+            tx.exec(detail::ddl::schema_lock);
+            tx.exec(detail::ddl::create_schema(store_.quoted_schema()));
             const TableKind kind = table_kind(tx, t);
             bool has_default = false;
             if (!kind.exists) {
-                if (config_.mode == RetentionMode::partitioned) {
-                    tx.exec(fmt::format("CREATE TABLE {} ({}) PARTITION BY RANGE (event_id)", t, claim_columns));
-                    tx.exec(fmt::format("CREATE TABLE {} PARTITION OF {} DEFAULT", def, t));
-                    has_default = true;
-                } else {
-                    tx.exec(fmt::format("CREATE TABLE {} ({})", t, claim_columns));
-                    ensure_processed_at_index(tx, t, derived_name(store_.table(), "_processed_at"));
-                }
+                for (const auto& sql : detail::ddl::claims_table(store_.schema(), store_.table(), config_.mode))
+                    tx.exec(sql);
+                has_default = config_.mode == RetentionMode::partitioned;
                 report.created = true;
                 report.mode = config_.mode;
                 report.notes.insert(report.notes.begin(), fmt::format("created {} ({})", t, to_string(config_.mode)));
@@ -759,7 +770,7 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
                                                   t));
                 report.mode = RetentionMode::partitioned;
                 if (!find_default(list_partitions(tx, t))) {
-                    tx.exec(fmt::format("CREATE TABLE {} PARTITION OF {} DEFAULT", def, t));
+                    tx.exec(detail::ddl::claims_default_partition(store_.schema(), store_.table()));
                     report.notes.push_back(fmt::format("added the default partition {}", def));
                 }
                 has_default = true;
@@ -770,7 +781,7 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
                 // max_move_rows each); the rest ages out there by processed_at.
                 tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t,
                                     quote_identifier(default_partition_name(store_.table()))));
-                tx.exec(fmt::format("CREATE TABLE {} ({}) PARTITION BY RANGE (event_id)", t, claim_columns));
+                tx.exec(detail::ddl::claims_table(store_.schema(), store_.table(), RetentionMode::partitioned)[0]);
                 tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
                 has_default = true;
                 report.converted = true;
@@ -786,12 +797,12 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
                                                        t));
                 // On a large table this blocks writes while it builds: create the index
                 // CONCURRENTLY by hand first (docs/retention.md), migrate then finds it.
-                if (ensure_processed_at_index(tx, t, derived_name(store_.table(), "_processed_at")))
+                if (ensure_processed_at_index(tx, t, detail::ddl::plain_index_name(store_.table())))
                     report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", t));
             }
             // The default partition is purged by processed_at like a plain table.
             if (has_default &&
-                ensure_processed_at_index(tx, def, derived_name(store_.table(), "_default_processed_at")) &&
+                ensure_processed_at_index(tx, def, detail::ddl::default_index_name(store_.table())) &&
                 !report.created)
                 report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", def));
             tx.commit();

@@ -7,6 +7,7 @@
 #include "idemkafka/error.hpp"
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
+#include "schema_ddl.hpp"
 
 namespace idemkafka {
 
@@ -57,15 +58,13 @@ void ProcessedEventStore::ensure_schema(pqxx::work& tx) const
     try {
         // Concurrent CREATE ... IF NOT EXISTS can still fail on the catalog's
         // unique indexes; one lock makes start-up of many instances safe.
-        tx.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))");
-        tx.exec(fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q_));
-        tx.exec(fmt::format(
-            "CREATE TABLE IF NOT EXISTS {} ("
-            " event_id uuid NOT NULL,"
-            " consumer_group text NOT NULL,"
-            " processed_at timestamptz NOT NULL DEFAULT now(),"
-            " PRIMARY KEY (event_id, consumer_group))",
-            qualified_));
+        tx.exec(detail::ddl::schema_lock);
+        tx.exec(detail::ddl::create_schema(schema_q_));
+        if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
+            return;
+        // A plain table, as Maintenance::migrate() creates one in purge mode.
+        for (const auto& sql : detail::ddl::claims_table(schema_, table_, RetentionMode::purge))
+            tx.exec(sql);
     } catch (const pqxx::sql_error& e) {
         throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
     }

@@ -1,5 +1,6 @@
 // migrate, maintain and status: the subcommands that work on the claims table.
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -10,7 +11,9 @@
 #include <pqxx/pqxx>
 
 #include <idemkafka/error.hpp>
+#include <idemkafka/outbox.hpp>
 #include <idemkafka/retention.hpp>
+#include <idemkafka/schema.hpp>
 #include <idemkafka/store.hpp>
 
 #include "cli.hpp"
@@ -47,7 +50,70 @@ struct DbOptions {
     std::optional<RetentionMode> mode;
     std::optional<std::chrono::system_clock::time_point> now;
     bool help = false;
+    // The optional tables, selected as ConsumerConfig selects them.
+    bool offsets = false;
+    std::string offsets_table = "consumer_offset";
+    bool outbox = false;
+    std::optional<std::string> outbox_schema;
+    std::string outbox_table = "outbox";
 };
+
+constexpr const char* table_options_help = R"(tables (the claims table is always included):
+  --offsets                  the consumer positions table (ConsumerConfig::offsets_in_database)
+  --offsets-table NAME       its name (default consumer_offset; implies --offsets)
+  --outbox                   the transactional outbox table (ConsumerConfig::outbox)
+  --outbox-table NAME        its name (default outbox; implies --outbox)
+  --outbox-schema NAME       its schema (default: --schema)
+)";
+
+// Consumes one of the table options; false if it is not one.
+bool table_option(ArgReader& a, DbOptions& o)
+{
+    if (a.option("--offsets"))
+        o.offsets = true;
+    else if (a.option("--offsets-table")) {
+        o.offsets = true;
+        o.offsets_table = a.value();
+    } else if (a.option("--outbox"))
+        o.outbox = true;
+    else if (a.option("--outbox-table")) {
+        o.outbox = true;
+        o.outbox_table = a.value();
+    } else if (a.option("--outbox-schema")) {
+        o.outbox = true;
+        o.outbox_schema = a.value();
+    } else
+        return false;
+    return true;
+}
+
+// The tables the options select. Configuration errors are usage errors here.
+SchemaSpec make_spec(const std::string& command, const DbOptions& o)
+{
+    SchemaSpec spec;
+    spec.schema = o.schema;
+    spec.claims_table = o.table;
+    spec.retention = o.config;
+    if (o.mode)
+        spec.retention.mode = *o.mode;
+    if (o.offsets)
+        spec.offsets_table = o.offsets_table;
+    if (o.outbox) {
+        spec.outbox_schema = o.outbox_schema ? *o.outbox_schema : o.schema;
+        spec.outbox_table = o.outbox_table;
+    }
+    try {
+        spec.retention.validate();
+        (void)ProcessedEventStore(spec.schema, spec.claims_table);
+        if (spec.offsets_table)
+            (void)quote_identifier(*spec.offsets_table);
+        if (spec.outbox_table)
+            (void)Outbox(spec.outbox_schema, *spec.outbox_table);
+    } catch (const ConfigError& e) {
+        throw UsageError(fmt::format("{}: {}", command, e.what()));
+    }
+    return spec;
+}
 
 // Consumes one option shared by the database subcommands; false if it is not one.
 bool db_option(ArgReader& a, DbOptions& o)
@@ -132,9 +198,14 @@ int run_migrate(std::vector<std::string> args)
 {
     ArgReader a("migrate", std::move(args));
     DbOptions o;
+    bool print_sql = false;
     while (a.more()) {
-        if (db_option(a, o))
+        if (db_option(a, o) || table_option(a, o))
             continue;
+        if (a.option("--print-sql")) {
+            print_sql = true;
+            continue;
+        }
         if (!a.option("--mode"))
             a.unknown();
         try {
@@ -146,27 +217,64 @@ int run_migrate(std::vector<std::string> args)
     if (o.help) {
         out(std::string(R"(usage: idemkafka-admin migrate [options]
 
-Creates the claims table (and its schema) if missing, or upgrades it. Idempotent: safe to run
-twice, and from several places at once.
+Creates every table idemkafka uses (and their schemas) if missing, or upgrades them, and marks
+each with the schema version: the claims table always, the offsets and outbox tables when asked
+for. Idempotent: safe to run twice, and from several places at once. Consumers with
+create_schema = false check at start-up that these tables exist.
 
-  --mode partitioned|purge   layout of a new table (default partitioned). Given for an existing
-                             plain table, `partitioned` converts it: the table becomes the default
-                             partition of a new partitioned table (its rows expire there by
-                             processed_at). Without --mode an existing table keeps its layout.
-)") + db_options_help +
-            retention_options_help + durations_help);
+  --print-sql                print the statements migrate runs on a database without the tables,
+                             in order, without connecting: for review, or for a Flyway,
+                             Liquibase, sqitch or plain SQL migration (with --now for the
+                             initial partitions' dates)
+  --mode partitioned|purge   layout of a new claims table (default partitioned). Given for an
+                             existing plain table, `partitioned` converts it: the table becomes
+                             the default partition of a new partitioned table (its rows expire
+                             there by processed_at). Without --mode an existing table keeps its
+                             layout.
+)") + table_options_help +
+            db_options_help + retention_options_help + durations_help);
+        return exit_ok;
+    }
+    const SchemaSpec spec = make_spec("migrate", o);
+    if (print_sql) {
+        std::string cmd = migrate_command(spec);
+        if (o.now)
+            cmd += " --now " + format_time(*o.now);
+        out(schema_sql(spec, o.now ? *o.now : std::chrono::system_clock::now(), cmd));
         return exit_ok;
     }
     auto m = make_maintenance("migrate", o);
     auto conn = connect(o.postgres);
     out(fmt::format("migrating {} ...", m->store().qualified_name()));
-    const auto r = m->migrate(*conn, o.mode ? Maintenance::Existing::convert : Maintenance::Existing::keep);
+    Maintenance::WallClock clock;
+    if (o.now) {
+        const auto now = *o.now;
+        clock = [now] { return now; };
+    }
+    const auto r = migrate_schema(*conn, spec, o.mode ? Maintenance::Existing::convert : Maintenance::Existing::keep,
+                                  [](LogLevel level, std::string_view line) {
+                                      if (level >= LogLevel::warning)
+                                          err(fmt::format("idemkafka-admin: warning: {}", line));
+                                      else if (level == LogLevel::info)
+                                          out(fmt::format("  {}", line));
+                                  },
+                                  clock);
     out(fmt::format("{} is {} ({}{} partitions created)", m->store().qualified_name(),
-                    r.mode == RetentionMode::partitioned ? "partitioned by event id" : "a plain table (purge mode)",
-                    r.created     ? "created, "
-                    : r.converted ? "converted, "
-                                  : "",
-                    r.partitions_created.size()));
+                    r.claims.mode == RetentionMode::partitioned ? "partitioned by event id"
+                                                                : "a plain table (purge mode)",
+                    r.claims.created     ? "created, "
+                    : r.claims.converted ? "converted, "
+                                         : "",
+                    r.claims.partitions_created.size()));
+    if (spec.offsets_table)
+        out(fmt::format("{}.{} {}", quote_identifier(spec.schema), quote_identifier(*spec.offsets_table),
+                        r.offsets_created ? "created" : "exists"));
+    if (spec.outbox_table)
+        out(fmt::format("{}.{} {}", quote_identifier(spec.outbox_schema), quote_identifier(*spec.outbox_table),
+                        r.outbox_created ? "created" : "exists"));
+    for (const auto& t : r.versioned)
+        out(fmt::format("  {} marked as schema version {}", t, schema_version));
+    out(fmt::format("schema version {}", schema_version));
     return exit_ok;
 }
 
@@ -239,7 +347,7 @@ int run_status(std::vector<std::string> args)
     bool json = false;
     std::string brokers;
     while (a.more()) {
-        if (db_option(a, o))
+        if (db_option(a, o) || table_option(a, o))
             continue;
         if (a.option("--json"))
             json = true;
@@ -257,14 +365,23 @@ the oldest and newest claim, and the effective dedup horizon. Counts are exact (
 When consumers keep their positions in PostgreSQL (offsets_in_database), the stored positions
 follow, next to Kafka's committed offsets and the lag (see `idemkafka-admin offsets`).
 
+It starts with the schema check a consumer with create_schema = false makes at start-up: each
+table (the offsets and outbox tables with --offsets / --outbox), its schema version and what it
+lacks, and the `idemkafka-admin migrate` command that fixes it. Exit status 1 when a table is
+missing or lacks something.
+
   --json                     one JSON object instead of the tables
   --brokers HOST:PORT        Kafka, for the committed offsets and lag (default: $IDEMKAFKA_BROKERS)
-)") + db_options_help +
+)") + table_options_help + db_options_help +
             retention_options_help + durations_help);
         return exit_ok;
     }
+    const SchemaSpec spec = make_spec("status", o);
     auto m = make_maintenance("status", o);
     auto conn = connect(o.postgres);
+    const auto checks = check_schema(*conn, spec);
+    const bool schema_ok =
+        std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
     const auto s = m->status(*conn);
     const auto& cfg = m->config();
     if (json) {
@@ -272,6 +389,18 @@ follow, next to Kafka's committed offsets and the lag (see `idemkafka-admin offs
         j += fmt::format("\"table\":{},\"schema\":{},\"name\":{},\"exists\":{}",
                          json_string(m->store().qualified_name()), json_string(o.schema), json_string(o.table),
                          s.exists ? "true" : "false");
+        j += fmt::format(",\"schema_version\":{},\"schema_ok\":{},\"migrate_command\":{},\"tables\":[",
+                         schema_version, schema_ok ? "true" : "false", json_string(migrate_command(spec)));
+        for (std::size_t i = 0; i < checks.size(); ++i) {
+            const auto& c = checks[i];
+            std::string problems;
+            for (std::size_t k = 0; k < c.problems.size(); ++k)
+                problems += (k ? "," : "") + json_string(c.problems[k]);
+            j += fmt::format("{}{{\"kind\":{},\"table\":{},\"exists\":{},\"version\":{},\"problems\":[{}]}}",
+                             i ? "," : "", json_string(c.kind), json_string(c.qualified), c.exists ? "true" : "false",
+                             c.version ? std::to_string(*c.version) : "null", problems);
+        }
+        j += "]";
         j += fmt::format(",\"mode\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}",
                          s.exists ? json_string(to_string(s.mode)) : "null", s.rows, json_time(s.oldest_claim),
                          json_time(s.newest_claim));
@@ -295,13 +424,27 @@ follow, next to Kafka's committed offsets and the lag (see `idemkafka-admin offs
         }
         j += "]}";
         out(j);
-        return s.exists ? exit_ok : exit_failure;
+        return s.exists && schema_ok ? exit_ok : exit_failure;
     }
+    out(fmt::format("schema        version {} expected by this library", schema_version));
+    for (const auto& c : checks)
+        out(fmt::format("  {:<8} {}: {}{}", c.kind, c.qualified,
+                        c.version ? fmt::format("version {}", *c.version)
+                                  : std::string(c.exists ? "no version mark" : "missing"),
+                        c.ok() ? ", ok" : ", " + [&c] {
+                            std::string all;
+                            for (const auto& p : c.problems)
+                                all += (all.empty() ? "" : "; ") + p;
+                            return all;
+                        }()));
     if (!s.exists) {
-        err(fmt::format("idemkafka-admin: error: {} does not exist; run `idemkafka-admin migrate` first",
-                        m->store().qualified_name()));
+        err(fmt::format("idemkafka-admin: error: {} does not exist; run `idemkafka-admin migrate` first: `{}`",
+                        m->store().qualified_name(), migrate_command(spec)));
         return exit_failure;
     }
+    if (!schema_ok)
+        err(fmt::format("idemkafka-admin: error: the schema is not ready for idemkafka; fix it with `{}`",
+                        migrate_command(spec)));
     out(fmt::format("table         {} ({})", m->store().qualified_name(),
                     s.mode == RetentionMode::partitioned ? "partitioned by event id" : "plain, purge mode"));
     out(fmt::format("claims        {}", s.rows));
@@ -324,7 +467,7 @@ follow, next to Kafka's committed offsets and the lag (see `idemkafka-admin offs
         out("(no claims)");
     print_stored_positions(o.postgres, o.schema, brokers);
     if (s.mode != RetentionMode::partitioned)
-        return exit_ok;
+        return schema_ok ? exit_ok : exit_failure;
     out("");
     std::size_t pw = 9;
     for (const auto& p : s.partitions)
@@ -339,7 +482,7 @@ follow, next to Kafka's committed offsets and the lag (see `idemkafka-admin offs
         else
             out(fmt::format("{:<{}}  {:<50}  {:>12}", p.name, pw, p.bound, p.rows));
     }
-    return exit_ok;
+    return schema_ok ? exit_ok : exit_failure;
 }
 
 } // namespace idemkafka::detail::admin

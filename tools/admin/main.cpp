@@ -26,7 +26,7 @@ constexpr const char* usage_text = R"(usage: idemkafka-admin <command> [options]
 Administration of idemkafka's dedup claims table (processed_event) and dead-letter topics.
 
 commands:
-  migrate        create or upgrade the claims table (partitioned or plain); idempotent
+  migrate        create or upgrade every table idemkafka uses (--offsets, --outbox); --print-sql
   maintain       create partitions ahead, drop expired ones or purge expired claims [--dry-run]
   status         claims per consumer group, partitions and their time ranges, the dedup horizon [--json]
   dead-letters   list or replay dead-letter records (list | replay)

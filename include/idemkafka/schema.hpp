@@ -1,0 +1,111 @@
+#pragma once
+/// \file
+/// The library's schema as code: which tables a configuration uses, the one
+/// definition of their DDL (shared by consumer start-up, `idemkafka-admin
+/// migrate` and `migrate --print-sql`), a schema version, and the start-up
+/// check for databases whose schema is managed by a DBA (create_schema = false).
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/log.hpp"
+#include "idemkafka/retention.hpp"
+
+namespace idemkafka {
+
+struct ConsumerConfig;
+
+/// The version of the schema this library creates and expects. Stored as each
+/// table's comment (`idemkafka <kind> table, schema version N`), so it survives
+/// pg_dump and reviewed migrations.
+inline constexpr int schema_version = 1;
+
+/// The oldest PostgreSQL the DDL is written for (partitioned tables with a
+/// DEFAULT partition and a primary key need 11; the project supports 13+).
+inline constexpr int schema_min_postgres = 13;
+
+/// Which tables a configuration uses, and their names: claims always; the
+/// offsets table when `offsets_table` is set (ConsumerConfig::offsets_in_database);
+/// the outbox when `outbox_table` is set (ConsumerConfig::outbox).
+struct SchemaSpec {
+    std::string schema = "public";
+    std::string claims_table = "processed_event";
+    /// Layout of a new claims table and its initial partitions.
+    RetentionConfig retention;
+    std::optional<std::string> offsets_table;
+    /// Schema of the outbox (OutboxConfig::schema); the outbox table when set.
+    std::string outbox_schema = "public";
+    std::optional<std::string> outbox_table;
+
+    /// The tables `config` uses, as its consumer's start-up selects them. Never
+    /// throws for a validated config.
+    static SchemaSpec of(const ConsumerConfig& config);
+};
+
+/// What one table of a SchemaSpec looks like in a database.
+struct TableCheck {
+    /// "claims", "offsets" or "outbox".
+    std::string kind;
+    /// `"schema"."table"`, quoted.
+    std::string qualified;
+    bool exists = false;
+    /// From the table's comment; nullopt for a table without one (created
+    /// before schema versions, or by hand).
+    std::optional<int> version;
+    /// Claims table: partitioned (by event id) or plain. Meaningful when it exists.
+    RetentionMode mode = RetentionMode::partitioned;
+    /// Missing table, missing or mistyped columns, missing keys, an older
+    /// version: one line each. Empty when the library can use the table.
+    std::vector<std::string> problems;
+    bool ok() const noexcept { return problems.empty(); }
+};
+
+/// What migrate_schema() did.
+struct SchemaMigrationReport {
+    MigrationReport claims;
+    bool offsets_created = false;
+    bool outbox_created = false;
+    /// Tables whose version comment was written or raised.
+    std::vector<std::string> versioned;
+};
+
+/// The statements migrate_schema() runs on a database that has none of the
+/// spec's tables, in order, each ending in `;`, preceded by `--` comments that
+/// say which PostgreSQL version they assume and, in partitioned mode, that
+/// `idemkafka-admin maintain` (or the consumers' maintenance) must keep
+/// creating partitions. `now` places the initial partitions; `command` is the
+/// command line shown in the header. Ready for psql -f, Flyway, Liquibase or
+/// sqitch. Throws ConfigError for a name quote_identifier() refuses or an
+/// invalid retention config.
+std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_point now,
+                       const std::string& command = {});
+
+/// Creates (or upgrades) every table of `spec`: the claims table through
+/// Maintenance::migrate() (with `existing`), then the offsets and outbox
+/// tables, then the version comments. Idempotent, safe to run concurrently.
+/// Throws ConfigError (impossible conversion, bad name), DatabaseError
+/// (PostgreSQL failed) or ConfigError when an existing table does not have
+/// the columns and keys the library needs.
+SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec,
+                                     Maintenance::Existing existing = Maintenance::Existing::keep, LogSink log = {},
+                                     Maintenance::WallClock clock = {});
+
+/// Inspects every table of `spec` (catalog queries only: needs no privilege
+/// on the tables themselves). Throws DatabaseError when PostgreSQL fails.
+std::vector<TableCheck> check_schema(pqxx::connection& conn, const SchemaSpec& spec);
+
+/// The `idemkafka-admin migrate ...` command that creates or upgrades the
+/// tables of `spec` (the database from IDEMKAFKA_POSTGRES or --postgres, left
+/// out so that no password is ever printed). Never throws but std::bad_alloc.
+std::string migrate_command(const SchemaSpec& spec);
+
+/// check_schema(), and a ConfigError naming every table with a problem and
+/// the migrate_command() that fixes it unless all are usable. What a consumer
+/// with create_schema = false does at start-up. Returns the checks.
+std::vector<TableCheck> require_schema(pqxx::connection& conn, const SchemaSpec& spec);
+
+} // namespace idemkafka
