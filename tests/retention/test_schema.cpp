@@ -67,12 +67,43 @@ Result run(const std::string& cmd)
     return r;
 }
 
-Result admin(const std::vector<std::string>& args)
+std::string admin_command(const std::vector<std::string>& args)
 {
     std::string cmd = "env -u IDEMKAFKA_POSTGRES -u IDEMKAFKA_BROKERS " + shell_quote(IDEMKAFKA_ADMIN_BIN);
     for (const auto& a : args)
         cmd += " " + shell_quote(a);
-    return run(cmd);
+    return cmd;
+}
+
+Result admin(const std::vector<std::string>& args)
+{
+    return run(admin_command(args));
+}
+
+// Starts `n` runs of the same command at once; returns each one's exit status
+// and output.
+std::vector<Result> admin_parallel(const std::vector<std::string>& args, int n)
+{
+    const std::string base = "/tmp/" + unique_name("ikschemap");
+    std::string script;
+    for (int i = 0; i < n; ++i) {
+        const std::string p = base + "." + std::to_string(i);
+        script += "(" + admin_command(args) + " >" + p + ".out 2>" + p + ".err; echo $? >" + p + ".rc) & ";
+    }
+    script += "wait";
+    const int status = std::system(("bash -c " + shell_quote(script)).c_str());
+    REQUIRE(WIFEXITED(status));
+    std::vector<Result> out;
+    for (int i = 0; i < n; ++i) {
+        const std::string p = base + "." + std::to_string(i);
+        Result r;
+        r.out = slurp(p + ".out");
+        r.err = slurp(p + ".err");
+        const std::string rc = slurp(p + ".rc");
+        r.rc = rc.empty() ? -1 : std::stoi(rc);
+        out.push_back(std::move(r));
+    }
+    return out;
 }
 
 bool has(const std::string& text, const std::string& part)
@@ -150,16 +181,24 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
     DropSchema drop_schema{schema};
     const std::string s = quote_identifier(schema);
 
+    // Three at once on the empty schema: all succeed, exactly one creates each table.
+    int offsets_created = 0, outbox_created = 0;
+    for (const auto& p : admin_parallel({"migrate", "--postgres", pg(), "--schema", schema, "--offsets", "--outbox"},
+                                        3)) {
+        INFO(p.out << p.err);
+        CHECK(p.rc == 0);
+        CHECK(has(p.out, "schema version 1"));
+        offsets_created += has(p.out, "consumer_offset\" created") ? 1 : 0;
+        outbox_created += has(p.out, "outbox\" created") ? 1 : 0;
+    }
+    CHECK(offsets_created == 1);
+    CHECK(outbox_created == 1);
     auto m = admin({"migrate", "--postgres", pg(), "--schema", schema, "--offsets", "--outbox"});
+    // Another run changes nothing and says so.
     INFO(m.out << m.err);
     REQUIRE(m.rc == 0);
-    CHECK(has(m.out, "consumer_offset\" created"));
-    CHECK(has(m.out, "outbox\" created"));
-    CHECK(has(m.out, "schema version 1"));
-    // A second run changes nothing and says so.
-    m = admin({"migrate", "--postgres", pg(), "--schema", schema, "--offsets", "--outbox"});
-    REQUIRE(m.rc == 0);
     CHECK(has(m.out, "consumer_offset\" exists"));
+    CHECK(has(m.out, "outbox\" exists"));
 
     // The role has exactly the privileges README's "Least privilege" lists for
     // claims + offsets + outbox with maintenance off; nothing else.
