@@ -1,6 +1,8 @@
 # Packaging checks, run in this order; a failure names its check:
 #   install           cmake --install of the build into a temporary prefix, expected files there
 #   find_package      tests/package/project: find_package(idemkafka CONFIG REQUIRED), built and run
+#   cxx20             the same project with CMAKE_CXX_STANDARD 20: the package asks for C++17 as a
+#                     minimum only, the consumer's standard reaches the compiler (checked in main.cpp)
 #   readme            the README's <!-- example:minimal --> block compiles and links against the prefix
 #   billing           examples/billing built on its own against the prefix (with and without
 #                     the /metrics endpoint), --help of both programs runs
@@ -22,7 +24,7 @@ foreach(var SOURCE_DIR BUILD_DIR WORK_DIR)
   endif()
 endforeach()
 if(NOT CHECKS)
-  set(CHECKS install find_package readme billing add_subdirectory fetchcontent)
+  set(CHECKS install find_package cxx20 readme billing add_subdirectory fetchcontent)
 endif()
 
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -99,7 +101,7 @@ function(wanted name out)
 endfunction()
 
 set(needs_prefix FALSE)
-foreach(c install find_package readme billing)
+foreach(c install find_package cxx20 readme billing)
   wanted(${c} w)
   if(w)
     set(needs_prefix TRUE)
@@ -129,6 +131,16 @@ if(w)
                 -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
   expect_from_prefix(find_package)
   step(${WORK_DIR}/find_package/package_smoke)
+  end_check()
+endif()
+
+wanted(cxx20 w)
+if(w)
+  begin_check(cxx20)
+  build_project(cxx20 ${SOURCE_DIR}/tests/package/project
+                -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=20)
+  expect_from_prefix(cxx20)
+  step(${WORK_DIR}/cxx20/package_smoke)
   end_check()
 endif()
 

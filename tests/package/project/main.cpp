@@ -3,6 +3,16 @@
 
 #include <idemkafka/consumer.hpp>
 
+#if defined(_MSVC_LANG)
+#define PACKAGE_SMOKE_CPLUSPLUS _MSVC_LANG
+#else
+#define PACKAGE_SMOKE_CPLUSPLUS __cplusplus
+#endif
+// The package requires C++17 as a minimum: a consumer's newer standard must not be lowered.
+#if defined(PACKAGE_SMOKE_CXX_STANDARD) && PACKAGE_SMOKE_CXX_STANDARD >= 20
+static_assert(PACKAGE_SMOKE_CPLUSPLUS >= 202002L, "CMAKE_CXX_STANDARD 20 did not reach the compiler");
+#endif
+
 struct Ping {
     idemkafka::EventId id;
 };
@@ -22,7 +32,8 @@ int main()
         std::puts("an empty configuration was accepted");
         return 1;
     } catch (const idemkafka::ConfigError& e) {
-        std::printf("package ok (%s refused: %s)\n", id.to_string().c_str(), e.what());
+        std::printf("package ok (C++ %ld; %s refused: %s)\n", static_cast<long>(PACKAGE_SMOKE_CPLUSPLUS),
+                    id.to_string().c_str(), e.what());
     }
     return 0;
 }
