@@ -38,7 +38,7 @@ RkPtr subscribe(const RunEnv& env, const Job& job, const std::string& group, std
     props["bootstrap.servers"] = env.services.brokers;
     props["group.id"] = group;
     if (!env.verbose)
-        props["log_level"] = "3";
+        props["log_level"] = std::string("3"); // not "3": g++ 12 -Wrestrict false positive in C++20 (GCC PR 105651)
     char err[512];
     rd_kafka_conf_t* conf = rd_kafka_conf_new();
     for (const auto& [k, v] : props) {

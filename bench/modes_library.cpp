@@ -69,7 +69,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         if (k != "enable.partition.eof") // the library sets it itself
             cfg.kafka[k] = v;
     if (!env.verbose)
-        cfg.kafka["log_level"] = "3";
+        cfg.kafka["log_level"] = std::string("3"); // not "3": g++ 12 -Wrestrict false positive in C++20 (GCC PR 105651)
     cfg.log = stderr_sink(env.verbose ? LogLevel::info : LogLevel::warning);
     if (job.workers > 0)
         set_workers(cfg, job.workers);

@@ -134,7 +134,8 @@ struct Publisher::Impl {
             }
             if (hdrs)
                 rd_kafka_headers_destroy(hdrs);
-            throw KafkaError(fmt::format("cannot enqueue record for {}: {}", topic, rd_kafka_error_string(error.get())));
+            throw KafkaError(
+                fmt::format("cannot enqueue record for {}: {}", topic, rd_kafka_error_string(error.get())));
         }
     }
 };
