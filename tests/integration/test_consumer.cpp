@@ -381,12 +381,15 @@ TEST_CASE("a batch handler applies a transaction's claimed events in one call", 
     publish_events(topic, 700, 300);
 
     auto cfg = consumer_config(group, topic);
-    std::atomic<int> calls{0};
+    std::atomic<int> calls{0}, empty_calls{0};
     std::atomic<std::size_t> events{0}, largest{0};
     std::mutex mu;
     bool ordered = true;
+    // Counted here and checked on the test's thread: Catch2's assertions are
+    // not thread-safe, and the handler runs on a worker thread.
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const Batch<TestEvent>& batch) {
-        REQUIRE_FALSE(batch.empty());
+        if (batch.empty())
+            ++empty_calls;
         {
             // Record order within each partition.
             std::lock_guard<std::mutex> lock(mu);
@@ -418,6 +421,7 @@ TEST_CASE("a batch handler applies a transaction's claimed events in one call", 
     CHECK(m.claimed == 700);
     CHECK(m.duplicates == 300);
     CHECK(events == 700);
+    CHECK(empty_calls == 0);
     CHECK(calls == static_cast<int>(m.db_commits));
     CHECK(largest > 1);
     CHECK(ordered);
