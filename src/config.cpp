@@ -1,6 +1,7 @@
 #include "idemkafka/config.hpp"
 
 #include <fmt/format.h>
+#include <librdkafka/rdkafka.h>
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
@@ -21,6 +22,59 @@ void require(bool ok, const char* what)
 {
     if (!ok)
         throw ConfigError(what);
+}
+
+std::string lower_trimmed(const std::string& v)
+{
+    const auto first = v.find_first_not_of(" \t");
+    const auto last = v.find_last_not_of(" \t");
+    std::string s;
+    if (first != std::string::npos)
+        for (char c : v.substr(first, last - first + 1))
+            s.push_back(static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c));
+    return s;
+}
+
+// KIP-848 (group.protocol=consumer) moves these to the broker; librdkafka
+// refuses to create a consumer that sets them. Refused here, with what to do
+// instead, rather than as a KafkaError from deep inside the constructor.
+const char* consumer_protocol_replacement(const std::string& key)
+{
+    if (key == "session.timeout.ms")
+        return "the broker's group.consumer.session.timeout.ms sets the session timeout";
+    if (key == "heartbeat.interval.ms")
+        return "the broker's group.consumer.heartbeat.interval.ms sets the heartbeat interval";
+    if (key == "partition.assignment.strategy")
+        return "the broker assigns partitions; choose its assignor with group.remote.assignor (uniform or range)";
+    if (key == "group.protocol.type")
+        return "the consumer protocol has no protocol type";
+    return nullptr;
+}
+
+// librdkafka 2.12 made the consumer group protocol generally available; the
+// versions before it had it as early access or preview only, or not at all.
+constexpr int consumer_protocol_min_version = 0x020c0000;
+
+void validate_group_protocol(const std::map<std::string, std::string>& kafka)
+{
+    const auto gp = kafka.find("group.protocol");
+    const std::string protocol = gp == kafka.end() ? "classic" : lower_trimmed(gp->second);
+    if (protocol != "classic" && protocol != "consumer")
+        throw ConfigError(fmt::format("kafka[\"group.protocol\"]={}: expected classic or consumer", gp->second));
+    if (protocol == "classic") {
+        if (kafka.count("group.remote.assignor"))
+            throw ConfigError("kafka[\"group.remote.assignor\"]: applies only with group.protocol=consumer; the "
+                              "classic protocol takes partition.assignment.strategy");
+        return;
+    }
+    if (rd_kafka_version() < consumer_protocol_min_version)
+        throw ConfigError(fmt::format("kafka[\"group.protocol\"]=consumer: needs librdkafka 2.12 or later, this "
+                                      "process runs librdkafka {}",
+                                      rd_kafka_version_str()));
+    for (const auto& [key, value] : kafka)
+        if (const char* instead = consumer_protocol_replacement(key))
+            throw ConfigError(
+                fmt::format("kafka[\"{}\"]: not supported with group.protocol=consumer (KIP-848): {}", key, instead));
 }
 
 } // namespace
@@ -87,6 +141,7 @@ void ConsumerConfig::validate() const
         if (key == "enable.partition.eof" && is_true(value))
             throw ConfigError("kafka[\"enable.partition.eof\"]: not supported by the consumer loop");
     }
+    validate_group_protocol(kafka);
 }
 
 std::string ConsumerConfig::effective_dead_letter_topic() const

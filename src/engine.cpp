@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -185,6 +186,10 @@ struct Engine::Impl {
     bool wake_armed = false;
     Clock::time_point next_wake{};
     bool cooperative = false;
+    // group.protocol=consumer (KIP-848): the broker assigns, and every
+    // rebalance is incremental, whatever rd_kafka_rebalance_protocol() says
+    // before the first subscription or while the consumer closes.
+    bool consumer_protocol = false;
     std::map<TopicPartition, PartitionState> parts;
     // The batch being polled and decoded, and the one the workers process
     // (pipeline: both at once). The poll thread touches `running` and the
@@ -309,8 +314,7 @@ struct Engine::Impl {
             // run() left by an exception: leave the group without committing
             // anything, as a crash would (but without the session timeout).
             no_commit = true;
-            rd_kafka_consumer_close(rk.get());
-            rk.reset();
+            close_consumer();
         }
     }
 
@@ -466,6 +470,14 @@ struct Engine::Impl {
                 interval = std::strtol(mp->second.c_str(), nullptr, 10);
             batch_budget = milliseconds(std::max(100L, interval * 2 / 5));
         }
+        {
+            auto gp = props.find("group.protocol");
+            std::string protocol = gp == props.end() ? "" : gp->second;
+            for (auto& c : protocol)
+                c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            consumer_protocol = protocol.find("consumer") != std::string::npos; // validate() allows only the two
+            cooperative = consumer_protocol;
+        }
         props["bootstrap.servers"] = cfg.brokers;
         props["group.id"] = cfg.group_id;
         props["enable.auto.commit"] = "false";
@@ -512,7 +524,9 @@ struct Engine::Impl {
         finish_running_in_callback();
         // NULL while the protocol is unknown, as in the revoke that
         // rd_kafka_consumer_close() serves: the last known one still holds.
-        if (const char* protocol = rd_kafka_rebalance_protocol(handle))
+        if (consumer_protocol)
+            cooperative = true;
+        else if (const char* protocol = rd_kafka_rebalance_protocol(handle))
             cooperative = std::strcmp(protocol, "COOPERATIVE") == 0;
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
             for (int i = 0; i < list->cnt; ++i) {
@@ -520,7 +534,9 @@ struct Engine::Impl {
                 ps.lane = next_lane++; // round robin spreads partitions over the workers
                 parts[{list->elems[i].topic, list->elems[i].partition}] = std::move(ps);
             }
-            say(LogLevel::info, "assigned {} partition(s) ({})", list->cnt, cooperative ? "cooperative" : "eager");
+            const char* mode = cooperative ? "cooperative" : "eager";
+            say(LogLevel::info, "assigned {} partition(s) ({})", list->cnt,
+                consumer_protocol ? "consumer protocol" : mode);
             if (offset_store)
                 start_from_database(handle, list);
             if (cooperative) {
@@ -716,13 +732,92 @@ struct Engine::Impl {
         }
         if (list->cnt == 0)
             return;
-        const auto err = rd_kafka_commit(rk.get(), list.get(), async ? 1 : 0);
+        const auto err =
+            async ? rd_kafka_commit(rk.get(), list.get(), 1) : commit_and_wait(list.get(), only != nullptr);
         if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
             metrics.offset_commit_failures.add();
             say(LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
                 rd_kafka_err2str(err));
             for (int i = 0; i < list->cnt; ++i)
                 forget_commit(list->elems[i].topic, list->elems[i].partition, list->elems[i].offset);
+        }
+    }
+
+    // A synchronous commit, with a bound of our own. While the coordinator is
+    // unreachable librdkafka holds a commit for session.timeout.ms as the
+    // client knows it; under group.protocol=consumer that setting is refused
+    // and its 45 s default applies, so a revoke or a stop would hang that long
+    // for a commit that is only an optimisation (PostgreSQL holds the effects;
+    // a redelivery is deduplicated). Its result still reaches on_commit().
+    // At most 10 s, and at a stop no longer than shutdown_timeout either.
+    rd_kafka_resp_err_t commit_and_wait(rd_kafka_topic_partition_list_t* list, bool revoke)
+    {
+        const milliseconds bound = revoke ? milliseconds(10000) : std::min(milliseconds(10000), cfg.shutdown_timeout);
+        kafka::QueuePtr q(rd_kafka_queue_new(rk.get()));
+        if (const auto err = rd_kafka_commit_queue(rk.get(), list, q.get(), nullptr, nullptr))
+            return err;
+        const auto until = Clock::now() + bound;
+        for (;;) {
+            const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+            if (left.count() <= 0) {
+                say(LogLevel::warning,
+                    "offset commit of {} partition(s) not confirmed within {} ms (is the group coordinator "
+                    "reachable?); going on: records already committed in PostgreSQL are deduplicated on redelivery",
+                    list->cnt, bound.count());
+                return RD_KAFKA_RESP_ERR_NO_ERROR; // still pending: not to be sent again yet
+            }
+            kafka::EventPtr ev(rd_kafka_queue_poll(q.get(), static_cast<int>(left.count())));
+            if (ev && rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_OFFSET_COMMIT)
+                return rd_kafka_event_error(ev.get());
+        }
+    }
+
+    // Leaves the group and destroys the handle, within shutdown_timeout.
+    // rd_kafka_consumer_close() waits for pending offset commits and for the
+    // group leave as long as the coordinator cannot be reached (two minutes
+    // and more, under either group protocol). Past the bound the handle goes
+    // without the close: the broker drops the member after its session
+    // timeout, as after a crash, and the new owners' redeliveries are
+    // deduplicated.
+    void close_consumer()
+    {
+        kafka::QueuePtr q(rd_kafka_queue_new(rk.get()));
+        kafka::ErrorPtr e(rd_kafka_consumer_close_queue(rk.get(), q.get()));
+        bool closed = !e;
+        if (e)
+            say(LogLevel::warning, error_field(rd_kafka_error_string(e.get())), "consumer close: {}",
+                rd_kafka_error_string(e.get()));
+        const auto until = Clock::now() + cfg.shutdown_timeout;
+        while (closed && !rd_kafka_consumer_closed(rk.get())) {
+            const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+            if (left.count() <= 0) {
+                say(LogLevel::warning,
+                    "leaving the consumer group did not finish within shutdown_timeout ({} ms; is the group "
+                    "coordinator reachable?); closing without it: the broker drops this member after its session "
+                    "timeout",
+                    cfg.shutdown_timeout.count());
+                closed = false;
+                break;
+            }
+            // The close's own events: the last revoke (served by on_rebalance,
+            // as rd_kafka_consumer_close() would call the callback) and the
+            // results of commits still pending.
+            kafka::EventPtr ev(rd_kafka_queue_poll(q.get(), static_cast<int>(std::min<long long>(left.count(), 100))));
+            if (!ev)
+                continue;
+            if (rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_REBALANCE)
+                on_rebalance(rk.get(), rd_kafka_event_error(ev.get()), rd_kafka_event_topic_partition_list(ev.get()));
+            else if (rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_OFFSET_COMMIT)
+                on_commit(rd_kafka_event_error(ev.get()), rd_kafka_event_topic_partition_list(ev.get()));
+            else if (rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_ERROR)
+                error_cb(rk.get(), rd_kafka_event_error(ev.get()), rd_kafka_event_error_string(ev.get()), this);
+        }
+        q.reset();
+        if (closed) {
+            rk.reset();
+        } else {
+            // The handle must not try the close again on its way out.
+            rd_kafka_destroy_flags(rk.release(), RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
         }
     }
 
@@ -2198,9 +2293,7 @@ struct Engine::Impl {
         say(LogLevel::info, "closing consumer{}", forced() ? " (forced)" : "");
         fetch_wakeup.reset();   // uses the handle
         consumer_queue.reset(); // before the close
-        if (auto e = rd_kafka_consumer_close(rk.get()))
-            say(LogLevel::warning, error_field(rd_kafka_err2str(e)), "consumer close: {}", rd_kafka_err2str(e));
-        rk.reset();
+        close_consumer();
         maintenance.reset();
         claim_age.reset();
         outbox_relay.reset();

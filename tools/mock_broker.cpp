@@ -43,6 +43,13 @@ options:
   --control PATH           create a FIFO at PATH and read control commands from it
   --watch-pid PID          exit when process PID no longer exists
   --debug CONTEXTS         librdkafka debug contexts for the cluster's log, e.g. mock,protocol
+  --group-consumer-session-timeout-ms MS
+                           session timeout of group.protocol=consumer (KIP-848) groups, as the
+                           broker setting group.consumer.session.timeout.ms (mock default 30000;
+                           librdkafka 2.12 or later)
+  --group-consumer-heartbeat-interval-ms MS
+                           heartbeat interval of such groups, as group.consumer.heartbeat.interval.ms
+                           (mock default 3000; librdkafka 2.12 or later)
   --help                   show this text
 
 Once the cluster is ready its bootstrap servers are written to --bootstrap-file (removed again
@@ -57,9 +64,13 @@ PATH.ack as "<count> ok" or "<count> error: <reason>", count = commands handled 
   broker-down ID
   broker-up ID
   rtt ID MS                                 added round-trip time for broker ID (0 = none)
+  group-consumer-timeouts SESSION_MS HEARTBEAT_MS
+                                            as the two --group-consumer-* options, for groups
+                                            created from now on
   ping                                      no-op, answers ok
 APIKEY is a number or a name (Produce, Fetch, Metadata, OffsetCommit, OffsetFetch,
-FindCoordinator, JoinGroup, Heartbeat, LeaveGroup, SyncGroup, InitProducerId, ...).
+FindCoordinator, JoinGroup, Heartbeat, LeaveGroup, SyncGroup, InitProducerId,
+ConsumerGroupHeartbeat, ...).
 ERRCODE is a number or a librdkafka error name (REQUEST_TIMED_OUT, NOT_COORDINATOR, _TRANSPORT, ...).
 
 notes on librdkafka 2.0's mock cluster: it has no CreateTopics API (admin clients time out
@@ -80,7 +91,38 @@ struct Options {
     std::string control_path;
     pid_t watch_pid = 0;
     std::string debug;
+    int group_consumer_session_timeout_ms = 0; // 0: the mock cluster's default
+    int group_consumer_heartbeat_interval_ms = 0;
 };
+
+// The consumer group protocol's (KIP-848) mock settings came with its
+// general availability in librdkafka 2.12.
+#if defined(RD_KAFKA_VERSION) && RD_KAFKA_VERSION >= 0x020c0000
+#define IDEMKAFKA_MOCK_CONSUMER_GROUPS 1
+#else
+#define IDEMKAFKA_MOCK_CONSUMER_GROUPS 0
+#endif
+
+// Empty when applied; else why not.
+std::string set_group_consumer_timeouts([[maybe_unused]] rd_kafka_mock_cluster_t* mcluster,
+                                        [[maybe_unused]] int session_ms, [[maybe_unused]] int heartbeat_ms)
+{
+#if IDEMKAFKA_MOCK_CONSUMER_GROUPS
+    if (session_ms > 0) {
+        rd_kafka_mock_set_group_consumer_session_timeout_ms(mcluster, session_ms);
+    }
+    if (heartbeat_ms > 0) {
+        rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(mcluster, heartbeat_ms);
+    }
+    return "";
+#else
+    if (session_ms <= 0 && heartbeat_ms <= 0) {
+        return "";
+    }
+    return std::string("consumer group protocol settings need librdkafka 2.12 or later; this is ") +
+           rd_kafka_version_str();
+#endif
+}
 
 std::optional<long long> parse_integer(const std::string& text, long long min, long long max)
 {
@@ -159,6 +201,15 @@ Options parse_options(int argc, char** argv)
             options.watch_pid = static_cast<pid_t>(*pid);
         } else if (arg == "--debug") {
             options.debug = next_value();
+        } else if (arg == "--group-consumer-session-timeout-ms" || arg == "--group-consumer-heartbeat-interval-ms") {
+            const std::string v = next_value();
+            const auto ms = parse_integer(v, 1, 3600000);
+            if (!ms) {
+                throw UsageError{arg + ": expected milliseconds from 1 to 3600000, got '" + v + "'"};
+            }
+            (arg == "--group-consumer-session-timeout-ms" ? options.group_consumer_session_timeout_ms
+                                                          : options.group_consumer_heartbeat_interval_ms) =
+                static_cast<int>(*ms);
         } else {
             throw UsageError{"unknown argument '" + arg + "'"};
         }
@@ -270,6 +321,8 @@ std::optional<int16_t> parse_api_key(const std::string& text)
         {"AddOffsetsToTxn", 25},
         {"EndTxn", 26},
         {"TxnOffsetCommit", 28},
+        {"ConsumerGroupHeartbeat", 68},
+        {"ConsumerGroupDescribe", 69},
     };
     for (const auto& [name, key] : names) {
         if (strcasecmp(name, text.c_str()) == 0) {
@@ -432,6 +485,19 @@ private:
             rd_kafka_mock_push_request_errors_array(mcluster_, *api_key, errors.size(), errors.data());
             return "ok";
         }
+        if (cmd == "group-consumer-timeouts") {
+            if (argc != 2) {
+                return wrong_arity("group-consumer-timeouts SESSION_MS HEARTBEAT_MS");
+            }
+            const auto session_ms = parse_integer(words[1], 1, 3600000);
+            const auto heartbeat_ms = parse_integer(words[2], 1, 3600000);
+            if (!session_ms || !heartbeat_ms) {
+                return "error: SESSION_MS and HEARTBEAT_MS must be milliseconds from 1 to 3600000";
+            }
+            const std::string why =
+                set_group_consumer_timeouts(mcluster_, static_cast<int>(*session_ms), static_cast<int>(*heartbeat_ms));
+            return why.empty() ? "ok" : "error: " + why;
+        }
         if (cmd == "broker-down" || cmd == "broker-up" || cmd == "rtt") {
             const bool is_rtt = cmd == "rtt";
             if (argc != (is_rtt ? 2U : 1U)) {
@@ -506,6 +572,13 @@ int run(const Options& options)
     if (!mcluster) {
         std::fprintf(stderr, "%s: could not create the mock cluster\n", program_name);
         return exit_failure;
+    }
+
+    if (const std::string why = set_group_consumer_timeouts(mcluster.get(), options.group_consumer_session_timeout_ms,
+                                                            options.group_consumer_heartbeat_interval_ms);
+        !why.empty()) {
+        std::fprintf(stderr, "%s: --group-consumer-*: %s\n", program_name, why.c_str());
+        return exit_usage;
     }
 
     for (const auto& [name, partitions] : options.topics) {

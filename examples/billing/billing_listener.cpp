@@ -42,6 +42,8 @@ const char* usage = R"(usage: billing-listener [options]
   --metrics-port N      serve Prometheus metrics at http://BIND:N/metrics while running
                         (default 0: off; needs a build with cpp-httplib)
   --metrics-bind ADDR   address of the metrics endpoint (default 127.0.0.1)
+  --group-protocol P    classic (default: 6 s session timeout) or consumer (KIP-848:
+                        the broker sets the session timeout; librdkafka 2.12 or later)
 
 Prints one summary line on stdout when it stops:
   consumed=N charged=C duplicates=D poison=P charges_in_db=X unique_orders_in_db=U
@@ -109,7 +111,8 @@ try {
                        {{"brokers", ""}, {"postgres", ""}, {"topic", "order-service.order.confirmed"},
                         {"group", "billing-service"}, {"max-batch", "500"}, {"until-drained", "0"},
                         {"progress", "1"}, {"charge-table", "charge"}, {"claims-table", "processed_event"},
-                        {"dead-letter-topic", ""}, {"metrics-port", "0"}, {"metrics-bind", "127.0.0.1"}},
+                        {"dead-letter-topic", ""}, {"metrics-port", "0"}, {"metrics-bind", "127.0.0.1"},
+                        {"group-protocol", "classic"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -121,7 +124,13 @@ try {
     cfg.dead_letter_topic = args.get("dead-letter-topic");
     // Quoted once here; every statement below splices only this.
     const std::string charge_table = idemkafka::quote_identifier(args.get("charge-table"));
-    cfg.kafka["session.timeout.ms"] = "6000";
+    // The consumer protocol (KIP-848) refuses a client-side session timeout.
+    if (args.get("group-protocol") == "consumer")
+        cfg.kafka["group.protocol"] = "consumer";
+    else if (args.get("group-protocol") == "classic")
+        cfg.kafka["session.timeout.ms"] = "6000";
+    else
+        billing::Args::fail("--group-protocol: expected classic or consumer", usage);
     const auto until_drained = args.number("until-drained");
     const auto progress = std::chrono::seconds(args.number("progress"));
     const auto metrics_port = args.number("metrics-port");

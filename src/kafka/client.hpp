@@ -27,6 +27,9 @@ struct ErrorDeleter {
 struct QueueDeleter {
     void operator()(rd_kafka_queue_t* p) const noexcept { rd_kafka_queue_destroy(p); }
 };
+struct EventDeleter {
+    void operator()(rd_kafka_event_t* p) const noexcept { rd_kafka_event_destroy(p); }
+};
 
 using HandlePtr = std::unique_ptr<rd_kafka_t, HandleDeleter>;
 using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
@@ -34,6 +37,7 @@ using MessagePtr = std::unique_ptr<rd_kafka_message_t, MessageDeleter>;
 using PartitionListPtr = std::unique_ptr<rd_kafka_topic_partition_list_t, PartitionListDeleter>;
 using ErrorPtr = std::unique_ptr<rd_kafka_error_t, ErrorDeleter>;
 using QueuePtr = std::unique_ptr<rd_kafka_queue_t, QueueDeleter>;
+using EventPtr = std::unique_ptr<rd_kafka_event_t, EventDeleter>;
 
 /// Sets one property; throws ConfigError naming the property and librdkafka's reason.
 void set(rd_kafka_conf_t* conf, const std::string& key, const std::string& value);

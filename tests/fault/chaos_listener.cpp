@@ -71,7 +71,8 @@ try {
                         {"claims-table", "processed_event"},
                         {"dead-letter-topic", ""},
                         {"misbehave-seed", "0"},
-                        {"misbehave-per-mille", "10"}},
+                        {"misbehave-per-mille", "10"},
+                        {"group-protocol", "classic"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -83,7 +84,10 @@ try {
     cfg.max_batch = static_cast<std::size_t>(args.number("max-batch"));
     cfg.table = args.get("claims-table");
     cfg.dead_letter_topic = args.get("dead-letter-topic");
-    cfg.kafka["session.timeout.ms"] = "6000";
+    if (args.get("group-protocol") == "consumer")
+        cfg.kafka["group.protocol"] = "consumer"; // KIP-848: the broker's session timeout
+    else
+        cfg.kafka["session.timeout.ms"] = "6000";
     cfg.max_attempts = idemkafka::torture::max_attempts;
     const auto progress = std::chrono::seconds(args.number("progress"));
     const auto seed = static_cast<std::uint64_t>(args.number("misbehave-seed"));

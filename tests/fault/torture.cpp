@@ -96,6 +96,9 @@ const char* const usage = R"(usage: idemkafka-torture --listener PATH --producer
   --oversize N        also publish N records of 1.5 MB (default 0)
   --log-dir DIR       keep listener logs and the timeline there (default: a temp dir,
                       removed when the test passes)
+  --group-protocol P  the listeners' group protocol: classic or consumer (KIP-848; the
+                      mock broker then gets a 6 s session for the group) (default:
+                      $IDEMKAFKA_TEST_GROUP_PROTOCOL, else classic)
 
 Prints one line: torture: seed=S kills=K broker_faults=B pg_kills=P ... OK|FAILED
 (with --misbehaving or --oversize, after a line "torture: misbehaving ..." of their figures)
@@ -487,6 +490,7 @@ struct Options {
     int misbehaving = 0; // per mille of each kind; 0: billing-listener's handler
     int oversize = 0;
     std::string log_dir;
+    std::string group_protocol;
 };
 
 Options parse_options(int argc, char** argv)
@@ -521,9 +525,15 @@ Options parse_options(int argc, char** argv)
             o.oversize = std::stoi(v);
         else if (a == "--log-dir")
             o.log_dir = v;
+        else if (a == "--group-protocol")
+            o.group_protocol = v;
         else
             throw std::invalid_argument(fmt::format("unknown argument {}\n{}", a, usage));
     }
+    if (o.group_protocol.empty())
+        o.group_protocol = idemkafka::test::consumer_protocol() ? "consumer" : "classic";
+    if (o.group_protocol != "classic" && o.group_protocol != "consumer")
+        throw std::invalid_argument("--group-protocol: expected classic or consumer, got " + o.group_protocol);
     if (!have_seed) {
         if (const char* s = std::getenv("IDEMKAFKA_TORTURE_SEED"); s && *s)
             o.seed = std::stoull(s);
@@ -640,6 +650,11 @@ private:
         test::create_topic(dlq_, 2);
         // A leftover error from an earlier test must not hit this one's consumers.
         mock_control(control_, "clear-errors OffsetCommit");
+        // Under the consumer protocol the broker owns the session timeout (the
+        // mock's default is 30 s): the same 6 s as the classic listeners ask for.
+        if (opt_.group_protocol == "consumer")
+            mock_control(control_, "group-consumer-timeouts 6000 500");
+        timeline.say("group protocol {}", opt_.group_protocol);
 
         // The fault runs: early in the kill phase, while events surely still
         // stream in, so that a stalled recovery shows as no progress.
@@ -681,7 +696,7 @@ private:
         std::vector<std::string> argv{opt_.listener, "--brokers", brokers_, "--postgres", listener_pg_, "--topic",
                                       topic_, "--group", group_, "--max-batch", std::to_string(max_batch),
                                       "--charge-table", charge_table_, "--claims-table", claims_table_,
-                                      "--progress", "1"};
+                                      "--progress", "1", "--group-protocol", opt_.group_protocol};
         if (opt_.misbehaving > 0)
             argv.insert(argv.end(), {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
                                      std::to_string(opt_.misbehaving)});

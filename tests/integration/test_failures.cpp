@@ -245,7 +245,7 @@ void scale_test(const std::string& strategy)
     f.publish(2400);
     auto cfg = f.config();
     cfg.max_batch = 25;
-    cfg.kafka["partition.assignment.strategy"] = strategy;
+    set_assignment_strategy(cfg, strategy); // the consumer protocol's broker assigns, incrementally
     std::atomic<int> calls{0};
     auto make = [&](const std::string& member) {
         return std::make_unique<Consumer>(cfg, decode, event_id_of,
@@ -286,12 +286,12 @@ void scale_test(const std::string& strategy)
 
 } // namespace
 
-TEST_CASE("scaling a group 1 -> 3 -> 1 mid-run keeps counts exact (eager)", "[fault]")
+TEST_CASE("scaling a group 1 -> 3 -> 1 mid-run keeps counts exact (eager)", "[fault][rebalance]")
 {
     scale_test("range");
 }
 
-TEST_CASE("scaling a group 1 -> 3 -> 1 mid-run keeps counts exact (cooperative-sticky)", "[fault]")
+TEST_CASE("scaling a group 1 -> 3 -> 1 mid-run keeps counts exact (cooperative-sticky)", "[fault][rebalance]")
 {
     scale_test("cooperative-sticky");
 }

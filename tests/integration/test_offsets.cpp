@@ -145,7 +145,7 @@ TEST_CASE("group offsets reset to earliest after retention purged old claims: ol
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} e WHERE e.event_id IN ({})", s.effects, first_half)) == 150);
 }
 
-TEST_CASE("a fenced zombie cannot move the stored position back, and effects stay exact", "[offsets]")
+TEST_CASE("a fenced zombie cannot move the stored position back, and effects stay exact", "[offsets][rebalance]")
 {
     OffsetsSetup s(1);
     s.publish(200);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -182,15 +183,23 @@ std::int64_t committed_offset(const std::string& group, const std::string& topic
     return offset;
 }
 
+namespace {
+void fast_mock_consumer_groups();
+} // namespace
+
 void reset_group_offsets(const std::string& group, const std::string& topic, int partitions, std::int64_t offset)
 {
     // Joins the group as a member (a broker may refuse commits from outside
     // the group), commits the reset offsets, and leaves.
     char err[512];
     rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    // A member of the group's own protocol.
+    if (consumer_protocol())
+        fast_mock_consumer_groups();
     for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
              {"bootstrap.servers", brokers()}, {"group.id", group}, {"enable.auto.commit", "false"},
-             {"session.timeout.ms", "6000"}})
+             consumer_protocol() ? std::pair<std::string, std::string>{"group.protocol", "consumer"}
+                                 : std::pair<std::string, std::string>{"session.timeout.ms", "6000"}})
         rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err);
     rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
     if (!rk)
@@ -307,6 +316,41 @@ bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds tim
     return true;
 }
 
+bool consumer_protocol()
+{
+    const char* v = std::getenv("IDEMKAFKA_TEST_GROUP_PROTOCOL");
+    const std::string protocol = v ? v : "";
+    if (protocol.empty() || protocol == "classic")
+        return false;
+    if (protocol == "consumer")
+        return true;
+    throw std::runtime_error("IDEMKAFKA_TEST_GROUP_PROTOCOL=" + protocol + ": expected classic or consumer");
+}
+
+namespace {
+
+// The broker owns a consumer-protocol group's session timeout and heartbeat
+// interval (the mock's defaults: 30 s and 3 s). Once per test process, for the
+// groups it creates from then on (the tests' groups are all new).
+void fast_mock_consumer_groups()
+{
+    static std::once_flag once;
+    std::call_once(once, [] {
+        if (const char* control = std::getenv("IDEMKAFKA_MOCK_CONTROL"); control && *control)
+            mock_control("group-consumer-timeouts 6000 500");
+    });
+}
+
+} // namespace
+
+void set_assignment_strategy(ConsumerConfig& cfg, const std::string& strategy)
+{
+    if (consumer_protocol())
+        cfg.kafka["group.remote.assignor"] = strategy == "range" ? "range" : "uniform";
+    else
+        cfg.kafka["partition.assignment.strategy"] = strategy;
+}
+
 ConsumerConfig consumer_config(const std::string& group, const std::string& topic)
 {
     ConsumerConfig cfg;
@@ -314,8 +358,13 @@ ConsumerConfig consumer_config(const std::string& group, const std::string& topi
     cfg.group_id = group;
     cfg.topics = {topic};
     cfg.postgres = pg();
-    cfg.kafka["session.timeout.ms"] = "6000";
-    cfg.kafka["heartbeat.interval.ms"] = "500";
+    if (consumer_protocol()) {
+        fast_mock_consumer_groups();
+        cfg.kafka["group.protocol"] = "consumer";
+    } else {
+        cfg.kafka["session.timeout.ms"] = "6000";
+        cfg.kafka["heartbeat.interval.ms"] = "500";
+    }
     cfg.retry_backoff = std::chrono::milliseconds(50);
     if (!std::getenv("IDEMKAFKA_TEST_VERBOSE"))
         cfg.log = stderr_sink(LogLevel::warning);

@@ -59,8 +59,24 @@ void exec(const std::string& sql);
 /// Polls `done` every 20 ms until it is true or `timeout` passes.
 bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
-/// Consumer settings for tests: fast group joins on the mock broker.
+/// Consumer settings for tests: fast group joins on the mock broker. Under
+/// the consumer group protocol (see consumer_protocol()) they set
+/// group.protocol=consumer instead of the session and heartbeat settings that
+/// protocol refuses, and have the mock broker (IDEMKAFKA_MOCK_CONTROL) use a
+/// 6 s session and 500 ms heartbeats for the groups it creates from then on.
 ConsumerConfig consumer_config(const std::string& group, const std::string& topic);
+
+/// True when IDEMKAFKA_TEST_GROUP_PROTOCOL=consumer: the tests run their
+/// consumer groups under KIP-848 (librdkafka 2.12 or later); else classic.
+/// Any other value fails the test that asks.
+bool consumer_protocol();
+
+/// Sets the partition assignment a test asks for (a classic strategy:
+/// range, roundrobin, cooperative-sticky) in the form the group protocol takes:
+/// under the consumer protocol the broker assigns, sticky and incremental
+/// always, and group.remote.assignor names its assignor (range stays range,
+/// the others become uniform).
+void set_assignment_strategy(ConsumerConfig& cfg, const std::string& strategy);
 
 /// The test event: payload "event-id,entity,amount".
 struct TestEvent {

@@ -2,6 +2,10 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#include <librdkafka/rdkafka.h>
 
 #include <idemkafka/config.hpp>
 #include <idemkafka/error.hpp>
@@ -187,4 +191,46 @@ TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
     CHECK(families.count("idemkafka_in_flight_records") == 1);
     CHECK(families.count("idemkafka_in_flight_bytes") == 1);
     CHECK(families.count("idemkafka_oldest_claim_age_seconds") == 1);
+}
+
+TEST_CASE("group.protocol: consumer refuses the settings the broker owns, naming what replaces them", "[unit]")
+{
+    auto c = valid();
+    c.kafka["group.protocol"] = "cooperative";
+    CHECK(error_of(c).find("expected classic or consumer") != std::string::npos);
+    c = valid();
+    c.kafka["group.protocol"] = "classic";
+    c.kafka["session.timeout.ms"] = "6000";
+    c.kafka["partition.assignment.strategy"] = "cooperative-sticky";
+    CHECK(error_of(c).empty());
+    c.kafka["group.remote.assignor"] = "uniform";
+    CHECK(error_of(c).find("group.remote.assignor") != std::string::npos);
+
+    c = valid();
+    c.kafka["group.protocol"] = " Consumer ";
+    if (rd_kafka_version() < 0x020c0000) {
+        // KIP-848 is generally available from librdkafka 2.12 on.
+        const auto msg = error_of(c);
+        CAPTURE(msg);
+        CHECK(msg.find("librdkafka 2.12") != std::string::npos);
+        return;
+    }
+    CHECK(error_of(c).empty());
+    c.kafka["group.remote.assignor"] = "uniform";
+    c.kafka["max.poll.interval.ms"] = "60000";
+    CHECK(error_of(c).empty());
+    const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
+        {"session.timeout.ms", "6000", "group.consumer.session.timeout.ms"},
+        {"heartbeat.interval.ms", "500", "group.consumer.heartbeat.interval.ms"},
+        {"partition.assignment.strategy", "range", "group.remote.assignor"},
+        {"group.protocol.type", "consumer", "no protocol type"}};
+    for (const auto& [key, value, instead] : refused) {
+        auto k = c;
+        k.kafka[key] = value;
+        const auto msg = error_of(k);
+        CAPTURE(key, msg);
+        CHECK(msg.find("kafka[\"" + key + "\"]") != std::string::npos);
+        CHECK(msg.find("group.protocol=consumer") != std::string::npos);
+        CHECK(msg.find(instead) != std::string::npos);
+    }
 }
