@@ -169,6 +169,9 @@ struct ConsumerConfig {
     /// sets enable.auto.commit=false, enable.auto.offset.store=false and, unless
     /// given here, isolation.level=read_committed and auto.offset.reset=earliest.
     /// Setting enable.auto.commit or enable.auto.offset.store to true is a ConfigError.
+    /// group.protocol=consumer (KIP-848, librdkafka 2.12 or later) is supported; with
+    /// it session.timeout.ms, heartbeat.interval.ms, partition.assignment.strategy and
+    /// group.protocol.type are a ConfigError (the broker owns them; see the README).
     /// With statistics.interval.ms > 0 the per-partition lag gauges take their
     /// figures from librdkafka's statistics (see LagSource).
     std::map<std::string, std::string> kafka;
