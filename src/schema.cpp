@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "duration_text.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
@@ -122,6 +123,16 @@ std::string version_comment(const std::string& qualified, std::string_view kind)
 
 } // namespace detail::ddl
 
+std::string detail::duration_text(std::chrono::milliseconds d)
+{
+    const std::int64_t ms = d.count();
+    const std::pair<std::int64_t, const char*> units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
+    for (const auto& [scale, name] : units)
+        if (ms != 0 && ms % scale == 0)
+            return fmt::format("{}{}", ms / scale, name);
+    return fmt::format("{}ms", ms);
+}
+
 // ---- spec ------------------------------------------------------------------------
 
 SchemaSpec SchemaSpec::of(const ConsumerConfig& config)
@@ -141,19 +152,11 @@ SchemaSpec SchemaSpec::of(const ConsumerConfig& config)
 
 namespace {
 
+using detail::duration_text;
+
 std::string qualify(const std::string& schema, const std::string& table)
 {
     return quote_identifier(schema) + "." + quote_identifier(table);
-}
-
-std::string duration_text(std::chrono::milliseconds d)
-{
-    const std::int64_t ms = d.count();
-    const std::pair<std::int64_t, const char*> units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
-    for (const auto& [scale, name] : units)
-        if (ms != 0 && ms % scale == 0)
-            return fmt::format("{}{}", ms / scale, name);
-    return fmt::format("{}ms", ms);
 }
 
 // A word the shell takes as it is, or the word in single quotes.

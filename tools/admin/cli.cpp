@@ -1,5 +1,6 @@
 #include "cli.hpp"
 
+#include "duration_text.hpp"
 #include "log_context.hpp"
 
 #include <algorithm>
@@ -153,12 +154,7 @@ std::string format_time(std::chrono::system_clock::time_point t)
 
 std::string format_duration(std::chrono::milliseconds d)
 {
-    const std::int64_t ms = d.count();
-    const std::pair<std::int64_t, const char*> units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}};
-    for (const auto& [scale, name] : units)
-        if (ms != 0 && ms % scale == 0)
-            return fmt::format("{}{}", ms / scale, name);
-    return fmt::format("{}ms", ms);
+    return detail::duration_text(d);
 }
 
 // ---- redaction -------------------------------------------------------------
