@@ -73,17 +73,6 @@ struct JoinOnExit {
     }
 };
 
-void rethrow_run_error(std::exception_ptr e)
-{
-    if (!e)
-        return;
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-        FAIL("run() threw: " << ex.what());
-    }
-}
-
 } // namespace
 
 // Before: a refused position write rewound the batch at once; every later
@@ -112,7 +101,7 @@ TEST_CASE("candidates: a partition fenced by an operator's epoch bump is taken o
     const bool done =
         wait_until([&] { return f.rows() == 200 && stored_total(cfg.offsets_table, f.group) == 200; }, 60s);
     run.join();
-    rethrow_run_error(run.error());
+    fail_if_threw(run.error());
     const auto m = c.metrics().snapshot();
     CAPTURE(m.fenced_writes);
     REQUIRE(done);
@@ -217,7 +206,7 @@ TEST_CASE("candidates: backends terminated repeatedly under per-key ordering wit
         const bool done = killed && wait_until([&] { return f.rows() == events && c.metrics().snapshot().lag == 0; },
                                              60s);
         run.join();
-        rethrow_run_error(run.error());
+        fail_if_threw(run.error());
         CAPTURE(terminated, f.rows());
         REQUIRE(killed);
         REQUIRE(done);
@@ -282,7 +271,7 @@ TEST_CASE("candidates: rewinds whose seek call times out under load lose nothing
         const bool done = wait_until([&] { return f.rows() == events && c.metrics().snapshot().lag == 0; }, 60s);
         run.join();
         busy = false;
-        rethrow_run_error(run.error());
+        fail_if_threw(run.error());
         const auto m = c.metrics().snapshot();
         CAPTURE(f.rows(), m.lag, m.consumed, logs.count("seek to "));
         REQUIRE(done);

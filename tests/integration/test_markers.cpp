@@ -154,13 +154,7 @@ TEST_CASE("a stored position on a transaction's commit marker is resumed from, n
     const bool done =
         wait_until([&] { return f.rows() == 20 && stored_position(cfg.offsets_table, f.group) == 21; }, 60s);
     run.join();
-    if (auto e = run.error()) {
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            FAIL("run() threw: " << ex.what());
-        }
-    }
+    fail_if_threw(run.error());
     CAPTURE(f.rows(), stored_position(cfg.offsets_table, f.group));
     REQUIRE(done);
     f.check_exact(20);

@@ -61,13 +61,7 @@ void run_to_the_end(Consumer& c, Fixture& f, std::size_t events)
                                               c.metrics().snapshot().lag == 0; },
                                  60s);
     run.join();
-    if (auto e = run.error()) {
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            FAIL("run() threw: " << ex.what());
-        }
-    }
+    fail_if_threw(run.error());
     const auto m = c.metrics().snapshot();
     CAPTURE(f.rows(), m.lag, m.consumed, seeks_reported_timed_out.load());
     REQUIRE(done);

@@ -3,19 +3,13 @@
 // concurrent migrations, odd names. Exit status 0 ok, 1 failure, 2 bad usage.
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <map>
-#include <sstream>
-
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
 #include <idemkafka/dead_letter.hpp>
 #include <idemkafka/publisher.hpp>
 
+#include "admin_runner.hpp"
 #include "catch_compat.hpp"
 #include "pg/exec.hpp"
 #include "retention_support.hpp"
@@ -25,87 +19,6 @@ using namespace idemkafka::test;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct Result {
-    int rc = -1;
-    std::string out, err;
-    std::string all() const { return out + err; }
-};
-
-std::string shell_quote(const std::string& s)
-{
-    std::string q = "'";
-    for (char c : s) {
-        if (c == '\'')
-            q += "'\\''";
-        else
-            q.push_back(c);
-    }
-    return q + "'";
-}
-
-std::string slurp(const std::string& path)
-{
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::remove(path.c_str());
-    return ss.str();
-}
-
-// The command line of one run: the environment is cleared of the variables the
-// tool reads, then `env` is set.
-std::string command_line(const std::vector<std::string>& args, const std::map<std::string, std::string>& env)
-{
-    std::string cmd = "env -u IDEMKAFKA_POSTGRES -u IDEMKAFKA_BROKERS";
-    for (const auto& [k, v] : env)
-        cmd += " " + shell_quote(k + "=" + v);
-    cmd += " " + shell_quote(IDEMKAFKA_ADMIN_BIN);
-    for (const auto& a : args)
-        cmd += " " + shell_quote(a);
-    return cmd;
-}
-
-Result admin(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {})
-{
-    const std::string base = "/tmp/" + unique_name("ikadmin");
-    const std::string cmd = command_line(args, env) + " >" + base + ".out 2>" + base + ".err";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(base + ".out");
-    r.err = slurp(base + ".err");
-    return r;
-}
-
-// Runs several invocations at the same moment and returns their results.
-std::vector<Result> admin_parallel(const std::vector<std::vector<std::string>>& runs)
-{
-    const std::string base = "/tmp/" + unique_name("ikadminp");
-    std::string script;
-    for (std::size_t i = 0; i < runs.size(); ++i) {
-        const std::string p = base + "." + std::to_string(i);
-        script += "(" + command_line(runs[i], {}) + " >" + p + ".out 2>" + p + ".err; echo $? >" + p + ".rc) & ";
-    }
-    script += "wait";
-    std::system(("bash -c " + shell_quote(script)).c_str());
-    std::vector<Result> out;
-    for (std::size_t i = 0; i < runs.size(); ++i) {
-        const std::string p = base + "." + std::to_string(i);
-        Result r;
-        r.out = slurp(p + ".out");
-        r.err = slurp(p + ".err");
-        const std::string rc = slurp(p + ".rc");
-        r.rc = rc.empty() ? -1 : std::stoi(rc);
-        out.push_back(std::move(r));
-    }
-    return out;
-}
-
-bool has(const std::string& text, const std::string& part)
-{
-    return text.find(part) != std::string::npos;
-}
 
 std::vector<std::string> with_db(std::vector<std::string> args, const std::string& table)
 {

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -16,7 +15,9 @@
 #include <idemkafka/publisher.hpp>
 #include <idemkafka/schema.hpp>
 
+#include "admin_runner.hpp"
 #include "catch_compat.hpp"
+#include "effects_fixture.hpp"
 #include "pg/exec.hpp"
 #include "retention_support.hpp"
 
@@ -25,91 +26,6 @@ using namespace idemkafka::test;
 using namespace std::chrono_literals;
 
 namespace {
-
-using Consumer = IdempotentConsumer<TestEvent>;
-
-struct Result {
-    int rc = -1;
-    std::string out, err;
-};
-
-std::string shell_quote(const std::string& s)
-{
-    std::string q = "'";
-    for (char c : s) {
-        if (c == '\'')
-            q += "'\\''";
-        else
-            q.push_back(c);
-    }
-    return q + "'";
-}
-
-std::string slurp(const std::string& path, bool remove = true)
-{
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (remove)
-        std::remove(path.c_str());
-    return ss.str();
-}
-
-// Runs a shell command line, with stdout and stderr captured.
-Result run(const std::string& cmd)
-{
-    const std::string base = "/tmp/" + unique_name("ikschema");
-    const int status = std::system((cmd + " >" + base + ".out 2>" + base + ".err").c_str());
-    Result r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(base + ".out");
-    r.err = slurp(base + ".err");
-    return r;
-}
-
-std::string admin_command(const std::vector<std::string>& args)
-{
-    std::string cmd = "env -u IDEMKAFKA_POSTGRES -u IDEMKAFKA_BROKERS " + shell_quote(IDEMKAFKA_ADMIN_BIN);
-    for (const auto& a : args)
-        cmd += " " + shell_quote(a);
-    return cmd;
-}
-
-Result admin(const std::vector<std::string>& args)
-{
-    return run(admin_command(args));
-}
-
-// Starts `n` runs of the same command at once; returns each one's exit status
-// and output.
-std::vector<Result> admin_parallel(const std::vector<std::string>& args, int n)
-{
-    const std::string base = "/tmp/" + unique_name("ikschemap");
-    std::string script;
-    for (int i = 0; i < n; ++i) {
-        const std::string p = base + "." + std::to_string(i);
-        script += "(" + admin_command(args) + " >" + p + ".out 2>" + p + ".err; echo $? >" + p + ".rc) & ";
-    }
-    script += "wait";
-    const int status = std::system(("bash -c " + shell_quote(script)).c_str());
-    REQUIRE(WIFEXITED(status));
-    std::vector<Result> out;
-    for (int i = 0; i < n; ++i) {
-        const std::string p = base + "." + std::to_string(i);
-        Result r;
-        r.out = slurp(p + ".out");
-        r.err = slurp(p + ".err");
-        const std::string rc = slurp(p + ".rc");
-        r.rc = rc.empty() ? -1 : std::stoi(rc);
-        out.push_back(std::move(r));
-    }
-    return out;
-}
-
-bool has(const std::string& text, const std::string& part)
-{
-    return text.find(part) != std::string::npos;
-}
 
 // The test database's connection string as another role (key=value form or URI).
 std::string as_role(const std::string& role)
@@ -149,8 +65,8 @@ struct DropRole {
 // schemas normalised: the schema's name, and pg_dump's per-run \restrict key.
 std::string dump_schema(const std::string& schema)
 {
-    const auto r = run("pg_dump --schema-only --no-owner --no-privileges -n " + shell_quote(schema) + " " +
-                       shell_quote(pg()));
+    const auto r = run_shell("pg_dump --schema-only --no-owner --no-privileges -n " + shell_quote(schema) + " " +
+                             shell_quote(pg()));
     INFO(r.err);
     REQUIRE(r.rc == 0);
     std::istringstream in(r.out);
@@ -183,8 +99,12 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
 
     // Three at once on the empty schema: all succeed, exactly one creates each table.
     int offsets_created = 0, outbox_created = 0;
-    for (const auto& p : admin_parallel({"migrate", "--postgres", pg(), "--schema", schema, "--offsets", "--outbox"},
-                                        3)) {
+    const std::vector<std::string> migrate = {"migrate", "--postgres", pg(),      "--schema",
+                                              schema,    "--offsets",  "--outbox"};
+    int shell_status = 0;
+    const auto runs = admin_parallel({migrate, migrate, migrate}, &shell_status);
+    REQUIRE(WIFEXITED(shell_status));
+    for (const auto& p : runs) {
         INFO(p.out << p.err);
         CHECK(p.rc == 0);
         CHECK(has(p.out, "schema version 1"));
@@ -283,13 +203,7 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
                                       },
                                       120s);
         runner.join();
-        if (auto err = runner.error()) {
-            try {
-                std::rethrow_exception(err);
-            } catch (const std::exception& e) {
-                FAIL("the consumer stopped with: " << e.what());
-            }
-        }
+        fail_if_threw(runner.error(), "the consumer stopped with");
         REQUIRE(done);
         CHECK(sent);
     }
@@ -363,8 +277,8 @@ TEST_CASE("schema: --print-sql applied with psql -f gives the schema migrate cre
                 std::ofstream f(file);
                 f << p.out;
             }
-            const auto applied = run("psql -X -q -1 -v ON_ERROR_STOP=1 -f " + shell_quote(file) + " " +
-                                     shell_quote(pg()));
+            const auto applied =
+                run_shell("psql -X -q -1 -v ON_ERROR_STOP=1 -f " + shell_quote(file) + " " + shell_quote(pg()));
             std::remove(file.c_str());
             INFO(applied.out << applied.err);
             REQUIRE(applied.rc == 0);

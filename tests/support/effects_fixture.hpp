@@ -3,6 +3,7 @@
 // every event once, nothing else. Shared by the fault-label programs.
 
 #include <chrono>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -76,21 +77,27 @@ struct Fixture {
     }
 };
 
+// Fails the test with the message of what a consumer's run() threw, if it threw
+// a std::exception (`context` says which run it was); anything else propagates.
+inline void fail_if_threw(std::exception_ptr e, const char* context = "run() threw")
+{
+    if (!e)
+        return;
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+        FAIL(context << ": " << ex.what());
+    }
+}
+
 template <class F>
 void run_until(Consumer& c, F&& done, std::chrono::seconds timeout = std::chrono::seconds(90))
 {
     Runner<Consumer> run(c);
     const bool ok = wait_until(std::forward<F>(done), timeout);
     run.join();
-    if (auto e = run.error()) {
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            FAIL("run() threw: " << ex.what());
-        }
-    }
+    fail_if_threw(run.error());
     REQUIRE(ok);
 }
-
 
 } // namespace idemkafka::test
