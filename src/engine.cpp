@@ -1252,12 +1252,8 @@ struct Engine::Impl {
             pqxx::work tx(*lanes.front().db);
             pg::open_for_writes(tx);
             outcome = cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
-            if (const auto state = pg::state_of(tx); state != pg::TxState::open) {
-                const auto last = pg::last_error(tx);
-                throw std::runtime_error(fmt::format("transaction {} after the hook returned; a database error was "
-                                                     "caught and not rethrown{}{}",
-                                                     pg::to_string(state), last.empty() ? "" : ": ", last));
-            }
+            if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+                throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
             if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
                 pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal({it.id}), cfg.group_id);
             tx.commit();
@@ -1602,11 +1598,8 @@ struct Engine::Impl {
         if (state == pg::TxState::unknown && !lane.db->is_open())
             throw pqxx::broken_connection("connection lost inside the handler");
         metrics.handler_aborted_transactions.add();
-        const auto last = pg::last_error(tx);
-        failure = {blame,
-                   fmt::format("transaction aborted inside the handler: it returned normally with the transaction {}; "
-                               "a database error was caught and not rethrown{}{}",
-                               pg::to_string(state), last.empty() ? "" : ": ", last),
+        failure = {blame, "transaction aborted inside the handler: it returned normally with the " +
+                              pg::left_unusable(tx, state),
                    true};
         return false;
     }

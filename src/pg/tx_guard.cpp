@@ -2,6 +2,8 @@
 
 #include <libpq-fe.h>
 
+#include <fmt/format.h>
+
 namespace idemkafka::detail::pg {
 namespace {
 
@@ -62,6 +64,13 @@ std::string last_error(const pqxx::dbtransaction& tx)
         if (c == '\n')
             c = ' ';
     return text;
+}
+
+std::string left_unusable(const pqxx::dbtransaction& tx, TxState state)
+{
+    const auto last = last_error(tx);
+    return fmt::format("transaction {}; a database error was caught and not rethrown{}{}", to_string(state),
+                       last.empty() ? "" : ": ", last);
 }
 
 bool is_lock_timeout(const pqxx::sql_error& e)

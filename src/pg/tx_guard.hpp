@@ -30,6 +30,11 @@ const char* to_string(TxState state) noexcept;
 /// succeeded.
 std::string last_error(const pqxx::dbtransaction& tx);
 
+/// Why `tx`, in `state` after user code returned normally, cannot be committed:
+/// "transaction aborted; a database error was caught and not rethrown: <the
+/// connection's last error>".
+std::string left_unusable(const pqxx::dbtransaction& tx, TxState state);
+
 /// libpqxx before 7 ends the transaction with ROLLBACK on the first failed
 /// statement, and runs the next parameterized or prepared statement of the
 /// same transaction object in autocommit mode: a handler that caught the
