@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "duration_text.hpp"
 #include "idemkafka/error.hpp"
 #include "log_context.hpp"
 #include "pg/exec.hpp"
@@ -65,20 +66,6 @@ std::string iso_utc(TimePoint t)
     std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
     const std::int64_t frac = ms - floor_div(ms, 1000) * 1000;
     return frac ? fmt::format("{}.{:03}Z", buf, frac) : fmt::format("{}Z", buf);
-}
-
-std::string format_duration(milliseconds d)
-{
-    const std::int64_t ms = d.count();
-    if (ms != 0 && ms % 86400000 == 0)
-        return fmt::format("{}d", ms / 86400000);
-    if (ms != 0 && ms % 3600000 == 0)
-        return fmt::format("{}h", ms / 3600000);
-    if (ms != 0 && ms % 60000 == 0)
-        return fmt::format("{}m", ms / 60000);
-    if (ms != 0 && ms % 1000 == 0)
-        return fmt::format("{}s", ms / 1000);
-    return fmt::format("{}ms", ms);
 }
 
 std::uint32_t fnv1a(std::string_view s)
@@ -1012,7 +999,7 @@ void MaintenanceRunner::run() noexcept
         conn_.reset();
         say(LogLevel::warning,
             fmt::format("maintenance of {} failed, retried in {}: {}", maintenance_.store().qualified_name(),
-                        format_duration(interval_), e.what()),
+                        detail::duration_text(interval_), e.what()),
             {{log_field::error, e.what()}});
     } catch (...) {
         failures_.fetch_add(1);

@@ -141,6 +141,24 @@ bool db_option(ArgReader& a, DbOptions& o)
     return true;
 }
 
+// The clock maintenance reads: --now when given, else the system's.
+Maintenance::WallClock wall_clock(const DbOptions& o)
+{
+    if (!o.now)
+        return {};
+    const auto now = *o.now;
+    return [now] { return now; };
+}
+
+// The library's log as progress lines: info on stdout, warnings and errors on
+// stderr; each maintenance action is logged once, as it happens.
+const auto progress = [](LogLevel level, std::string_view line) {
+    if (level >= LogLevel::warning)
+        err(fmt::format("idemkafka-admin: warning: {}", line));
+    else if (level == LogLevel::info)
+        out(fmt::format("  {}", line));
+};
+
 // Checks the options and builds the Maintenance they describe. Configuration
 // errors are usage errors here: they come from the command line.
 std::unique_ptr<Maintenance> make_maintenance(const std::string& command, DbOptions& o)
@@ -155,22 +173,9 @@ std::unique_ptr<Maintenance> make_maintenance(const std::string& command, DbOpti
     redactor().add_conninfo(o.postgres);
     if (o.mode)
         o.config.mode = *o.mode;
-    Maintenance::WallClock clock;
-    if (o.now) {
-        const auto now = *o.now;
-        clock = [now] { return now; };
-    }
     try {
         return std::make_unique<Maintenance>(
-            ProcessedEventStore(o.schema, o.table), o.config,
-            // Progress as it happens: each action is logged once.
-            [](LogLevel level, std::string_view line) {
-                if (level >= LogLevel::warning)
-                    err(fmt::format("idemkafka-admin: warning: {}", line));
-                else if (level == LogLevel::info)
-                    out(fmt::format("  {}", line));
-            },
-            clock);
+            ProcessedEventStore(o.schema, o.table), o.config, progress, wall_clock(o));
     } catch (const ConfigError& e) {
         throw UsageError(fmt::format("{}: {}", command, e.what()));
     }
@@ -246,19 +251,8 @@ create_schema = false check at start-up that these tables exist.
     auto m = make_maintenance("migrate", o);
     auto conn = connect(o.postgres);
     out(fmt::format("migrating {} ...", m->store().qualified_name()));
-    Maintenance::WallClock clock;
-    if (o.now) {
-        const auto now = *o.now;
-        clock = [now] { return now; };
-    }
     const auto r = migrate_schema(*conn, spec, o.mode ? Maintenance::Existing::convert : Maintenance::Existing::keep,
-                                  [](LogLevel level, std::string_view line) {
-                                      if (level >= LogLevel::warning)
-                                          err(fmt::format("idemkafka-admin: warning: {}", line));
-                                      else if (level == LogLevel::info)
-                                          out(fmt::format("  {}", line));
-                                  },
-                                  clock);
+                                  progress, wall_clock(o));
     out(fmt::format("{} is {} ({}{} partitions created)", m->store().qualified_name(),
                     r.claims.mode == RetentionMode::partitioned ? "partitioned by event id"
                                                                 : "a plain table (purge mode)",
