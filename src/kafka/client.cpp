@@ -4,6 +4,7 @@
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/redact.hpp"
+#include "log_context.hpp"
 
 namespace idemkafka::detail::kafka {
 
@@ -31,6 +32,53 @@ ConfPtr make_conf(const std::map<std::string, std::string>& props)
     for (const auto& [k, v] : props)
         set(conf.get(), k, v);
     return conf;
+}
+
+LogLevel log_level(int syslog_level) noexcept
+{
+    return syslog_level <= 3   ? LogLevel::error
+           : syslog_level == 4 ? LogLevel::warning
+           : syslog_level <= 6 ? LogLevel::info
+                               : LogLevel::debug;
+}
+
+namespace {
+
+// librdkafka's own lines (and its errors, which it logs when no error_cb is
+// set) go to the owner's sink rather than straight to stderr.
+void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf)
+{
+    const auto* owner = static_cast<const ClientOwner*>(rd_kafka_opaque(rk));
+    emit(owner->log, log_level(level), fmt::format("rdkafka {}: {}", fac, buf), "librdkafka", {{"facility", fac}});
+}
+
+} // namespace
+
+HandlePtr make_client(rd_kafka_type_t type, const std::map<std::string, std::string>& props, ClientOwner& owner,
+                      const std::function<void(rd_kafka_conf_t*)>& setup, const Redactor& secrets)
+{
+    auto conf = make_conf(props);
+    rd_kafka_conf_set_opaque(conf.get(), &owner);
+    rd_kafka_conf_set_log_cb(conf.get(), log_cb);
+    if (setup)
+        setup(conf.get());
+    char err[512];
+    HandlePtr rk(rd_kafka_new(type, conf.get(), err, sizeof err));
+    if (!rk)
+        throw KafkaError(secrets(fmt::format("cannot create Kafka {}: {}",
+                                             type == RD_KAFKA_CONSUMER ? "consumer" : "producer", err)));
+    conf.release(); // owned by the client now
+    return rk;
+}
+
+std::map<std::string, std::string> connection_settings(const std::map<std::string, std::string>& kafka)
+{
+    std::map<std::string, std::string> out;
+    for (const auto& [k, v] : kafka)
+        if (k.rfind("security.", 0) == 0 || k.rfind("sasl.", 0) == 0 || k.rfind("ssl.", 0) == 0 || k == "client.id" ||
+            k == "client.rack")
+            out[k] = v;
+    return out;
 }
 
 } // namespace idemkafka::detail::kafka

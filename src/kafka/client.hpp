@@ -1,11 +1,15 @@
 #pragma once
 // RAII over the librdkafka C API. Private to the library.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include <librdkafka/rdkafka.h>
+
+#include "idemkafka/log.hpp"
+#include "idemkafka/redact.hpp"
 
 namespace idemkafka::detail::kafka {
 
@@ -50,5 +54,27 @@ inline PartitionListPtr make_list(int capacity)
 {
     return PartitionListPtr(rd_kafka_topic_partition_list_new(capacity));
 }
+
+/// Whoever owns a client: librdkafka's opaque points to it, and the client's
+/// own log lines (component "librdkafka") go to its sink.
+struct ClientOwner {
+    LogSink log;
+};
+
+/// librdkafka's syslog level as a LogLevel.
+LogLevel log_level(int syslog_level) noexcept;
+
+/// Creates a client of `type` with `props` applied in order, `owner` as its
+/// opaque and its log going to owner.log; `setup` adds the caller's
+/// callbacks to the configuration. Throws ConfigError for a refused
+/// property and KafkaError (masked by `secrets`) when librdkafka refuses
+/// the client.
+HandlePtr make_client(rd_kafka_type_t type, const std::map<std::string, std::string>& props, ClientOwner& owner,
+                      const std::function<void(rd_kafka_conf_t*)>& setup, const Redactor& secrets);
+
+/// The settings that another client of the same cluster (a dead-letter or
+/// outbox producer) takes over from `kafka`: security.*, sasl.*, ssl.*,
+/// client.id and client.rack.
+std::map<std::string, std::string> connection_settings(const std::map<std::string, std::string>& kafka);
 
 } // namespace idemkafka::detail::kafka

@@ -1,0 +1,163 @@
+#include "dead_letterer.hpp"
+
+#include <fmt/format.h>
+
+#include "kafka/client.hpp"
+
+namespace idemkafka::detail {
+namespace {
+
+std::size_t header_bytes(const std::vector<Header>& headers)
+{
+    std::size_t n = 0;
+    for (const auto& h : headers)
+        n += h.name.size() + (h.value ? h.value->size() : 0);
+    return n;
+}
+
+} // namespace
+
+DeadLetterer::DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log)
+    : cfg_(cfg), ledger_(ledger), metrics_(metrics), log_(std::move(log)), topic_(cfg.effective_dead_letter_topic())
+{
+}
+
+DeadLetterer::~DeadLetterer() = default;
+
+Publisher& DeadLetterer::producer()
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!producer_) {
+        PublisherConfig pc;
+        pc.brokers = cfg_.brokers;
+        pc.kafka = kafka::connection_settings(cfg_.kafka);
+        for (const auto& [k, v] : cfg_.dead_letter_kafka)
+            pc.kafka[k] = v;
+        pc.log = log_;
+        producer_ = std::make_unique<Publisher>(std::move(pc));
+    }
+    return *producer_;
+}
+
+// The producer's record size limit (librdkafka's message.max.bytes), less
+// room for the record's framing.
+std::size_t DeadLetterer::budget() const
+{
+    std::size_t limit = 1000000;
+    auto m = cfg_.dead_letter_kafka.find("message.max.bytes");
+    if (m != cfg_.dead_letter_kafka.end()) {
+        try {
+            limit = std::stoull(m->second);
+        } catch (const std::exception&) {
+            // not a number: the producer's own error names the property
+        }
+    }
+    constexpr std::size_t framing = 1024;
+    return limit > 2 * framing ? limit - framing : limit / 2;
+}
+
+OutgoingRecord DeadLetterer::record_of(const Item& it, int attempts) const
+{
+    const auto& r = it.record;
+    OutgoingRecord out;
+    out.topic = topic_;
+    if (r.key)
+        out.key.emplace(*r.key);
+    if (r.value)
+        out.value.emplace(*r.value);
+    out.headers = r.headers;
+    auto add = [&](const char* name, std::string value) { out.headers.push_back(Header{name, std::move(value)}); };
+    constexpr std::size_t max_error = 4096; // an exception's text can be anything
+    add(dead_letter_header::reason, std::string(to_string(it.reason)));
+    add(dead_letter_header::error, it.error.size() > max_error ? it.error.substr(0, max_error) + "..." : it.error);
+    add(dead_letter_header::original_topic, std::string(r.topic));
+    add(dead_letter_header::original_partition, std::to_string(r.partition));
+    add(dead_letter_header::original_offset, std::to_string(r.offset));
+    add(dead_letter_header::original_timestamp, std::to_string(r.timestamp_ms));
+    if (!it.id.is_nil())
+        add(dead_letter_header::event_id, it.id.to_string());
+    add(dead_letter_header::attempts, std::to_string(attempts));
+    add(dead_letter_header::consumer_group, cfg_.group_id);
+    fit(out, r.headers.size());
+    return out;
+}
+
+// A dead letter always fits the producer's limit: what does not fit is left
+// out (the value first, then the original headers, then the key), and
+// headers say what and how large it was.
+void DeadLetterer::fit(OutgoingRecord& out, std::size_t original_headers) const
+{
+    const std::size_t limit = budget();
+    auto size = [&] {
+        return (out.key ? out.key->size() : 0) + (out.value ? out.value->size() : 0) + header_bytes(out.headers) +
+               64; // the headers added below
+    };
+    if (size() <= limit)
+        return;
+    if (out.value) {
+        const auto bytes = out.value->size();
+        out.value.reset();
+        out.headers.push_back(Header{dead_letter_header::original_value_bytes, std::to_string(bytes)});
+    }
+    if (size() > limit && original_headers > 0) {
+        out.headers.erase(out.headers.begin(), out.headers.begin() + static_cast<std::ptrdiff_t>(original_headers));
+        out.headers.push_back(Header{dead_letter_header::original_headers_dropped, std::to_string(original_headers)});
+    }
+    if (size() > limit && out.key) {
+        const auto bytes = out.key->size();
+        out.key.reset();
+        out.headers.push_back(Header{dead_letter_header::original_key_bytes, std::to_string(bytes)});
+    }
+}
+
+void DeadLetterer::send(const std::vector<Item*>& items, Holds& holds)
+{
+    if (items.empty())
+        return;
+    std::vector<OutgoingRecord> records;
+    records.reserve(items.size());
+    for (auto* it : items) {
+        if (it->attempts < 0)
+            it->attempts = ledger_.attempt_of(*it->part, it->record.offset) - 1;
+        records.push_back(record_of(*it, it->attempts));
+    }
+    std::vector<std::string> errors;
+    try {
+        errors = producer().publish_all(records, cfg_.dead_letter_timeout);
+    } catch (const std::exception& e) {
+        errors.assign(items.size(), e.what());
+    }
+    for (std::size_t k = 0; k < items.size(); ++k) {
+        auto& it = *items[k];
+        const auto& r = it.record;
+        const auto where = fmt::format("{}/{}@{}", r.topic, r.partition, r.offset);
+        auto fields = coordinates(r.topic, r.partition, r.offset);
+        if (!it.id.is_nil())
+            fields.push_back({log_field::event_id, it.id.to_string()});
+        if (errors[k].empty()) {
+            it.state = ItemState::done;
+            ledger_.dead_lettered(*it.part, r.offset);
+            metrics_.dead_lettered[static_cast<std::size_t>(it.reason)].add();
+            fields.push_back({log_field::error, it.error});
+            fields.push_back({"reason", std::string(to_string(it.reason))});
+            emit(log_, LogLevel::error,
+                 fmt::format("dead-lettered {} to {} (reason {}{}{}): {}", where, topic_, to_string(it.reason),
+                             it.id.is_nil() ? "" : ", event ", it.id.is_nil() ? std::string() : it.id.to_string(),
+                             it.error),
+                 "consumer", std::move(fields));
+            continue;
+        }
+        const int refusals = ledger_.dead_letter_refused(*it.part, r.offset, it.reason, it.error, it.attempts);
+        metrics_.dead_letter_failures.add();
+        fields.push_back({log_field::error, errors[k]});
+        fields.push_back({"refusals", std::to_string(refusals)});
+        emit(log_, LogLevel::error,
+             fmt::format("dead letter for {} not acknowledged ({}); its offset does not move, next try in {} ms "
+                         "(refusal {})",
+                         where, errors[k], ledger_.retry_backoff(refusals).count(), refusals),
+             "consumer", std::move(fields));
+        holds.add(it.part, r.offset, refusals);
+    }
+}
+
+} // namespace idemkafka::detail

@@ -1,0 +1,52 @@
+#pragma once
+// The one owner of the dead-letter producer: builds each dead letter,
+// produces it, waits for the broker's acknowledgement, and records the
+// outcome in the partition ledger. Private to the library.
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "batch.hpp"
+#include "idemkafka/config.hpp"
+#include "idemkafka/metrics.hpp"
+#include "idemkafka/publisher.hpp"
+#include "ledger.hpp"
+#include "log_context.hpp"
+
+namespace idemkafka::detail {
+
+class DeadLetterer {
+public:
+    DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log);
+    ~DeadLetterer();
+
+    /// Produces the items to the dead-letter topic and waits for the
+    /// acknowledgements (at most ConsumerConfig::dead_letter_timeout).
+    /// Acknowledged items are done; for the others the partition is held at
+    /// the record in `holds`, so its offset never moves before the dead letter
+    /// is safe, and they are tried again after a backoff that grows with each
+    /// refusal (a topic that refuses for good stalls only that partition,
+    /// visibly: dead_letter_failures and an error line per try). Safe to call
+    /// from several workers at once.
+    void send(const std::vector<Item*>& items, Holds& holds);
+
+    /// The record produced for `it` (before the size limit is applied: see send()).
+    OutgoingRecord record_of(const Item& it, int attempts) const;
+
+private:
+    Publisher& producer();
+    std::size_t budget() const;
+    void fit(OutgoingRecord& out, std::size_t original_headers) const;
+
+    const ConsumerConfig& cfg_;
+    PartitionLedger& ledger_;
+    Metrics& metrics_;
+    LogSink log_;
+    std::string topic_;
+    std::mutex mu_;
+    std::unique_ptr<Publisher> producer_; // created on the first dead letter
+};
+
+} // namespace idemkafka::detail

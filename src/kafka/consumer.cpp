@@ -1,0 +1,532 @@
+#include "kafka/consumer.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+
+namespace idemkafka::detail::kafka {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string coords(std::string_view topic, std::int32_t partition, std::int64_t offset)
+{
+    return fmt::format("{}/{}@{}", topic, partition, offset);
+}
+
+LogFields error_field(std::string_view error, LogFields fields = {})
+{
+    fields.push_back({log_field::error, std::string(error)});
+    return fields;
+}
+
+PartitionListPtr list_of(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets)
+{
+    auto list = make_list(static_cast<int>(offsets.size()));
+    for (const auto& [tp, offset] : offsets)
+        rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = offset;
+    return list;
+}
+
+} // namespace
+
+template <class... Args>
+void Consumer::say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
+{
+    try {
+        emit(ClientOwner::log, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
+    } catch (...) {
+    }
+}
+
+// librdkafka's opaque is the ClientOwner base (see make_client).
+Consumer& Consumer::of(void* opaque)
+{
+    return *static_cast<Consumer*>(static_cast<ClientOwner*>(opaque));
+}
+
+Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& metrics, LogSink sink,
+                   const Redactor& secrets)
+    : events_(events), metrics_(metrics), secrets_(secrets)
+{
+    ClientOwner::log = std::move(sink);
+    // Every queued record keeps its whole fetch response alive, so the
+    // responses in memory are about (queued records / records per response)
+    // x fetch.max.bytes: small responses keep that near the queue itself, and
+    // measured no slower than larger ones. librdkafka wants fetch.max.bytes >=
+    // message.max.bytes (1,000,000).
+    const std::size_t fetch_bytes = 1024 * 1024;
+    std::map<std::string, std::string> props = {
+        {"isolation.level", "read_committed"},
+        {"auto.offset.reset", "earliest"},
+        {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
+        {"queued.min.messages", std::to_string(cfg.max_prefetch_records)},
+        {"fetch.max.bytes", std::to_string(fetch_bytes)},
+        {"max.partition.fetch.bytes", std::to_string(fetch_bytes)},
+    };
+    // Once a prefetch cap is reached, librdkafka before 2.1 looks at the
+    // partition again only when its broker thread wakes (up to a second
+    // later; FetchWakeup wakes it sooner); 2.1 made that delay a setting,
+    // which we shorten.
+    if (rd_kafka_version() >= 0x020100ff)
+        props["fetch.queue.backoff.ms"] = "20";
+    for (const auto& [k, v] : cfg.kafka)
+        props[k] = v;
+    if (!cfg.kafka.count("fetch.max.bytes") && cfg.kafka.count("message.max.bytes")) {
+        // A larger message.max.bytes of the user's must still fit a fetch.
+        try {
+            const auto max_message = std::stoull(cfg.kafka.at("message.max.bytes"));
+            if (max_message > fetch_bytes)
+                props["fetch.max.bytes"] = std::to_string(max_message);
+        } catch (const std::exception&) {
+            // not a number: librdkafka's own error names the property
+        }
+    }
+    const auto& reset = props["auto.offset.reset"];
+    reset_to_latest_ = reset == "latest" || reset == "largest" || reset == "end";
+    if (auto mp = props.find("max.poll.interval.ms"); mp != props.end())
+        max_poll_interval_ = milliseconds(std::strtol(mp->second.c_str(), nullptr, 10));
+    {
+        auto gp = props.find("group.protocol");
+        std::string protocol = gp == props.end() ? "" : gp->second;
+        for (auto& c : protocol)
+            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        consumer_protocol_ = protocol.find("consumer") != std::string::npos; // validate() allows only the two
+        cooperative_ = consumer_protocol_;
+    }
+    props["bootstrap.servers"] = cfg.brokers;
+    props["group.id"] = cfg.group_id;
+    props["enable.auto.commit"] = "false";
+    props["enable.auto.offset.store"] = "false";
+    props["enable.partition.eof"] = "false";
+    auto si = props.find("statistics.interval.ms");
+    stats_enabled_ = si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0;
+    rk_ = make_client(
+        RD_KAFKA_CONSUMER, props, static_cast<ClientOwner&>(*this),
+        [this](rd_kafka_conf_t* conf) {
+            rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+            rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
+            rd_kafka_conf_set_error_cb(conf, error_cb);
+            if (stats_enabled_)
+                rd_kafka_conf_set_stats_cb(conf, stats_cb);
+        },
+        secrets);
+    rd_kafka_poll_set_consumer(rk_.get());
+    consumer_queue_.reset(rd_kafka_queue_get_consumer(rk_.get()));
+    if (rd_kafka_version() < 0x020100ff && consumer_queue_) {
+        wake_below_records_ =
+            std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2);
+        wake_below_bytes_ = std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512;
+        fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
+    }
+
+    auto topics = make_list(static_cast<int>(cfg.topics.size()));
+    for (const auto& t : cfg.topics)
+        rd_kafka_topic_partition_list_add(topics.get(), t.c_str(), RD_KAFKA_PARTITION_UA);
+    if (auto e = rd_kafka_subscribe(rk_.get(), topics.get()))
+        throw KafkaError(fmt::format("subscribe failed: {}", rd_kafka_err2str(e)));
+    say(LogLevel::info, {}, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
+}
+
+Consumer::~Consumer()
+{
+    fetch_wakeup_.reset();   // uses the handle
+    consumer_queue_.reset();
+    if (rk_) // not closed: the handle must not try the close on its way out
+        rd_kafka_destroy_flags(rk_.release(), RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+}
+
+// ---- callbacks --------------------------------------------------------------
+
+void Consumer::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
+                            void* opaque)
+{
+    of(opaque).on_rebalance(err, parts);
+}
+
+void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
+                         void* opaque)
+{
+    of(opaque).on_commit(err, offsets);
+}
+
+void Consumer::error_cb(rd_kafka_t*, int err, const char* reason, void* opaque)
+{
+    of(opaque).on_error(err, reason);
+}
+
+int Consumer::stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque)
+{
+    of(opaque).on_stats(std::string_view(json, len));
+    return 0; // librdkafka frees the text
+}
+
+void Consumer::on_error(int err, const char* reason)
+{
+    metrics_.kafka_errors.add();
+    const auto code = static_cast<rd_kafka_resp_err_t>(err);
+    const bool fatal = code == RD_KAFKA_RESP_ERR__FATAL;
+    say(fatal ? LogLevel::error : LogLevel::warning,
+        {{log_field::component, "librdkafka"}, {"code", rd_kafka_err2name(code)}, {log_field::error, reason}},
+        "kafka: {}: {}", rd_kafka_err2name(code), reason);
+}
+
+void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
+{
+    metrics_.rebalances.add();
+    // The running batch first: its positions belong to what is revoked, and
+    // its connections are free for the stored positions of what is assigned.
+    events_.rebalance_begins();
+    // NULL while the protocol is unknown, as in the revoke that the close
+    // serves: the last known one still holds.
+    if (consumer_protocol_)
+        cooperative_ = true;
+    else if (const char* protocol = rd_kafka_rebalance_protocol(rk_.get()))
+        cooperative_ = std::strcmp(protocol, "COOPERATIVE") == 0;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        std::vector<std::pair<TopicPartition, std::int64_t>> start;
+        for (int i = 0; i < list->cnt; ++i)
+            start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
+        const char* mode = cooperative_ ? "cooperative" : "eager";
+        say(LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
+            consumer_protocol_ ? "consumer protocol" : mode);
+        const bool paused = events_.assigned(start);
+        for (int i = 0; i < list->cnt; ++i)
+            if (start[static_cast<std::size_t>(i)].second != RD_KAFKA_OFFSET_INVALID)
+                list->elems[i].offset = start[static_cast<std::size_t>(i)].second;
+        if (cooperative_) {
+            ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
+            if (e)
+                say(LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
+                    rd_kafka_error_string(e.get()));
+        } else if (auto e = rd_kafka_assign(rk_.get(), list)) {
+            say(LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
+        }
+        // librdkafka keeps an application pause across revoke and assign: a
+        // partition paused for a retry backoff before an eager rebalance
+        // would stay paused for good, as its new state knows nothing of it.
+        if (paused)
+            rd_kafka_pause_partitions(rk_.get(), list);
+        else
+            rd_kafka_resume_partitions(rk_.get(), list);
+        return;
+    }
+
+    const bool lost = rd_kafka_assignment_lost(rk_.get());
+    std::set<TopicPartition> revoked;
+    for (int i = 0; i < list->cnt; ++i)
+        revoked.insert({list->elems[i].topic, list->elems[i].partition});
+    if (lost)
+        say(LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
+    events_.revoked(revoked, lost);
+    if (!lost)
+        say(LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
+    if (cooperative_) {
+        ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
+        if (e)
+            say(LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
+                rd_kafka_error_string(e.get()));
+    } else {
+        rd_kafka_assign(rk_.get(), nullptr);
+    }
+}
+
+void Consumer::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
+{
+    if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
+        return;
+    bool failed = err != RD_KAFKA_RESP_ERR_NO_ERROR;
+    for (int i = 0; list && i < list->cnt; ++i) {
+        const auto& p = list->elems[i];
+        if (!p.err && !err)
+            continue;
+        failed = true;
+        if (p.err)
+            say(LogLevel::warning, error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
+                "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset), rd_kafka_err2str(p.err));
+        events_.commit_failed({p.topic, p.partition}, p.offset);
+    }
+    if (failed) {
+        metrics_.offset_commit_failures.add();
+        if (err)
+            say(LogLevel::warning, error_field(rd_kafka_err2str(err)),
+                "offset commit failed: {} (records already committed in PostgreSQL are deduplicated on redelivery; "
+                "the commit is retried)",
+                rd_kafka_err2str(err));
+    } else {
+        metrics_.offset_commits.add();
+    }
+}
+
+// Statistics are served by the thread that polls the client (ours, through
+// rd_kafka_consumer_poll), but they are kept under stats_mu_ so that serving
+// them from librdkafka's own threads would be safe too.
+void Consumer::on_stats(std::string_view json) noexcept
+{
+    try {
+        const auto now = Clock::now();
+        std::map<TopicPartition, StatsEntry> latest;
+        for (auto& fig : parse_partition_stats(json)) {
+            TopicPartition tp{fig.topic, fig.partition};
+            latest[std::move(tp)] = StatsEntry{std::move(fig), now};
+        }
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.swap(latest);
+    } catch (...) {
+        // Out of memory: the lag keeps its previous figures.
+    }
+}
+
+// ---- polling ------------------------------------------------------------------
+
+MessagePtr Consumer::poll(milliseconds timeout)
+{
+    return MessagePtr(rd_kafka_consumer_poll(rk_.get(), static_cast<int>(timeout.count())));
+}
+
+void Consumer::consumer_error(const rd_kafka_message_t& m)
+{
+    metrics_.kafka_errors.add();
+    const char* topic = m.rkt ? rd_kafka_topic_name(m.rkt) : "";
+    say(LogLevel::warning,
+        error_field(rd_kafka_message_errstr(&m), m.rkt ? coordinates(topic, m.partition, m.offset) : LogFields{}),
+        "kafka consumer error{}{}: {}", m.rkt ? " on " : "", m.rkt ? coords(topic, m.partition, m.offset) : std::string(),
+        rd_kafka_message_errstr(&m));
+    char reason[512];
+    if (rd_kafka_fatal_error(rk_.get(), reason, sizeof reason))
+        throw KafkaError(secrets_(fmt::format("fatal Kafka error: {}", reason)));
+}
+
+void Consumer::wake_poll() noexcept
+{
+    if (consumer_queue_)
+        rd_kafka_queue_yield(consumer_queue_.get());
+}
+
+void Consumer::read(const rd_kafka_message_t& m, Record& record)
+{
+    record.topic = rd_kafka_topic_name(m.rkt);
+    record.partition = m.partition;
+    record.offset = m.offset;
+    rd_kafka_timestamp_type_t tstype;
+    record.timestamp_ms = rd_kafka_message_timestamp(&m, &tstype);
+    if (m.key)
+        record.key = std::string_view(static_cast<const char*>(m.key), m.key_len);
+    if (m.payload)
+        record.value = std::string_view(static_cast<const char*>(m.payload), m.len);
+    rd_kafka_headers_t* hdrs = nullptr;
+    if (rd_kafka_message_headers(&m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
+        const char* name;
+        const void* val;
+        size_t size;
+        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
+            Header h{name, std::nullopt};
+            if (val)
+                h.value.emplace(static_cast<const char*>(val), size);
+            record.headers.push_back(std::move(h));
+        }
+    }
+}
+
+// Called around filling a batch: a queue at half a cap or more before the
+// batch may have stopped the fetchers; once the batch took it below both
+// halves, wake them (at most every 20 ms). The queue's bytes are estimated
+// from the records taken.
+void Consumer::check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes)
+{
+    if (!fetch_wakeup_)
+        return;
+    const auto queued = static_cast<std::size_t>(rd_kafka_queue_length(consumer_queue_.get()));
+    if (!before_batch && batch_records > 0)
+        record_bytes_ = batch_bytes / batch_records;
+    const bool half_full = queued >= wake_below_records_ || queued * record_bytes_ >= wake_below_bytes_;
+    if (before_batch) {
+        wake_armed_ = wake_armed_ || half_full;
+        return;
+    }
+    const auto now = Clock::now();
+    if (wake_armed_ && !half_full && now >= next_wake_) {
+        fetch_wakeup_->wake();
+        wake_armed_ = false;
+        next_wake_ = now + milliseconds(20);
+    }
+}
+
+// ---- positions --------------------------------------------------------------
+
+Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offset)
+{
+    auto list = make_list(1);
+    rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = offset;
+    ErrorPtr e(rd_kafka_seek_partitions(rk_.get(), list.get(), 5000));
+    if (e && rd_kafka_error_code(e.get()) == RD_KAFKA_RESP_ERR__TIMED_OUT) {
+        // The call only stopped waiting for the reply: the seek is queued and
+        // its version barrier is set, so nothing fetched before it is
+        // delivered any more and it takes effect when librdkafka's thread gets
+        // to it (before 2.1 a 5000 ms timeout waited 5 ms, so under load this
+        // is common). Calling again would only restart the fetch, and a
+        // partition paused for a retry backoff, which resumes once the seek
+        // is done, would stay paused while calls time out.
+        say(LogLevel::debug, coordinates(tp.topic, tp.partition, offset),
+            "seek to {} queued; its call timed out waiting for the reply", coords(tp.topic, tp.partition, offset));
+        return SeekResult::queued;
+    }
+    if (e || list->elems[0].err) {
+        const char* why = e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err);
+        say(LogLevel::warning, error_field(why, coordinates(tp.topic, tp.partition, offset)),
+            "seek to {} failed, will retry: {}", coords(tp.topic, tp.partition, offset), why);
+        return SeekResult::failed;
+    }
+    return SeekResult::done;
+}
+
+void Consumer::pause(const TopicPartition& tp, bool pause)
+{
+    auto list = make_list(1);
+    rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
+    if (pause)
+        rd_kafka_pause_partitions(rk_.get(), list.get());
+    else
+        rd_kafka_resume_partitions(rk_.get(), list.get());
+}
+
+void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused)
+{
+    rd_kafka_topic_partition_list_t* raw = nullptr;
+    if (rd_kafka_assignment(rk_.get(), &raw) != RD_KAFKA_RESP_ERR_NO_ERROR || !raw)
+        return;
+    PartitionListPtr list(raw);
+    if (pause) {
+        rd_kafka_pause_partitions(rk_.get(), list.get());
+        return;
+    }
+    auto resume = make_list(list->cnt);
+    for (int i = 0; i < list->cnt; ++i)
+        if (!keep_paused.count({list->elems[i].topic, list->elems[i].partition}))
+            rd_kafka_topic_partition_list_add(resume.get(), list->elems[i].topic, list->elems[i].partition);
+    rd_kafka_resume_partitions(rk_.get(), resume.get());
+}
+
+void Consumer::commit(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets, bool async,
+                      milliseconds bound)
+{
+    if (offsets.empty())
+        return;
+    auto list = list_of(offsets);
+    const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
+    if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
+        metrics_.offset_commit_failures.add();
+        say(LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}", rd_kafka_err2str(err));
+        for (const auto& [tp, offset] : offsets)
+            events_.commit_failed(tp, offset);
+    }
+}
+
+// A synchronous commit, with a bound of our own. While the coordinator is
+// unreachable librdkafka holds a commit for session.timeout.ms as the client
+// knows it; under group.protocol=consumer that setting is refused and its
+// 45 s default applies, so a revoke or a stop would hang that long for a
+// commit that is only an optimisation (PostgreSQL holds the effects; a
+// redelivery is deduplicated). Its result still reaches on_commit().
+rd_kafka_resp_err_t Consumer::commit_and_wait(rd_kafka_topic_partition_list_t* list, milliseconds bound)
+{
+    QueuePtr q(rd_kafka_queue_new(rk_.get()));
+    if (const auto err = rd_kafka_commit_queue(rk_.get(), list, q.get(), nullptr, nullptr))
+        return err;
+    const auto until = Clock::now() + bound;
+    for (;;) {
+        const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+        if (left.count() <= 0) {
+            say(LogLevel::warning, {},
+                "offset commit of {} partition(s) not confirmed within {} ms (is the group coordinator reachable?); "
+                "going on: records already committed in PostgreSQL are deduplicated on redelivery",
+                list->cnt, bound.count());
+            return RD_KAFKA_RESP_ERR_NO_ERROR; // still pending: not to be sent again yet
+        }
+        EventPtr ev(rd_kafka_queue_poll(q.get(), static_cast<int>(left.count())));
+        if (ev && rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_OFFSET_COMMIT)
+            return rd_kafka_event_error(ev.get());
+    }
+}
+
+bool Consumer::committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, milliseconds timeout)
+{
+    auto list = list_of(tps);
+    if (rd_kafka_committed(rk_.get(), list.get(), static_cast<int>(timeout.count())) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return false;
+    for (int i = 0; i < list->cnt; ++i)
+        tps[static_cast<std::size_t>(i)].second = list->elems[i].err ? offset_unknown : list->elems[i].offset;
+    return true;
+}
+
+std::pair<std::int64_t, std::int64_t> Consumer::watermarks(const TopicPartition& tp)
+{
+    std::int64_t lo = -1, hi = -1;
+    rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &lo, &hi);
+    return {lo, hi};
+}
+
+std::map<TopicPartition, StatsEntry> Consumer::statistics()
+{
+    if (!stats_enabled_)
+        return {};
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+}
+
+// Leaves the group and destroys the handle within `bound`.
+// rd_kafka_consumer_close() waits for pending offset commits and for the group
+// leave as long as the coordinator cannot be reached (two minutes and more,
+// under either group protocol). Past the bound the handle goes without the
+// close: the broker drops the member after its session timeout, as after a
+// crash, and the new owners' redeliveries are deduplicated.
+void Consumer::close(milliseconds bound)
+{
+    if (!rk_)
+        return;
+    fetch_wakeup_.reset();   // uses the handle
+    consumer_queue_.reset(); // before the close
+    QueuePtr q(rd_kafka_queue_new(rk_.get()));
+    ErrorPtr e(rd_kafka_consumer_close_queue(rk_.get(), q.get()));
+    bool closed = !e;
+    if (e)
+        say(LogLevel::warning, error_field(rd_kafka_error_string(e.get())), "consumer close: {}",
+            rd_kafka_error_string(e.get()));
+    const auto until = Clock::now() + bound;
+    while (closed && !rd_kafka_consumer_closed(rk_.get())) {
+        const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+        if (left.count() <= 0) {
+            say(LogLevel::warning, {},
+                "leaving the consumer group did not finish within shutdown_timeout ({} ms; is the group coordinator "
+                "reachable?); closing without it: the broker drops this member after its session timeout",
+                bound.count());
+            closed = false;
+            break;
+        }
+        // The close's own events: the last revoke (served by on_rebalance, as
+        // rd_kafka_consumer_close() would call the callback) and the results
+        // of commits still pending.
+        EventPtr ev(rd_kafka_queue_poll(q.get(), static_cast<int>(std::min<long long>(left.count(), 100))));
+        if (!ev)
+            continue;
+        if (rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_REBALANCE)
+            on_rebalance(rd_kafka_event_error(ev.get()), rd_kafka_event_topic_partition_list(ev.get()));
+        else if (rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_OFFSET_COMMIT)
+            on_commit(rd_kafka_event_error(ev.get()), rd_kafka_event_topic_partition_list(ev.get()));
+        else if (rd_kafka_event_type(ev.get()) == RD_KAFKA_EVENT_ERROR)
+            on_error(rd_kafka_event_error(ev.get()), rd_kafka_event_error_string(ev.get()));
+    }
+    q.reset();
+    if (closed)
+        rk_.reset();
+    else // the handle must not try the close again on its way out
+        rd_kafka_destroy_flags(rk_.release(), RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+}
+
+} // namespace idemkafka::detail::kafka

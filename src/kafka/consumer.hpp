@@ -1,0 +1,162 @@
+#pragma once
+// The Kafka side of the consumer: the librdkafka client, its callbacks, the
+// group's assignment under the eager, cooperative and consumer (KIP-848)
+// protocols, seek, pause and resume, offset commits, watermarks, statistics
+// and the prefetch queue. It reports assignments and revocations to its
+// owner and knows nothing about PostgreSQL. Private to the library.
+
+#include <chrono>
+#include <cstdint>
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "idemkafka/config.hpp"
+#include "idemkafka/context.hpp"
+#include "idemkafka/metrics.hpp"
+#include "idemkafka/redact.hpp"
+#include "kafka/client.hpp"
+#include "kafka/fetch_wakeup.hpp"
+#include "kafka/stats.hpp"
+#include "ledger.hpp"
+#include "log_context.hpp"
+
+namespace idemkafka::detail::kafka {
+
+/// A committed offset the broker reported an error for.
+inline constexpr std::int64_t offset_unknown = INT64_MIN;
+
+/// What the consumer reports to its owner, on the thread that polls (inside
+/// Consumer::poll() and Consumer::close()).
+class ConsumerEvents {
+public:
+    virtual ~ConsumerEvents() = default;
+    /// A rebalance begins: the owner settles what is running first.
+    virtual void rebalance_begins() = 0;
+    /// Partitions are assigned. The owner may set a start offset for each
+    /// (leave it at RD_KAFKA_OFFSET_INVALID for the committed offset) and
+    /// returns true to keep them all paused.
+    virtual bool assigned(std::vector<std::pair<TopicPartition, std::int64_t>>& start) = 0;
+    /// Partitions are revoked (or `lost`: another member may own them
+    /// already). The owner drops their state; after a revoke that is not a
+    /// loss it may commit their positions first (Consumer::commit, synchronous).
+    virtual void revoked(const std::set<TopicPartition>& parts, bool lost) = 0;
+    /// An offset commit for one partition failed; it is to be sent again.
+    virtual void commit_failed(const TopicPartition& tp, std::int64_t offset) = 0;
+};
+
+/// A partition's figures from the latest statistics event.
+struct StatsEntry {
+    PartitionStats stats;
+    std::chrono::steady_clock::time_point at;
+};
+
+class Consumer : private ClientOwner {
+public:
+    /// Creates the client with the consumer's settings and subscribes.
+    /// Throws ConfigError for a refused property, KafkaError otherwise.
+    Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& metrics, LogSink sink,
+             const Redactor& secrets);
+    ~Consumer();
+    Consumer(const Consumer&) = delete;
+    Consumer& operator=(const Consumer&) = delete;
+
+    /// The next record (or consumer error, or nothing after `timeout`);
+    /// rebalances are served inside, through ConsumerEvents.
+    MessagePtr poll(std::chrono::milliseconds timeout);
+    /// Counts and logs a consumer error; throws KafkaError when it is fatal.
+    void consumer_error(const rd_kafka_message_t& m);
+    /// A poll waiting for records returns now (from any thread).
+    void wake_poll() noexcept;
+
+    /// The record fields of a message (views into it: it must outlive them).
+    static void read(const rd_kafka_message_t& m, Record& record);
+
+    enum class SeekResult { done, queued, failed };
+    /// Moves the fetch position of `tp` to `offset`: nothing fetched before
+    /// is delivered any more. `queued` when the call timed out waiting for
+    /// the reply: the seek still takes effect. `failed`: to be sent again.
+    SeekResult seek(const TopicPartition& tp, std::int64_t offset);
+    void pause(const TopicPartition& tp, bool pause);
+    /// Pauses the whole assignment, or resumes it except `keep_paused`.
+    void pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused = {});
+
+    /// Commits explicit offsets. Asynchronous, or synchronous within `bound`
+    /// (a commit not confirmed by then is left pending, and counts as sent).
+    /// Failed partitions are reported through ConsumerEvents::commit_failed.
+    void commit(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets, bool async,
+                std::chrono::milliseconds bound);
+    /// Kafka's committed offsets of `tps` (RD_KAFKA_OFFSET_INVALID for none,
+    /// offset_unknown for a partition the broker reported an error for);
+    /// false when the broker did not answer within `timeout`.
+    bool committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, std::chrono::milliseconds timeout);
+    /// The client's cached low and high watermarks (-1 when unknown).
+    std::pair<std::int64_t, std::int64_t> watermarks(const TopicPartition& tp);
+    /// The latest statistics per partition (empty without statistics.interval.ms).
+    std::map<TopicPartition, StatsEntry> statistics();
+
+    /// Called around filling a batch: wakes librdkafka's fetchers (before 2.1)
+    /// once the batch took a queue that had filled below half its caps.
+    void check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes);
+
+    /// Leaves the group and destroys the client within `bound`; past it the
+    /// client goes without leaving (the broker drops the member later).
+    void close(std::chrono::milliseconds bound);
+
+    /// auto.offset.reset is latest: a partition without commits starts at the end.
+    bool reset_to_latest() const noexcept { return reset_to_latest_; }
+    /// max.poll.interval.ms as configured (librdkafka's default when not).
+    std::chrono::milliseconds max_poll_interval() const noexcept { return max_poll_interval_; }
+
+private:
+    static Consumer& of(void* opaque);
+    static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
+                             void* opaque);
+    static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
+                          void* opaque);
+    static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
+    static int stats_cb(rd_kafka_t* rk, char* json, size_t len, void* opaque);
+    void on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list);
+    void on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list);
+    void on_error(int err, const char* reason);
+    void on_stats(std::string_view json) noexcept;
+    rd_kafka_resp_err_t commit_and_wait(rd_kafka_topic_partition_list_t* list, std::chrono::milliseconds bound);
+
+    template <class... Args>
+    void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept;
+
+    ConsumerEvents& events_;
+    Metrics& metrics_;
+    Redactor secrets_;
+    HandlePtr rk_;
+    QueuePtr consumer_queue_; // to wake a poll
+    bool cooperative_ = false;
+    // group.protocol=consumer (KIP-848): the broker assigns, and every
+    // rebalance is incremental, whatever rd_kafka_rebalance_protocol() says
+    // before the first subscription or while the consumer closes.
+    bool consumer_protocol_ = false;
+    bool reset_to_latest_ = false;
+    std::chrono::milliseconds max_poll_interval_{300000};
+
+    // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
+    // is down to half its caps after it had filled (see FetchWakeup).
+    std::unique_ptr<FetchWakeup> fetch_wakeup_;
+    std::size_t wake_below_records_ = 0;
+    std::size_t wake_below_bytes_ = 0;
+    std::size_t record_bytes_ = 0; // mean per record, to estimate the queue's bytes
+    bool wake_armed_ = false;
+    std::chrono::steady_clock::time_point next_wake_{};
+
+    bool stats_enabled_ = false;
+    std::mutex stats_mu_;
+    std::map<TopicPartition, StatsEntry> stats_;
+};
+
+} // namespace idemkafka::detail::kafka

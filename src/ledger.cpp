@@ -1,0 +1,200 @@
+#include "ledger.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace idemkafka::detail {
+
+void Holds::add(PartitionState* ps, std::int64_t offset, int failures)
+{
+    auto [it, fresh] = by_partition_.emplace(ps, Hold{offset, failures});
+    if (!fresh) {
+        it->second.offset = std::min(it->second.offset, offset);
+        it->second.failures = std::max(it->second.failures, failures);
+    }
+}
+
+void Holds::merge(const Holds& other)
+{
+    for (const auto& [ps, h] : other)
+        add(ps, h.offset, h.failures);
+}
+
+bool Holds::covers(const PartitionState* ps, std::int64_t offset) const
+{
+    auto h = by_partition_.find(ps);
+    return h != by_partition_.end() && offset >= h->second.offset;
+}
+
+PartitionState& PartitionLedger::assign(const TopicPartition& tp)
+{
+    PartitionState ps;
+    ps.tp = tp;
+    ps.worker = next_worker_++; // round robin spreads partitions over the workers
+    auto& slot = parts_[tp];
+    slot = std::move(ps);
+    return slot;
+}
+
+void PartitionLedger::revoke(const std::set<TopicPartition>& tps)
+{
+    for (const auto& tp : tps)
+        parts_.erase(tp);
+}
+
+PartitionState* PartitionLedger::find(std::string_view topic, std::int32_t partition)
+{
+    auto it = parts_.find({std::string(topic), partition});
+    return it == parts_.end() ? nullptr : &it->second;
+}
+
+Admission PartitionLedger::admit(PartitionState* ps, std::int64_t offset) noexcept
+{
+    if (!ps)
+        return Admission::foreign;
+    if (ps->resume_from >= 0) {
+        if (offset < ps->resume_from)
+            return Admission::stale;
+        ps->resume_from = -1;
+        ps->needs_seek = false;
+    }
+    return Admission::take;
+}
+
+void PartitionLedger::rewind(PartitionState& ps, std::int64_t offset) noexcept
+{
+    ps.resume_from = offset;
+    ps.needs_seek = true;
+}
+
+std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, Clock::time_point now)
+{
+    std::vector<Action> out;
+    for (const auto& [ps, h] : holds) {
+        rewind(*ps, h.offset);
+        const bool pause = h.failures > 0;
+        if (pause) {
+            ps->retry_paused = true;
+            ps->resume_at = now + retry_.after(h.failures);
+        }
+        out.push_back({ps, pause});
+    }
+    return out;
+}
+
+void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
+{
+    ps.processed_next = std::max(ps.processed_next, offset + 1);
+    ps.fenced = 0;
+    if (!ps.failures.empty())
+        forget_failures(ps, offset);
+}
+
+void PartitionLedger::trim(PartitionState& ps)
+{
+    ps.dead_lettered.erase(ps.dead_lettered.begin(), ps.dead_lettered.lower_bound(ps.processed_next));
+}
+
+PartitionLedger::Due PartitionLedger::due(Clock::time_point now)
+{
+    Due out;
+    for (auto& [tp, ps] : parts_) {
+        if (ps.needs_seek && ps.resume_from < 0)
+            ps.needs_seek = false; // the rewound record arrived: the seek happened
+        if (ps.needs_seek)
+            out.seek.push_back(&ps);
+        if (ps.retry_paused && now >= ps.resume_at && !ps.needs_seek) {
+            ps.retry_paused = false;
+            if (std::exchange(ps.retake, false))
+                ps.position_verified = false; // taken over again before it is resumed
+            out.resume.push_back(&ps);
+        }
+    }
+    return out;
+}
+
+std::optional<std::chrono::milliseconds> PartitionLedger::fence(const TopicPartition& tp, Clock::time_point now)
+{
+    auto it = parts_.find(tp);
+    if (it == parts_.end() || it->second.retake)
+        return std::nullopt;
+    auto& ps = it->second;
+    ++ps.fenced;
+    ps.retake = true;
+    ps.retry_paused = true;
+    const auto wait = fence_.after(ps.fenced);
+    ps.resume_at = now + wait;
+    return wait;
+}
+
+std::vector<std::pair<TopicPartition, std::int64_t>> PartitionLedger::take_commits(const std::set<TopicPartition>* only)
+{
+    std::vector<std::pair<TopicPartition, std::int64_t>> out;
+    for (auto& [tp, ps] : parts_) {
+        if (only && !only->count(tp))
+            continue;
+        if (ps.processed_next < 0 || ps.processed_next == ps.committed_next)
+            continue;
+        out.emplace_back(tp, ps.processed_next);
+        ps.committed_next = ps.processed_next;
+    }
+    return out;
+}
+
+void PartitionLedger::commit_failed(std::string_view topic, std::int32_t partition, std::int64_t offset)
+{
+    auto* ps = find(topic, partition);
+    if (ps && ps->committed_next == offset)
+        ps->committed_next = -1;
+}
+
+int PartitionLedger::attempt_of(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    auto f = ps.failures.find(offset);
+    return f == ps.failures.end() ? 1 : f->second + 1;
+}
+
+int PartitionLedger::count_failure(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    return ++ps.failures[offset];
+}
+
+void PartitionLedger::forget_failures(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    ps.failures.erase(offset);
+}
+
+void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    ps.failures.erase(offset);
+    ps.dead_letter_due.erase(offset);
+    ps.dead_lettered.insert(offset);
+}
+
+int PartitionLedger::dead_letter_refused(PartitionState& ps, std::int64_t offset, DeadLetterReason reason,
+                                         const std::string& error, int attempts)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    auto& due = ps.dead_letter_due[offset];
+    due.reason = reason;
+    due.error = error;
+    due.attempts = attempts;
+    return ++due.refusals;
+}
+
+bool PartitionLedger::settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due)
+{
+    due.reset();
+    if (ps.dead_lettered.count(offset))
+        return true;
+    auto d = ps.dead_letter_due.find(offset);
+    if (d != ps.dead_letter_due.end())
+        due = d->second;
+    return false;
+}
+
+} // namespace idemkafka::detail

@@ -1,0 +1,482 @@
+#include "pg/claim_transaction.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "idemkafka/error.hpp"
+#include "pg/exec.hpp"
+#include "pg/tx_guard.hpp"
+
+namespace idemkafka::detail {
+namespace {
+
+constexpr const char* claim_statement = "idemkafka_claim";
+
+// Thrown inside the transaction to abandon it on a forced stop.
+struct Abandon {};
+
+std::string coords(const Record& r)
+{
+    return fmt::format("{}/{}@{}", r.topic, r.partition, r.offset);
+}
+
+// A line about one record: its coordinates, event id and error.
+LogFields about(const Item& it, std::string_view error = {})
+{
+    auto fields = coordinates(it.record.topic, it.record.partition, it.record.offset);
+    if (!it.id.is_nil())
+        fields.push_back({log_field::event_id, it.id.to_string()});
+    if (!error.empty())
+        fields.push_back({log_field::error, std::string(error)});
+    return fields;
+}
+
+LogFields error_field(std::string_view error)
+{
+    return {{log_field::error, std::string(error)}};
+}
+
+} // namespace
+
+void Worker::reset(const Holds& initial)
+{
+    items.clear();
+    holds = initial; // a record held before the transactions is held in every worker
+    info = BatchInfo{};
+    failed = lost_connection = abandoned = one_by_one = false;
+    error = nullptr;
+}
+
+void ClaimTransaction::prepare(pqxx::connection& db) const
+{
+    db.prepare(claim_statement, s_.store.claim_sql());
+    pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
+    pg::guard_session(db);
+}
+
+void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline)
+{
+    Batch b{items, bank, deadline};
+    int conflicts = 0;
+    for (;;) {
+        Failure failure{};
+        const Outcome out = attempt(w, b, failure);
+        if (out == Outcome::committed)
+            return;
+        if (out == Outcome::split)
+            continue;
+        if (out == Outcome::conflict) {
+            s_.metrics.transaction_retries.add();
+            if (++conflicts <= s_.cfg.transaction_retries) {
+                say(LogLevel::warning, error_field(failure.what),
+                    "transaction conflict, running the batch again ({}/{}): {}", conflicts, s_.cfg.transaction_retries,
+                    failure.what);
+                continue;
+            }
+            conflicts = 0; // persistent: a failure of the record that hit it
+            if (failure.batch_call) {
+                // In a call for several records: find which one, one at a time.
+                w.one_by_one = true;
+                continue;
+            }
+            if (failure.index == nobody) {
+                // Not any record's doing: the batch waits for a backoff and
+                // runs again; nobody is dead-lettered for it.
+                s_.metrics.db_failures.add();
+                say(LogLevel::error, error_field(failure.what),
+                    "transaction conflict persisted outside the handlers, batch rolled back and retried after a "
+                    "backoff: {}",
+                    failure.what);
+                w.failed = true;
+                return;
+            }
+        }
+        if (out == Outcome::handler_failed || out == Outcome::conflict) {
+            handler_failed(w, b, failure);
+            continue;
+        }
+        w.failed = true;
+        w.abandoned = out == Outcome::abandoned && !w.fenced;
+        return;
+    }
+}
+
+void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
+{
+    auto& it = b.items[f.index];
+    const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
+    s_.metrics.handler_failures.add();
+    const auto where = coords(it.record);
+    auto fields = about(it, f.what);
+    fields.push_back({"attempt", std::to_string(failures)});
+    if (!f.retryable || failures >= s_.cfg.max_attempts) {
+        say(LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}", where,
+            it.id.to_string(), failures, s_.cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
+        it.poison(f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable, f.what);
+        s_.dead_letters.send({&it}, w.holds); // done when acknowledged, else held for another try
+        return;
+    }
+    s_.metrics.retries.add();
+    say(LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}",
+        where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(), f.what);
+    w.holds.add(it.part, it.record.offset, failures);
+}
+
+bool ClaimTransaction::retryable(const std::exception& e) const
+{
+    if (dynamic_cast<const NonRetryableError*>(&e))
+        return false;
+    if (!s_.cfg.is_retryable)
+        return true;
+    try {
+        return s_.cfg.is_retryable(e);
+    } catch (...) {
+        return true; // a classifier that throws must not lose the record
+    }
+}
+
+// Runs one handler call and times it. False, with `failure` naming record
+// `blame`, when the handler threw; connection loss, an in-doubt commit and
+// serialization failures propagate (they concern the whole transaction).
+template <class Call>
+bool ClaimTransaction::call_handler(std::size_t blame, Failure& failure, Call&& call)
+{
+    const auto t0 = Clock::now();
+    try {
+        call();
+    } catch (const pqxx::broken_connection&) {
+        throw;
+    } catch (const pqxx::in_doubt_error&) {
+        throw;
+    } catch (const pqxx::transaction_rollback&) {
+        throw;
+    } catch (const pqxx::sql_error& e) {
+        if (pg::is_lock_timeout(e))
+            throw; // waiting on others' locks is no record's failure
+        failure = {blame, e.what(), retryable(e)};
+        return false;
+    } catch (const std::exception& e) {
+        failure = {blame, e.what(), retryable(e)};
+        return false;
+    } catch (...) {
+        failure = {blame, "non-standard exception", true};
+        return false;
+    }
+    s_.metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    return true;
+}
+
+// After a handler call that returned normally: a transaction it left aborted
+// or ended (it caught a database error and went on) is that record's
+// failure. Its writes go with the rollback; none of them was committed (see
+// pg::guard_session for libpqxx 6).
+bool ClaimTransaction::left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame,
+                                   Failure& failure)
+{
+    const auto state = pg::state_of(tx);
+    if (state == pg::TxState::open)
+        return true;
+    if (state == pg::TxState::unknown && !w.db->is_open())
+        throw pqxx::broken_connection("connection lost inside the handler");
+    s_.metrics.handler_aborted_transactions.add();
+    failure = {blame,
+               "transaction aborted inside the handler: it returned normally with the " + pg::left_unusable(tx, state),
+               true};
+    return false;
+}
+
+// Releases the claims of the records from first[k] on (their handlers have
+// not run) and holds their partitions there, so this transaction commits
+// only finished work. Returns how many records are given back.
+std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, Batch& b,
+                                        const std::vector<std::size_t>& first, std::size_t k,
+                                        const std::unordered_set<EventId>& claimed)
+{
+    std::vector<EventId> release;
+    for (std::size_t j = k; j < first.size(); ++j) {
+        const auto& it = b.items[first[j]];
+        w.holds.add(it.part, it.record.offset, 0);
+        if (claimed.count(it.id))
+            release.push_back(it.id);
+    }
+    if (!release.empty())
+        pg::exec_params(tx,
+                        fmt::format("DELETE FROM {} WHERE consumer_group = $1 AND event_id = ANY($2::uuid[])",
+                                    s_.store.qualified_name()),
+                        s_.cfg.group_id, ProcessedEventStore::array_literal(release));
+    std::size_t n = 0;
+    for (std::size_t j : w.items)
+        if (w.holds.covers(b.items[j].part, b.items[j].record.offset))
+            ++n;
+    return n;
+}
+
+// One transaction over the worker's pending records that are not held.
+ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
+{
+    auto& items = b.items;
+    auto held = [&](const Item& it) { return w.holds.covers(it.part, it.record.offset); };
+    std::vector<EventId> ids;
+    std::vector<std::size_t> first; // index of the first pending item per id, in batch order
+    std::unordered_set<EventId> seen;
+    ids.reserve(w.items.size());
+    first.reserve(w.items.size());
+    seen.reserve(w.items.size());
+    std::size_t active = 0;
+    for (std::size_t i : w.items) {
+        const auto& it = items[i];
+        if (it.state != ItemState::pending || held(it))
+            continue;
+        ++active;
+        if (seen.insert(it.id).second) {
+            ids.push_back(it.id);
+            first.push_back(i);
+        }
+    }
+    w.info = BatchInfo{};
+    w.info.records = active;
+    if (ids.empty())
+        return Outcome::committed;
+    // Claims in id order: workers that share ids lock them in the same order
+    // and cannot deadlock each other.
+    std::sort(ids.begin(), ids.end());
+
+    std::size_t current = nobody; // the record whose handler runs
+    std::size_t claimed_override = SIZE_MAX;
+    const bool batched = s_.stage.batched();
+    const bool gather = batched && !w.one_by_one;
+    w.call_items.clear();
+    w.call_slots.clear();
+    w.call_contexts.clear();
+    try {
+        pqxx::work tx(*w.db);
+        pg::open_for_writes(tx);
+        auto claimed_list = ProcessedEventStore::claimed_ids(
+            pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal(ids), s_.cfg.group_id));
+        std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
+        std::size_t handled = 0;
+        for (std::size_t k = 0; k < first.size(); ++k) {
+            const std::size_t i = first[k];
+            auto& it = items[i];
+            if (!claimed.count(it.id))
+                continue;
+            if (s_.forced())
+                throw Abandon{};
+            if (handled > 0 && Clock::now() >= b.deadline) {
+                // Over the time budget: commit what ran, give the rest back so
+                // the consumer polls again long before max.poll.interval.ms.
+                const auto given_back = give_back(tx, w, b, first, k, claimed);
+                say(LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again",
+                    handled, given_back);
+                active = 0;
+                for (std::size_t j : w.items)
+                    if (items[j].state == ItemState::pending && !held(items[j]))
+                        ++active;
+                w.info.records = active;
+                claimed_override = handled;
+                break;
+            }
+            if (!it.key_window_open)
+                s_.metrics.key_window_closed.add();
+            if (gather) {
+                w.call_items.push_back(i);
+                w.call_slots.push_back(it.slot);
+                w.call_contexts.emplace_back(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
+                                             it.key_window_open);
+                continue;
+            }
+            current = i;
+            ++handled;
+            const bool ok = call_handler(i, failure, [&] {
+                const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
+                                  it.key_window_open);
+                if (batched)
+                    s_.stage.handle_batch(b.bank, tx, &it.slot, &ctx, 1);
+                else
+                    s_.stage.handle(b.bank, it.slot, tx, ctx);
+            }) && left_usable(tx, w, i, failure);
+            if (!ok)
+                return Outcome::handler_failed;
+            current = nobody;
+        }
+        if (!w.call_items.empty()) {
+            // One call for every claimed record of the transaction.
+            handled = w.call_items.size();
+            current = w.call_items.front();
+            const bool ok = call_handler(current, failure, [&] {
+                s_.stage.handle_batch(b.bank, tx, w.call_slots.data(), w.call_contexts.data(), handled);
+            }) && left_usable(tx, w, current, failure);
+            if (!ok && handled == 1)
+                return Outcome::handler_failed;
+            if (!ok) {
+                s_.metrics.batch_splits.add();
+                say(LogLevel::warning, {},
+                    "batch handler failed on {} events; running them one at a time to find the failing record: {}",
+                    handled, failure.what);
+                w.one_by_one = true;
+                return Outcome::split;
+            }
+        }
+        current = nobody;
+        if (s_.offsets && !s_.positions_after_merge)
+            write_positions(tx, positions_of(w, b));
+        if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+            throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
+        tx.commit();
+        w.info.claimed = claimed_override != SIZE_MAX ? claimed_override : claimed.size();
+        w.info.duplicates = active - w.info.claimed;
+        return Outcome::committed;
+    } catch (const Abandon&) {
+        return Outcome::abandoned;
+    } catch (const Fenced&) {
+        w.fenced = true;
+        return Outcome::abandoned;
+    } catch (const pqxx::in_doubt_error& e) {
+        // The commit may or may not have happened: never guess. Nothing is
+        // committed to Kafka; redelivery and dedup settle it.
+        lost_connection(w, e.what());
+        return Outcome::db_failed;
+    } catch (const pqxx::broken_connection& e) {
+        lost_connection(w, e.what());
+        return Outcome::db_failed;
+    } catch (const pqxx::check_violation& e) {
+        // 23514 on the claim: maintenance attached the partition for this id
+        // at that moment (handler errors never get here). Run it again.
+        failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
+        return Outcome::conflict;
+    } catch (const pqxx::transaction_rollback& e) {
+        // 40001 / 40P01: the whole transaction is safe to run again. In a
+        // handler call it may be that record's doing; at the claim or at
+        // COMMIT it is nobody's.
+        failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
+        return Outcome::conflict;
+    } catch (const pqxx::sql_error& e) {
+        if (!pg::is_lock_timeout(e))
+            return db_error(w, e);
+        s_.metrics.lock_timeouts.add();
+        say(LogLevel::warning, error_field(e.what()),
+            "a statement waited for a lock longer than lock_timeout ({} ms){}; the batch is rolled back and runs "
+            "again after a backoff: {}",
+            s_.cfg.lock_timeout.count(),
+            current == nobody ? " at the claim (another member's batch holds these event ids?)" : " in a handler",
+            e.what());
+        return Outcome::db_failed;
+    } catch (const std::exception& e) {
+        return db_error(w, e);
+    }
+}
+
+// Any other PostgreSQL error outside the handlers: the batch is rolled back
+// and runs again after a backoff.
+ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::exception& e)
+{
+    s_.metrics.db_failures.add();
+    say(LogLevel::error, error_field(e.what()),
+        "PostgreSQL error outside the handler, batch rolled back and retried after a backoff: {}", e.what());
+    if (w.db && !w.db->is_open())
+        lost_connection(w, e.what());
+    return Outcome::db_failed;
+}
+
+void ClaimTransaction::lost_connection(Worker& w, const char* why)
+{
+    s_.metrics.db_failures.add();
+    say(LogLevel::error, error_field(why),
+        "PostgreSQL connection lost ({}); offsets of the batch are not committed, records will be redelivered", why);
+    w.lost_connection = true;
+}
+
+// Next offset per partition of the worker: past every record of this batch
+// that is not held (all of them are finished when the transaction commits).
+std::vector<OffsetStore::Position> ClaimTransaction::positions_of(const Worker& w, const Batch& b) const
+{
+    std::map<PartitionState*, OffsetStore::Position> by_part;
+    for (std::size_t i : w.items) {
+        const auto& it = b.items[i];
+        if (w.holds.covers(it.part, it.record.offset))
+            continue;
+        auto& p = by_part[it.part];
+        if (p.topic.empty()) {
+            p.topic = std::string(it.record.topic);
+            p.partition = it.record.partition;
+            p.epoch = it.part->epoch;
+        }
+        p.next_offset = std::max(p.next_offset, it.record.offset + 1);
+    }
+    std::vector<OffsetStore::Position> out;
+    for (auto& [ps, p] : by_part)
+        out.push_back(std::move(p));
+    return out;
+}
+
+void ClaimTransaction::write_positions(pqxx::transaction_base& tx, const std::vector<OffsetStore::Position>& positions)
+{
+    const auto fenced = s_.offsets->write(tx, s_.cfg.group_id, positions);
+    if (fenced.empty())
+        return;
+    s_.metrics.fenced_writes.add(fenced.size());
+    {
+        std::lock_guard<std::mutex> lock(fenced_mu_);
+        for (const auto& p : fenced)
+            fenced_.push_back({p.topic, p.partition});
+    }
+    for (const auto& p : fenced)
+        say(LogLevel::error,
+            {{log_field::topic, p.topic}, {log_field::partition, std::to_string(p.partition)}, {"epoch", std::to_string(p.epoch)}},
+            "position write for {}/{} refused: epoch {} is stale, another member owns the partition now; rolling back "
+            "this transaction",
+            p.topic, p.partition, p.epoch);
+    throw Fenced{};
+}
+
+std::vector<TopicPartition> ClaimTransaction::take_fenced()
+{
+    std::lock_guard<std::mutex> lock(fenced_mu_);
+    return std::exchange(fenced_, {});
+}
+
+void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
+{
+    const auto where = coords(it.record);
+    ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
+    const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
+    try {
+        pqxx::work tx(db);
+        pg::open_for_writes(tx);
+        outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
+        if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+            throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
+        if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
+            pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal({it.id}), s_.cfg.group_id);
+        tx.commit();
+    } catch (const std::exception& e) {
+        const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
+        s_.metrics.handler_failures.add();
+        if (failures >= s_.cfg.max_attempts) {
+            say(LogLevel::error, about(it, e.what()), "reconcile hook failed on {} (attempt {} of {}): {}", where,
+                failures, s_.cfg.max_attempts, e.what());
+            it.poison(DeadLetterReason::beyond_dedup_horizon,
+                      fmt::format("reconcile hook failed {} times: {}", failures, e.what()));
+            return;
+        }
+        s_.metrics.retries.add();
+        say(LogLevel::warning, about(it, e.what()),
+            "reconcile hook failed on {} (attempt {} of {}): {}; the record comes again", where, failures,
+            s_.cfg.max_attempts, e.what());
+        it.retry_later = true;
+        it.retry_failures = failures;
+        return;
+    }
+    if (outcome == ReconcileOutcome::skip) {
+        say(LogLevel::info, about(it), "reconcile hook skipped {} (event {})", where, it.id.to_string());
+        it.state = ItemState::done;
+        s_.metrics.duplicates.add();
+    } else if (outcome == ReconcileOutcome::dead_letter) {
+        it.poison(DeadLetterReason::beyond_dedup_horizon, "reconcile hook chose the dead letter");
+    } else {
+        s_.metrics.horizon_processed.add();
+    }
+}
+
+} // namespace idemkafka::detail

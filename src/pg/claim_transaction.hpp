@@ -1,0 +1,142 @@
+#pragma once
+// The claim transaction: one PostgreSQL transaction per worker and batch
+// that claims the records' event ids (INSERT ... ON CONFLICT DO NOTHING),
+// runs the handler on the claimed ones, writes the stored positions
+// (offsets_in_database) and commits. A failing record is held (or
+// dead-lettered) and the rest runs again without its partition's tail.
+// Private to the library.
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "batch.hpp"
+#include "dead_letterer.hpp"
+#include "idemkafka/config.hpp"
+#include "idemkafka/detail/engine.hpp"
+#include "idemkafka/metrics.hpp"
+#include "idemkafka/offset_store.hpp"
+#include "idemkafka/store.hpp"
+#include "ledger.hpp"
+#include "log_context.hpp"
+
+namespace idemkafka::detail {
+
+/// Thrown inside a transaction when the offset table refused our epoch.
+struct Fenced {};
+
+/// A worker: one PostgreSQL connection and, per batch, its share of the records.
+struct Worker {
+    std::unique_ptr<pqxx::connection> db;
+    std::vector<std::size_t> items; // indices into the batch, in batch order
+    Holds holds;
+    BatchInfo info;
+    bool failed = false;          // nothing of this worker's final transaction committed
+    bool lost_connection = false;
+    bool abandoned = false;       // a forced stop abandoned it
+    bool fenced = false;          // the offset table refused our epoch: we lost a partition
+    bool one_by_one = false;      // batch handler: one call per record (after a failed batch call)
+    std::vector<std::size_t> call_items; // batch handler: the records of the call
+    std::vector<std::size_t> call_slots; // and their Stage slots
+    std::vector<Context> call_contexts;
+    std::exception_ptr error;     // an unexpected exception, rethrown on the poll thread
+
+    /// Ready for the next batch: no records, no holds but `holds`, no outcome.
+    void reset(const Holds& initial);
+};
+
+class ClaimTransaction {
+public:
+    /// What the transactions need of the consumer. `forced` tells whether a
+    /// stop abandons the current transaction.
+    struct Setup {
+        const ConsumerConfig& cfg;
+        Stage& stage;
+        Metrics& metrics;
+        const ProcessedEventStore& store;
+        const std::optional<OffsetStore>& offsets;
+        PartitionLedger& ledger;
+        DeadLetterer& dead_letters;
+        LogSink log;
+        std::function<bool()> forced;
+        /// Per-key ordering over several workers: positions are written after the merge.
+        bool positions_after_merge;
+    };
+
+    explicit ClaimTransaction(Setup setup) : s_(std::move(setup)) {}
+
+    /// Prepares a worker's new connection: the claim statement, lock_timeout,
+    /// and (libpqxx 6) read-only by default.
+    void prepare(pqxx::connection& db) const;
+
+    /// Runs the worker's transactions over its records of `items` (decoded in
+    /// Stage bank `bank`) until one commits, the worker's database fails, or
+    /// the batch is abandoned; the outcome is in the worker. Handler calls
+    /// after `deadline` are given back. Never throws for a record's failure.
+    void run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline);
+
+    /// The reconcile hook for a record beyond the dedup horizon, in its own
+    /// transaction on `db`: skip (claimed, a duplicate), dead letter, or
+    /// process; a throwing hook counts as a failure of the record.
+    void reconcile(pqxx::connection& db, Item& it);
+
+    /// Writes stored positions in `tx`; throws Fenced (after recording the
+    /// refused partitions, see take_fenced()) when the table refused our epoch.
+    void write_positions(pqxx::transaction_base& tx, const std::vector<OffsetStore::Position>& positions);
+    /// Partitions whose position write was refused since the last call.
+    std::vector<TopicPartition> take_fenced();
+
+private:
+    enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
+    // A failure of record `index`; nobody when no record is to blame (a
+    // conflict at the claim or at COMMIT).
+    struct Failure {
+        std::size_t index = 0;
+        std::string what;
+        bool retryable = true;
+        bool batch_call = false; // in a batch handler call of several records
+    };
+    static constexpr std::size_t nobody = SIZE_MAX;
+
+    struct Batch {
+        std::vector<Item>& items;
+        std::size_t bank;
+        Clock::time_point deadline;
+    };
+
+    Outcome attempt(Worker& w, Batch& b, Failure& failure);
+    void handler_failed(Worker& w, Batch& b, const Failure& f);
+    bool retryable(const std::exception& e) const;
+    template <class Call>
+    bool call_handler(std::size_t blame, Failure& failure, Call&& call);
+    bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
+    std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
+                          std::size_t k, const std::unordered_set<EventId>& claimed);
+    std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b) const;
+    Outcome db_error(Worker& w, const std::exception& e);
+    void lost_connection(Worker& w, const char* why);
+
+    template <class... Args>
+    void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
+    {
+        try {
+            emit(s_.log, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
+        } catch (...) {
+        }
+    }
+
+    Setup s_;
+    std::mutex fenced_mu_;
+    std::vector<TopicPartition> fenced_;
+};
+
+} // namespace idemkafka::detail
