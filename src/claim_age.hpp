@@ -1,6 +1,6 @@
 #pragma once
 // The oldest_claim_age_seconds gauge: how old the oldest claim of a consumer
-// group is, measured on a connection and thread of its own, never on a lane's.
+// group is, measured on a connection and thread of its own, never on a worker's.
 
 #include <chrono>
 #include <cstdint>

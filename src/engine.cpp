@@ -4,11 +4,11 @@
 // A record's path, in order:
 //  1. run() -> fill_batch(): kafka::Consumer::poll() returns it; the
 //     PartitionLedger admits it (records fetched before a rewind are stale).
-//  2. decode_all(): the Stage decodes it into the free bank; an undecodable
-//     record is marked for the dead letter.
-//  3. launch(): settled dead letters, the dedup-horizon guard and the
-//     reconcile hook; poison records go to the DeadLetterer; the rest is
-//     spread over the workers (by partition, or by key).
+//  2. Intake::decode(): the Stage decodes it into the free bank; a record
+//     that cannot run is marked for the dead letter.
+//  3. launch(): Intake::screen() (settled dead letters, the dedup-horizon
+//     guard) and the reconcile hook; poison records go to the DeadLetterer;
+//     the rest is spread over the workers (by partition, or by key).
 //  4. ClaimTransaction::run() on each worker: claim, handler calls, stored
 //     positions, COMMIT; a failing record is held (retried) or dead-lettered.
 //  5. finish_running(): the workers' holds are merged; the ledger rewinds
@@ -39,13 +39,15 @@
 #include "idemkafka/retention.hpp"
 #include "idemkafka/schema.hpp"
 #include "idemkafka/store.hpp"
+#include "intake.hpp"
 #include "kafka/consumer.hpp"
 #include "lag.hpp"
-#include "lane_pool.hpp"
+#include "worker_pool.hpp"
 #include "ledger.hpp"
 #include "log_context.hpp"
 #include "pg/claim_transaction.hpp"
 #include "pg/tx_guard.hpp"
+#include "stored_positions.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -57,11 +59,6 @@ constexpr Backoff db_backoff_shape{milliseconds(100), milliseconds(5000)};
 constexpr Backoff fence_backoff{milliseconds(1000), milliseconds(30000)};
 // A synchronous commit (at a revoke or a stop) waits at most this long.
 constexpr milliseconds sync_commit_bound{10000};
-
-std::string coords(std::string_view topic, std::int32_t partition, std::int64_t offset)
-{
-    return fmt::format("{}/{}@{}", topic, partition, offset);
-}
 
 } // namespace
 
@@ -78,9 +75,11 @@ struct Engine::Impl final : kafka::ConsumerEvents {
 
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
     std::optional<OffsetStore> offset_store; // offsets_in_database
+    Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, offset_store, ledger, dead_letters,
                                                     log, [this] { return forced(); }, positions_after_merge()}};
+    std::optional<StoredPositions> positions; // offsets_in_database
     std::unique_ptr<kafka::Consumer> kafka;
 
     // The batch being polled and decoded, and the one the workers process
@@ -99,12 +98,11 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     bool no_commit = false;            // run() left by an exception: commit nothing more
 
     RetentionMode layout = cfg.retention.mode; // of the claims table as found at start-up
-    std::optional<HorizonGuard> guard;
     std::unique_ptr<MaintenanceRunner> maintenance;
     std::unique_ptr<OutboxRelay> outbox_relay;
     std::unique_ptr<ClaimAgeMonitor> claim_age;
     std::vector<Worker> workers;
-    std::unique_ptr<LanePool> pool;
+    std::unique_ptr<WorkerPool> pool;
 
     Clock::time_point batch_deadline{}; // time budget of the current batch
     milliseconds batch_budget{120000};
@@ -114,8 +112,6 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     Clock::time_point next_commit_at{};                 // commit_interval: earliest next offset commit
     std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
     Clock::time_point next_lag_update{};
-    bool non_v7_explained = false;
-    bool horizon_explained = false;
 
     Impl(ConsumerConfig c, Stage& s)
         : cfg(std::move(c)), stage(s), secrets(secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka,
@@ -125,6 +121,8 @@ struct Engine::Impl final : kafka::ConsumerEvents {
           offset_store(cfg.offsets_in_database ? std::make_optional<OffsetStore>(cfg.schema, cfg.offsets_table)
                                                : std::nullopt)
     {
+        if (offset_store)
+            positions.emplace(cfg, *offset_store, ledger, claims, log);
     }
 
     ~Impl() override
@@ -190,13 +188,8 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             layout = migrate_schema(*w.db, SchemaSpec::of(cfg), Maintenance::Existing::keep, log).claims.mode;
         else if (first)
             layout = require_schema(*w.db, SchemaSpec::of(cfg)).front().mode;
-        if (first && !guard) {
-            // The guard follows the table's real layout: a plain table kept from
-            // before has no reason to refuse non-v7 ids.
-            auto g = cfg.retention;
-            g.mode = layout;
-            guard.emplace(g);
-        }
+        if (first)
+            intake.set_layout(layout);
         claims.prepare(*w.db);
     }
 
@@ -223,8 +216,11 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 return false;
             }
         }
-        if (offset_store) {
-            verify_positions();
+        if (positions) {
+            // Partitions assigned while PostgreSQL was away take their stored
+            // positions now (a seek), before they are resumed.
+            for (const auto& [ps, offset] : positions->verify(workers.front().db, *kafka))
+                rewind(*ps, offset);
             for (const auto& [tp, ps] : ledger)
                 if (!ps.position_verified) {
                     db_hold();
@@ -255,80 +251,6 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         kafka->pause_assignment(pause, keep);
     }
 
-    // offsets_in_database: takes the partitions over in the offset table (a
-    // new epoch fences the previous owner). Returns the stored positions
-    // ahead of Kafka's committed offsets, or nothing without PostgreSQL.
-    std::optional<std::map<TopicPartition, std::int64_t>> acquire_positions(const std::vector<TopicPartition>& tps)
-    {
-        auto& db = workers.front().db;
-        if (!db)
-            return std::nullopt;
-        std::vector<std::pair<std::string, std::int32_t>> wanted;
-        for (const auto& tp : tps)
-            wanted.emplace_back(tp.topic, tp.partition);
-        std::vector<OffsetStore::Stored> stored;
-        try {
-            pqxx::work tx(*db);
-            pg::open_for_writes(tx);
-            stored = offset_store->acquire(tx, cfg.group_id, wanted);
-            tx.commit();
-        } catch (const std::exception& e) {
-            say(LogLevel::warning, error_field(e.what()),
-                "cannot read stored positions, partitions wait for PostgreSQL: {}", e.what());
-            if (!db->is_open())
-                db.reset();
-            return std::nullopt;
-        }
-        std::vector<std::pair<TopicPartition, std::int64_t>> committed;
-        for (const auto& tp : tps)
-            committed.push_back({tp, -1001});
-        const bool kafka_known = kafka->committed(committed, milliseconds(10000));
-        std::map<TopicPartition, std::int64_t> target;
-        for (const auto& st : stored) {
-            auto* ps = ledger.find(st.topic, st.partition);
-            if (ps) {
-                ps->epoch = st.epoch;
-                ps->position_verified = true;
-            }
-            if (!st.next_offset)
-                continue;
-            std::int64_t kafka_offset = -1001; // RD_KAFKA_OFFSET_INVALID
-            for (const auto& [tp, offset] : committed)
-                if (kafka_known && tp.topic == st.topic && tp.partition == st.partition &&
-                    offset != kafka::offset_unknown)
-                    kafka_offset = offset;
-            if (*st.next_offset > kafka_offset) {
-                target[{st.topic, st.partition}] = *st.next_offset;
-                if (ps) {
-                    ps->start_offset = *st.next_offset; // for the lag gauge
-                    ps->start_known = true;
-                }
-                say(LogLevel::info, coordinates(st.topic, st.partition, *st.next_offset),
-                    "{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition, *st.next_offset,
-                    kafka_offset);
-            }
-        }
-        return target;
-    }
-
-    // After PostgreSQL comes back: partitions assigned while it was away take
-    // their stored positions now (a seek), before they are resumed.
-    void verify_positions()
-    {
-        std::vector<TopicPartition> unverified;
-        for (const auto& [tp, ps] : ledger)
-            if (!ps.position_verified)
-                unverified.push_back(tp);
-        if (unverified.empty())
-            return;
-        const auto target = acquire_positions(unverified);
-        if (!target)
-            return;
-        for (const auto& [tp, offset] : *target)
-            if (auto* ps = ledger.find(tp.topic, tp.partition); ps && ps->processed_next < offset)
-                rewind(*ps, offset);
-    }
-
     // ---- Kafka events (inside poll) -----------------------------------------
 
     void rebalance_begins() override
@@ -354,11 +276,11 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             ledger.assign(tp);
             tps.push_back(tp);
         }
-        if (offset_store) {
+        if (positions) {
             // Each partition starts at max(stored position, Kafka's committed
             // offset). Without PostgreSQL it stays unverified and paused until
-            // a reconnect verifies it (see verify_positions).
-            if (auto target = acquire_positions(tps)) {
+            // a reconnect verifies it (see ensure_db).
+            if (auto target = positions->acquire(workers.front().db, *kafka, tps)) {
                 for (auto& [tp, offset] : start)
                     if (auto t = target->find(tp); t != target->end())
                         offset = t->second;
@@ -532,123 +454,6 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         metrics.in_flight_bytes.set(bytes);
     }
 
-    // Decodes `batch` into the free Stage bank (pipeline: while the workers
-    // process `running` from the other one).
-    void decode_all()
-    {
-        stage.prepare(fill_bank, batch.size());
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-            auto& it = batch[i];
-            it.slot = i;
-            const auto& r = it.record;
-            if (!r.value || r.value->empty()) {
-                it.poison(DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
-                continue;
-            }
-            if (r.value->size() > cfg.max_payload_bytes) {
-                it.poison(DeadLetterReason::payload_too_large,
-                          fmt::format("payload of {} bytes exceeds max_payload_bytes {}", r.value->size(),
-                                      cfg.max_payload_bytes));
-                continue;
-            }
-            try {
-                it.id = stage.decode(fill_bank, i, r);
-                if (it.id.is_nil())
-                    throw InvalidEventId("event id is the nil UUID");
-            } catch (const MissingEventId& e) {
-                it.poison(DeadLetterReason::missing_event_id, e.what());
-            } catch (const InvalidEventId& e) {
-                it.poison(DeadLetterReason::invalid_event_id, e.what());
-            } catch (const std::exception& e) {
-                it.poison(DeadLetterReason::decode_error, e.what());
-            } catch (...) {
-                it.poison(DeadLetterReason::decode_error, "non-standard exception");
-            }
-        }
-    }
-
-    // ---- before the transactions ----------------------------------------------
-
-    // A record whose dead letter was written in this assignment is done when
-    // its partition is rewound behind it; one whose dead letter was refused
-    // goes to the dead letter again, as it was (its handler does not run again).
-    static bool settled_before(Item& it)
-    {
-        std::optional<DeadLetterDue> due;
-        if (PartitionLedger::settled(*it.part, it.record.offset, due)) {
-            it.state = ItemState::done;
-            return true;
-        }
-        if (!due)
-            return false;
-        it.poison(due->reason, due->error);
-        it.attempts = due->attempts;
-        return true;
-    }
-
-    void count_poison(const Item& it)
-    {
-        if (it.reason == DeadLetterReason::invalid_event_id || it.reason == DeadLetterReason::missing_event_id)
-            metrics.invalid_event_ids.add();
-        else
-            metrics.decode_errors.add();
-    }
-
-    // The dedup-horizon guard: an event whose claim may already be purged is
-    // not handed to the handler blindly. The reconcile hook needs PostgreSQL,
-    // so it runs in launch(), when no batch is in the workers' hands.
-    void apply_horizon(Item& it)
-    {
-        const auto d = guard->check(it.id);
-        it.key_window_open = d.key_window_open;
-        if (d.beyond_horizon)
-            metrics.beyond_dedup_horizon.add();
-        if (d.action == HorizonAction::dead_letter) {
-            if (d.reason == reason_non_v7_event_id)
-                it.poison(DeadLetterReason::non_v7_event_id,
-                          "event id " + it.id.to_string() + " is not a UUIDv7; the partitioned claims table needs one");
-            else
-                it.poison(DeadLetterReason::beyond_dedup_horizon,
-                          fmt::format("event {} is {} ms old; dedup horizon is {} ms", it.id.to_string(),
-                                      d.age.count(),
-                                      std::chrono::duration_cast<milliseconds>(cfg.retention.dedup_horizon()).count()));
-            explain_default_once(it.reason);
-            return;
-        }
-        if (d.action == HorizonAction::reconcile) {
-            it.reconcile = true;
-            return;
-        }
-        if (d.beyond_horizon) {
-            metrics.horizon_processed.add();
-            auto fields = coordinates(it.record.topic, it.record.partition, it.record.offset);
-            fields.push_back({log_field::event_id, it.id.to_string()});
-            say(LogLevel::warning, std::move(fields), "{} (event {}) is beyond the dedup horizon; processed by policy",
-                coords(it.record.topic, it.record.partition, it.record.offset), it.id.to_string());
-        }
-    }
-
-    // The first record a default policy dead-letters gets one error line
-    // saying which setting decided it and what to change.
-    void explain_default_once(DeadLetterReason reason)
-    {
-        if (reason == DeadLetterReason::non_v7_event_id && !std::exchange(non_v7_explained, true))
-            say(LogLevel::error, {},
-                "event ids that are not UUIDv7 are dead-lettered: retention.non_v7 is dead_letter (the default "
-                "with the partitioned claims table, whose partitions expire by the id's time). Producers that send "
-                "UUIDv4 or other ids need retention.non_v7 = NonV7Policy::process or retention.mode = "
-                "RetentionMode::purge (README, \"Event ids\"). Logged once; every such record is dead-lettered "
-                "with reason non_v7_event_id");
-        if (reason == DeadLetterReason::beyond_dedup_horizon && !std::exchange(horizon_explained, true))
-            say(LogLevel::error, {},
-                "events older than the dedup horizon ({} h) are dead-lettered: retention.beyond_horizon is "
-                "dead_letter (the default), as their claims may already be purged. To handle them set "
-                "beyond_horizon = reconcile with a reconcile hook, or process, or keep claims longer "
-                "(retention.retention). Logged once; every such record is dead-lettered with reason "
-                "beyond_dedup_horizon",
-                std::chrono::duration_cast<std::chrono::hours>(cfg.retention.dedup_horizon()).count());
-    }
-
     std::size_t worker_of(const Item& it) const
     {
         if (workers.size() == 1)
@@ -671,13 +476,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         batch_deadline = Clock::now() + batch_budget;
         Holds holds;
         for (auto& it : running) {
-            if (settled_before(it))
-                continue;
-            if (it.state == ItemState::poison) {
-                count_poison(it);
-                continue;
-            }
-            apply_horizon(it);
+            intake.screen(it);
             if (it.reconcile)
                 claims.reconcile(*workers.front().db, it);
             if (it.retry_later)
@@ -799,43 +598,17 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             PartitionLedger::trim(*ps);
         running.clear();
         count_in_flight();
-        if (offset_store && positions_after_merge() && !moved.empty() && !store_merged_positions(moved))
-            return; // not stored: Kafka must not get ahead of the database either
+        if (positions && positions_after_merge() && !moved.empty()) {
+            const auto stored = positions->store(workers.front().db, moved);
+            if (stored == StoredPositions::Stored::fenced)
+                pause_fenced();
+            if (stored != StoredPositions::Stored::yes)
+                return; // not stored: Kafka must not get ahead of the database either
+        }
         if (info.records && !uncommitted_since)
             uncommitted_since = committed_at;
         if (committed_at >= next_commit_at)
             flush_commits();
-    }
-
-    bool store_merged_positions(const std::set<PartitionState*>& moved)
-    {
-        std::vector<OffsetStore::Position> positions;
-        for (auto* ps : moved)
-            positions.push_back({ps->tp.topic, ps->tp.partition, ps->processed_next, ps->epoch});
-        auto& db = workers.front().db;
-        if (!db) {
-            // Lost in this batch (by another worker, too): ensure_db()
-            // reconnects; the positions go with the partition's next batch.
-            say(LogLevel::warning, {},
-                "positions not stored: no PostgreSQL connection (records are redelivered and deduplicated)");
-            return false;
-        }
-        try {
-            pqxx::work tx(*db);
-            pg::open_for_writes(tx);
-            claims.write_positions(tx, positions);
-            tx.commit();
-            return true;
-        } catch (const Fenced&) {
-            pause_fenced();
-            return false;
-        } catch (const std::exception& e) {
-            say(LogLevel::warning, error_field(e.what()),
-                "storing positions failed (records are redelivered and deduplicated): {}", e.what());
-            if (!db->is_open())
-                db.reset();
-            return false;
-        }
     }
 
     // Nothing of the batch is processed (PostgreSQL unavailable): every
@@ -859,7 +632,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         // overlap saves: max_batch = 1 runs one record after the other.
         pipelined = cfg.pipeline && cfg.max_batch > 1;
         if (cfg.workers > 1 || pipelined)
-            pool = std::make_unique<LanePool>(cfg.workers);
+            pool = std::make_unique<WorkerPool>(cfg.workers);
         try {
             for (std::size_t i = 0; i < workers.size(); ++i)
                 connect(workers[i], i == 0);
@@ -903,7 +676,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             fill_batch(); // pipeline: meanwhile the workers process the running batch
             kafka->check_prefetch(false, batch.size(), fill_bytes);
             if (!batch.empty())
-                decode_all();
+                intake.decode(batch, fill_bank);
             finish_running();
             const bool db_ready = ensure_db();
             if (batch.empty())

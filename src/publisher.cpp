@@ -39,8 +39,7 @@ void PublisherConfig::validate() const
     }
 }
 
-struct Publisher::Impl {
-    LogSink log;
+struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publisher and of librdkafka
     detail::kafka::HandlePtr rk;
     std::atomic<std::uint64_t> delivered{0}, failed{0};
     std::mutex mu;
@@ -52,7 +51,7 @@ struct Publisher::Impl {
 
     static void dr_cb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque)
     {
-        auto* self = static_cast<Impl*>(opaque);
+        auto* self = static_cast<Impl*>(static_cast<detail::kafka::ClientOwner*>(opaque));
         if (m->_private) {
             auto* w = static_cast<Waiter*>(m->_private);
             w->err = m->err;
@@ -74,18 +73,6 @@ struct Publisher::Impl {
             if (self->failed_since_flush++ == 0)
                 self->first_error = reason;
         }
-    }
-
-    // librdkafka's own lines (and its errors, which it logs when no error_cb
-    // is set) go to the sink rather than straight to stderr.
-    static void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf)
-    {
-        auto* self = static_cast<Impl*>(rd_kafka_opaque(rk));
-        const LogLevel l = level <= 3   ? LogLevel::error
-                           : level == 4 ? LogLevel::warning
-                           : level <= 6 ? LogLevel::info
-                                        : LogLevel::debug;
-        detail::emit(self->log, l, fmt::format("rdkafka {}: {}", fac, buf), "librdkafka", {{"facility", fac}});
     }
 
     void produce(std::string_view topic, std::optional<std::string_view> key, std::optional<std::string_view> payload,
@@ -151,15 +138,9 @@ Publisher::Publisher(PublisherConfig config) : impl_(std::make_unique<Impl>())
     props["bootstrap.servers"] = config.brokers;
     props["enable.idempotence"] = "true";
     props["acks"] = "all";
-    auto conf = detail::kafka::make_conf(props);
-    rd_kafka_conf_set_opaque(conf.get(), impl_.get());
-    rd_kafka_conf_set_dr_msg_cb(conf.get(), Impl::dr_cb);
-    rd_kafka_conf_set_log_cb(conf.get(), Impl::log_cb);
-    char err[512];
-    impl_->rk.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), err, sizeof err));
-    if (!impl_->rk)
-        throw KafkaError(secrets(fmt::format("cannot create Kafka producer: {}", err)));
-    conf.release();
+    impl_->rk = detail::kafka::make_client(
+        RD_KAFKA_PRODUCER, props, *impl_, [](rd_kafka_conf_t* conf) { rd_kafka_conf_set_dr_msg_cb(conf, Impl::dr_cb); },
+        secrets);
 }
 
 Publisher::~Publisher()

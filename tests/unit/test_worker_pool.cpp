@@ -4,45 +4,45 @@
 #include <idemkafka/metrics.hpp>
 
 #include "catch_compat.hpp"
-#include "lane_pool.hpp"
+#include "worker_pool.hpp"
 
-TEST_CASE("lane pool runs every lane of every round exactly once, calls done once, and waits", "[unit]")
+TEST_CASE("worker pool runs every worker of every round exactly once, calls done once, and waits", "[unit]")
 {
-    idemkafka::detail::LanePool pool(4);
-    std::vector<int> per_lane(4, 0); // each lane writes only its own slot
+    idemkafka::detail::WorkerPool pool(4);
+    std::vector<int> per_worker(4, 0); // each worker writes only its own slot
     std::atomic<int> total{0};
-    int done_calls = 0; // written by the last lane of a round, read after wait()
-    bool all_lanes_before_done = true;
+    int done_calls = 0; // written by the last worker of a round, read after wait()
+    bool all_workers_before_done = true;
     for (int round = 0; round < 2000; ++round) {
-        const std::size_t lanes = 1 + static_cast<std::size_t>(round % 4);
+        const std::size_t workers = 1 + static_cast<std::size_t>(round % 4);
         const int before = total.load();
         pool.start(
-            lanes,
-            [&](std::size_t lane) {
-                ++per_lane[lane];
+            workers,
+            [&](std::size_t worker) {
+                ++per_worker[worker];
                 total.fetch_add(1, std::memory_order_relaxed);
             },
             [&] {
-                // Every lane of the round has finished before done runs.
-                all_lanes_before_done = all_lanes_before_done && total.load() == before + static_cast<int>(lanes);
+                // Every worker of the round has finished before done runs.
+                all_workers_before_done = all_workers_before_done && total.load() == before + static_cast<int>(workers);
                 ++done_calls;
             });
         pool.wait();
         REQUIRE(done_calls == round + 1);
     }
-    CHECK(all_lanes_before_done);
+    CHECK(all_workers_before_done);
     CHECK(total == 500 * (1 + 2 + 3 + 4));
-    CHECK(per_lane[0] == 2000);
-    CHECK(per_lane[1] == 1500);
-    CHECK(per_lane[2] == 1000);
-    CHECK(per_lane[3] == 500);
+    CHECK(per_worker[0] == 2000);
+    CHECK(per_worker[1] == 1500);
+    CHECK(per_worker[2] == 1000);
+    CHECK(per_worker[3] == 500);
 }
 
-TEST_CASE("lane pool: wait() without a start returns, the destructor waits for started work", "[unit]")
+TEST_CASE("worker pool: wait() without a start returns, the destructor waits for started work", "[unit]")
 {
     std::atomic<int> ran{0};
     {
-        idemkafka::detail::LanePool pool(2);
+        idemkafka::detail::WorkerPool pool(2);
         pool.wait();
         pool.start(2, [&](std::size_t) {
             for (int i = 0; i < 1000; ++i)
@@ -55,7 +55,7 @@ TEST_CASE("lane pool: wait() without a start returns, the destructor waits for s
 TEST_CASE("metrics are updated from several threads without loss", "[unit]")
 {
     idemkafka::Metrics m;
-    idemkafka::detail::LanePool pool(4);
+    idemkafka::detail::WorkerPool pool(4);
     for (int round = 0; round < 200; ++round) {
         pool.start(4, [&](std::size_t) {
             for (int i = 0; i < 50; ++i) {

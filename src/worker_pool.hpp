@@ -1,5 +1,5 @@
 #pragma once
-// A fixed set of threads that run one batch's lanes in parallel, in the
+// A fixed set of threads that run one batch's workers in parallel, in the
 // background of the poll thread.
 
 #include <condition_variable>
@@ -12,15 +12,15 @@
 
 namespace idemkafka::detail {
 
-class LanePool {
+class WorkerPool {
 public:
-    explicit LanePool(std::size_t threads)
+    explicit WorkerPool(std::size_t threads)
     {
         for (std::size_t i = 0; i < threads; ++i)
             threads_.emplace_back([this, i] { loop(i); });
     }
 
-    ~LanePool()
+    ~WorkerPool()
     {
         wait();
         {
@@ -32,8 +32,8 @@ public:
             t.join();
     }
 
-    LanePool(const LanePool&) = delete;
-    LanePool& operator=(const LanePool&) = delete;
+    WorkerPool(const WorkerPool&) = delete;
+    WorkerPool& operator=(const WorkerPool&) = delete;
 
     std::size_t threads() const noexcept { return threads_.size(); }
 
@@ -47,7 +47,7 @@ public:
             std::lock_guard<std::mutex> lock(mu_);
             work_ = std::move(work);
             done_cb_ = std::move(done);
-            lanes_ = n;
+            workers_ = n;
             pending_ = n;
             ++generation_;
         }
@@ -62,7 +62,7 @@ public:
     }
 
 private:
-    void loop(std::size_t lane)
+    void loop(std::size_t worker)
     {
         std::size_t seen = 0;
         for (;;) {
@@ -72,10 +72,10 @@ private:
                 if (quit_)
                     return;
                 seen = generation_;
-                if (lane >= lanes_)
+                if (worker >= workers_)
                     continue;
             }
-            work_(lane); // work_ stays as it is until every lane has finished
+            work_(worker); // work_ stays as it is until every worker has finished
             std::unique_lock<std::mutex> lock(mu_);
             if (--pending_ > 0)
                 continue;
@@ -89,7 +89,7 @@ private:
     std::condition_variable wake_, done_;
     std::function<void(std::size_t)> work_;
     std::function<void()> done_cb_;
-    std::size_t lanes_ = 0;
+    std::size_t workers_ = 0;
     std::size_t pending_ = 0;
     std::size_t generation_ = 0;
     bool quit_ = false;

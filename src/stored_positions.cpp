@@ -1,0 +1,120 @@
+#include "stored_positions.hpp"
+
+#include <fmt/format.h>
+
+#include "pg/tx_guard.hpp"
+
+namespace idemkafka::detail {
+namespace {
+
+constexpr std::int64_t offset_invalid = -1001; // RD_KAFKA_OFFSET_INVALID
+
+} // namespace
+
+std::optional<std::map<TopicPartition, std::int64_t>>
+StoredPositions::acquire(std::unique_ptr<pqxx::connection>& db, kafka::Consumer& consumer,
+                         const std::vector<TopicPartition>& tps)
+{
+    if (!db)
+        return std::nullopt;
+    std::vector<std::pair<std::string, std::int32_t>> wanted;
+    for (const auto& tp : tps)
+        wanted.emplace_back(tp.topic, tp.partition);
+    std::vector<OffsetStore::Stored> stored;
+    try {
+        pqxx::work tx(*db);
+        pg::open_for_writes(tx);
+        stored = store_.acquire(tx, cfg_.group_id, wanted);
+        tx.commit();
+    } catch (const std::exception& e) {
+        emit(log_, LogLevel::warning,
+             fmt::format("cannot read stored positions, partitions wait for PostgreSQL: {}", e.what()), "consumer",
+             {{log_field::error, e.what()}});
+        if (!db->is_open())
+            db.reset();
+        return std::nullopt;
+    }
+    std::vector<std::pair<TopicPartition, std::int64_t>> committed;
+    for (const auto& tp : tps)
+        committed.push_back({tp, offset_invalid});
+    if (!consumer.committed(committed, std::chrono::milliseconds(10000)))
+        committed.clear(); // unknown: the stored positions decide
+    std::map<TopicPartition, std::int64_t> target;
+    for (const auto& st : stored) {
+        auto* ps = ledger_.find(st.topic, st.partition);
+        if (ps) {
+            ps->epoch = st.epoch;
+            ps->position_verified = true;
+        }
+        if (!st.next_offset)
+            continue;
+        std::int64_t kafka_offset = offset_invalid;
+        for (const auto& [tp, offset] : committed)
+            if (tp.topic == st.topic && tp.partition == st.partition && offset != kafka::offset_unknown)
+                kafka_offset = offset;
+        if (*st.next_offset <= kafka_offset)
+            continue;
+        target[{st.topic, st.partition}] = *st.next_offset;
+        if (ps) {
+            ps->start_offset = *st.next_offset; // for the lag gauge
+            ps->start_known = true;
+        }
+        emit(log_, LogLevel::info,
+             fmt::format("{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition,
+                         *st.next_offset, kafka_offset),
+             "consumer", coordinates(st.topic, st.partition, *st.next_offset));
+    }
+    return target;
+}
+
+std::map<PartitionState*, std::int64_t> StoredPositions::verify(std::unique_ptr<pqxx::connection>& db,
+                                                                kafka::Consumer& consumer)
+{
+    std::vector<TopicPartition> unverified;
+    for (const auto& [tp, ps] : ledger_)
+        if (!ps.position_verified)
+            unverified.push_back(tp);
+    std::map<PartitionState*, std::int64_t> rewinds;
+    if (unverified.empty())
+        return rewinds;
+    const auto target = acquire(db, consumer, unverified);
+    if (!target)
+        return rewinds;
+    for (const auto& [tp, offset] : *target)
+        if (auto* ps = ledger_.find(tp.topic, tp.partition); ps && ps->processed_next < offset)
+            rewinds[ps] = offset;
+    return rewinds;
+}
+
+StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>& db,
+                                               const std::set<PartitionState*>& moved)
+{
+    std::vector<OffsetStore::Position> positions;
+    for (auto* ps : moved)
+        positions.push_back({ps->tp.topic, ps->tp.partition, ps->processed_next, ps->epoch});
+    if (!db) {
+        // Lost in this batch (by another worker, too): the engine reconnects;
+        // the positions go with the partition's next batch.
+        emit(log_, LogLevel::warning,
+             "positions not stored: no PostgreSQL connection (records are redelivered and deduplicated)", "consumer");
+        return Stored::failed;
+    }
+    try {
+        pqxx::work tx(*db);
+        pg::open_for_writes(tx);
+        claims_.write_positions(tx, positions);
+        tx.commit();
+        return Stored::yes;
+    } catch (const Fenced&) {
+        return Stored::fenced;
+    } catch (const std::exception& e) {
+        emit(log_, LogLevel::warning,
+             fmt::format("storing positions failed (records are redelivered and deduplicated): {}", e.what()),
+             "consumer", {{log_field::error, e.what()}});
+        if (!db->is_open())
+            db.reset();
+        return Stored::failed;
+    }
+}
+
+} // namespace idemkafka::detail

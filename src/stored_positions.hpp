@@ -1,0 +1,59 @@
+#pragma once
+// offsets_in_database: the positions this member keeps in PostgreSQL next
+// to the claims, and its ownership epoch per partition, which fences a
+// previous owner's late writes. Private to the library.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/config.hpp"
+#include "idemkafka/offset_store.hpp"
+#include "kafka/consumer.hpp"
+#include "ledger.hpp"
+#include "log_context.hpp"
+#include "pg/claim_transaction.hpp"
+
+namespace idemkafka::detail {
+
+class StoredPositions {
+public:
+    StoredPositions(const ConsumerConfig& cfg, const OffsetStore& store, PartitionLedger& ledger,
+                    ClaimTransaction& claims, LogSink log)
+        : cfg_(cfg), store_(store), ledger_(ledger), claims_(claims), log_(std::move(log))
+    {
+    }
+
+    /// Takes `tps` over in the offset table (a new epoch for each, recorded
+    /// in the ledger, which marks them verified) and returns the stored
+    /// positions ahead of Kafka's committed offsets: where each must start.
+    /// Nothing when PostgreSQL is unavailable (`db` is reset when the
+    /// connection is lost).
+    std::optional<std::map<TopicPartition, std::int64_t>> acquire(std::unique_ptr<pqxx::connection>& db,
+                                                                  kafka::Consumer& consumer,
+                                                                  const std::vector<TopicPartition>& tps);
+
+    /// Partitions assigned while PostgreSQL was away: acquires them now and
+    /// returns where each must be rewound to (ahead of what it processed).
+    std::map<PartitionState*, std::int64_t> verify(std::unique_ptr<pqxx::connection>& db, kafka::Consumer& consumer);
+
+    enum class Stored { yes, fenced, failed };
+    /// Writes the merged positions of `moved` in a transaction of their own
+    /// (per-key ordering over several workers). `fenced`: the table refused
+    /// our epoch for some (see ClaimTransaction::take_fenced()).
+    Stored store(std::unique_ptr<pqxx::connection>& db, const std::set<PartitionState*>& moved);
+
+private:
+    const ConsumerConfig& cfg_;
+    const OffsetStore& store_;
+    PartitionLedger& ledger_;
+    ClaimTransaction& claims_;
+    LogSink log_;
+};
+
+} // namespace idemkafka::detail

@@ -1,0 +1,349 @@
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "ledger.hpp"
+
+using idemkafka::DeadLetterReason;
+using namespace idemkafka::detail;
+using std::chrono::milliseconds;
+
+namespace {
+
+PartitionLedger make_ledger()
+{
+    return PartitionLedger(Backoff{milliseconds(100), milliseconds(1000)}, Backoff{milliseconds(1000), milliseconds(30000)});
+}
+
+} // namespace
+
+TEST_CASE("ledger: a polled record is foreign, stale before a rewind point, or taken", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& ps = ledger.assign({"t", 0});
+    CHECK(PartitionLedger::admit(ledger.find("t", 1), 5) == Admission::foreign);
+    CHECK(PartitionLedger::admit(&ps, 5) == Admission::take);
+
+    PartitionLedger::rewind(ps, 10);
+    CHECK(ps.needs_seek);
+    CHECK(PartitionLedger::admit(&ps, 9) == Admission::stale);
+    CHECK(ps.resume_from == 10);
+    // The first record at or past the point shows that the seek took effect,
+    // also when the point itself is no record (a transaction marker).
+    CHECK(PartitionLedger::admit(&ps, 11) == Admission::take);
+    CHECK(ps.resume_from == -1);
+    CHECK_FALSE(ps.needs_seek);
+    CHECK(PartitionLedger::admit(&ps, 3) == Admission::take); // no rewind pending: not the ledger's to judge
+}
+
+TEST_CASE("ledger: holds keep the earliest offset and the most failures", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& a = ledger.assign({"t", 0});
+    auto& b = ledger.assign({"t", 1});
+    Holds h;
+    h.add(&a, 10, 0);
+    h.add(&a, 7, 0);
+    h.add(&a, 12, 3);
+    Holds other;
+    other.add(&b, 4, 1);
+    h.merge(other);
+    CHECK(h.covers(&a, 7));
+    CHECK(h.covers(&a, 100));
+    CHECK_FALSE(h.covers(&a, 6));
+    CHECK(h.covers(&b, 4));
+    CHECK_FALSE(h.covers(&b, 3));
+
+    const auto t0 = Clock::now();
+    const auto actions = ledger.apply(h, t0);
+    REQUIRE(actions.size() == 2);
+    CHECK(a.resume_from == 7);
+    CHECK(a.retry_paused);
+    CHECK(a.resume_at == t0 + milliseconds(400)); // third failure: 100, 200, 400
+    CHECK(b.resume_from == 4);
+    CHECK(b.resume_at == t0 + milliseconds(100));
+    for (const auto& act : actions)
+        CHECK(act.pause);
+}
+
+TEST_CASE("ledger: seeks are due until sent, paused partitions resume after their backoff", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& ps = ledger.assign({"t", 0});
+    Holds h;
+    h.add(&ps, 5, 1);
+    const auto t0 = Clock::now();
+    ledger.apply(h, t0);
+
+    auto due = ledger.due(t0 + milliseconds(500));
+    CHECK(due.seek == std::vector<PartitionState*>{&ps});
+    CHECK(due.resume.empty()); // not before its seek was sent
+    PartitionLedger::seek_sent(ps);
+    due = ledger.due(t0 + milliseconds(50));
+    CHECK(due.seek.empty());
+    CHECK(due.resume.empty()); // backoff (100 ms) not over
+    due = ledger.due(t0 + milliseconds(100));
+    CHECK(due.resume == std::vector<PartitionState*>{&ps});
+    CHECK_FALSE(ps.retry_paused);
+    CHECK(ledger.due(t0 + milliseconds(200)).resume.empty()); // once
+
+    // A seek whose call failed: sent again, unless the rewound record arrived.
+    PartitionLedger::rewind(ps, 8);
+    CHECK(ledger.due(t0).seek.size() == 1);
+    CHECK(PartitionLedger::admit(&ps, 8) == Admission::take);
+    CHECK(ledger.due(t0).seek.empty());
+}
+
+TEST_CASE("ledger: commits hand over moved positions once, and again after a failure", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& a = ledger.assign({"t", 0});
+    ledger.assign({"t", 1});
+    CHECK(ledger.take_commits(nullptr).empty()); // nothing processed
+
+    ledger.complete(a, 4);
+    ledger.complete(a, 2); // out of order: the position never goes back
+    auto c = ledger.take_commits(nullptr);
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].first == TopicPartition{"t", 0});
+    CHECK(c[0].second == 5);
+    CHECK(ledger.take_commits(nullptr).empty());
+
+    ledger.commit_failed("t", 0, 4); // an older commit's failure changes nothing
+    CHECK(ledger.take_commits(nullptr).empty());
+    ledger.commit_failed("t", 0, 5);
+    CHECK(ledger.take_commits(nullptr).size() == 1);
+
+    ledger.complete(a, 9);
+    std::set<TopicPartition> only{{"t", 1}};
+    CHECK(ledger.take_commits(&only).empty());
+    CHECK(ledger.take_commits(nullptr).at(0).second == 10);
+}
+
+TEST_CASE("ledger: failures, dead letters and what a revoke leaves", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& ps = ledger.assign({"t", 0});
+    CHECK(ledger.attempt_of(ps, 3) == 1);
+    CHECK(ledger.count_failure(ps, 3) == 1);
+    CHECK(ledger.count_failure(ps, 3) == 2);
+    CHECK(ledger.attempt_of(ps, 3) == 3);
+
+    std::optional<DeadLetterDue> due;
+    CHECK(ledger.dead_letter_refused(ps, 3, DeadLetterReason::handler_failed, "boom", 2) == 1);
+    CHECK(ledger.dead_letter_refused(ps, 3, DeadLetterReason::handler_failed, "boom", 2) == 2);
+    CHECK_FALSE(PartitionLedger::settled(ps, 3, due));
+    REQUIRE(due);
+    CHECK(due->error == "boom");
+    CHECK(due->attempts == 2);
+    CHECK(due->refusals == 2);
+
+    ledger.dead_lettered(ps, 3);
+    CHECK(PartitionLedger::settled(ps, 3, due));
+    CHECK_FALSE(due);
+    CHECK(ps.failures.empty());
+    ledger.complete(ps, 3);
+    PartitionLedger::trim(ps);
+    CHECK(ps.dead_lettered.empty()); // behind the position: forgotten
+
+    // A second assignment of the same partition starts from nothing.
+    ledger.count_failure(ps, 7);
+    ledger.revoke({{"t", 0}});
+    CHECK(ledger.find("t", 0) == nullptr);
+    CHECK(ledger.empty());
+    auto& again = ledger.assign({"t", 0});
+    CHECK(again.failures.empty());
+    CHECK(again.processed_next == -1);
+}
+
+TEST_CASE("ledger: a fenced partition waits a growing backoff, once at a time, then is taken over", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& ps = ledger.assign({"t", 0});
+    const auto t0 = Clock::now();
+    auto wait = ledger.fence({"t", 0}, t0);
+    REQUIRE(wait);
+    CHECK(*wait == milliseconds(1000));
+    CHECK_FALSE(ledger.fence({"t", 0}, t0)); // already waiting
+    CHECK_FALSE(ledger.fence({"t", 9}, t0)); // not ours
+    auto due = ledger.due(t0 + milliseconds(1000));
+    REQUIRE(due.resume.size() == 1);
+    CHECK_FALSE(ps.position_verified); // verified (taken over) before it runs again
+    wait = ledger.fence({"t", 0}, t0);
+    REQUIRE(wait);
+    CHECK(*wait == milliseconds(2000));
+    ledger.complete(ps, 0);
+    CHECK(ps.fenced == 0); // a success ends the run of refusals
+}
+
+// Random sequences of batches, failures, give-backs, worker splits, rewinds,
+// revokes and re-assigns, carried out as the engine does; after every step
+// the position (and every commit) must be behind every unfinished record,
+// no offset may be skipped, and a revoked partition leaves no state. At the
+// end, with failures stopped, every record must be finished.
+TEST_CASE("ledger: randomized batches never commit past an unfinished record", "[unit][ledger]")
+{
+    constexpr int partitions = 3;
+    constexpr std::int64_t records = 60;
+    constexpr int keys = 4;
+    for (unsigned seed = 1; seed <= 300; ++seed) {
+        INFO("seed " << seed);
+        std::mt19937 rng(seed);
+        auto chance = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
+        const std::size_t workers = 1 + rng() % 3;
+        const bool by_key = chance(50);
+
+        auto ledger = make_ledger();
+        std::map<int, std::set<std::int64_t>> effected; // committed in "PostgreSQL"
+        std::map<int, std::int64_t> kafka_committed;    // the group's committed offset
+        std::map<int, std::int64_t> fetch;              // next offset the broker hands out
+        std::map<int, bool> paused, assigned;
+        auto now = Clock::now();
+        auto tp_of = [](int p) { return TopicPartition{"t", p}; };
+        auto key_of = [](std::int64_t offset) { return static_cast<int>(offset % keys); };
+
+        auto do_assign = [&](int p) {
+            ledger.assign(tp_of(p));
+            assigned[p] = true;
+            paused[p] = false;
+            fetch[p] = kafka_committed.count(p) ? kafka_committed[p] : 0;
+        };
+        auto check_invariants = [&] {
+            for (int p = 0; p < partitions; ++p) {
+                auto* ps = ledger.find("t", p);
+                if (!assigned[p]) {
+                    REQUIRE(ps == nullptr);
+                    continue;
+                }
+                REQUIRE(ps != nullptr);
+                for (std::int64_t o = 0; o < ps->processed_next; ++o)
+                    REQUIRE(effected[p].count(o)); // nothing behind the position is unfinished
+                for (std::int64_t o = 0; o < kafka_committed[p]; ++o)
+                    REQUIRE(effected[p].count(o));
+            }
+        };
+        auto commit = [&](const std::set<TopicPartition>* only, bool failures = true) {
+            for (const auto& [tp, offset] : ledger.take_commits(only)) {
+                if (failures && chance(10)) {
+                    ledger.commit_failed(tp.topic, tp.partition, offset);
+                    continue;
+                }
+                kafka_committed[tp.partition] = offset;
+            }
+        };
+        for (int p = 0; p < partitions; ++p)
+            do_assign(p);
+
+        auto run_batch = [&](bool failures) {
+            // Poll: up to 12 records per partition from its fetch position;
+            // now and then a stale record from before a rewind.
+            struct Rec {
+                PartitionState* ps;
+                int p;
+                std::int64_t offset;
+            };
+            std::vector<Rec> batch;
+            for (int p = 0; p < partitions; ++p) {
+                if (!assigned[p] || paused[p])
+                    continue;
+                auto* ps = ledger.find("t", p);
+                if (ps->resume_from > 0 && chance(30)) {
+                    const std::int64_t stale = rng() % ps->resume_from;
+                    REQUIRE(PartitionLedger::admit(ps, stale) == Admission::stale);
+                }
+                const std::int64_t n = rng() % 13;
+                for (std::int64_t k = 0; k < n && fetch[p] < records; ++k) {
+                    const std::int64_t o = fetch[p]++;
+                    if (PartitionLedger::admit(ps, o) == Admission::take)
+                        batch.push_back({ps, p, o});
+                }
+            }
+            std::shuffle(batch.begin(), batch.end(), rng); // the client interleaves partitions
+            std::stable_sort(batch.begin(), batch.end(), [](const Rec& a, const Rec& b) {
+                return a.p != b.p ? a.p < b.p : a.offset < b.offset;
+            });
+            // Split over the workers as the engine does; each worker's
+            // transaction either commits its records up to a hold, or fails.
+            std::vector<std::vector<Rec>> share(workers);
+            for (const auto& r : batch)
+                share[by_key ? static_cast<std::size_t>(key_of(r.offset)) % workers : r.ps->worker % workers].push_back(r);
+            Holds merged;
+            for (auto& mine : share) {
+                Holds holds;
+                const bool db_failed = failures && chance(8);
+                if (failures && !mine.empty() && chance(25)) {
+                    // A handler failure (or a give-back at the time budget):
+                    // held from that record on, in its partition.
+                    const auto& r = mine[rng() % mine.size()];
+                    holds.add(r.ps, r.offset, chance(50) ? 1 + static_cast<int>(rng() % 3) : 0);
+                }
+                for (const auto& r : mine) {
+                    if (db_failed)
+                        holds.add(r.ps, r.offset, 0); // nothing of it committed
+                    else if (!holds.covers(r.ps, r.offset))
+                        effected[r.p].insert(r.offset);
+                }
+                merged.merge(holds);
+            }
+            for (const auto& act : ledger.apply(merged, now)) {
+                fetch[act.ps->tp.partition] = act.ps->resume_from; // the seek
+                PartitionLedger::seek_sent(*act.ps);
+                if (act.pause)
+                    paused[act.ps->tp.partition] = true;
+            }
+            for (const auto& r : batch)
+                if (!merged.covers(r.ps, r.offset))
+                    ledger.complete(*r.ps, r.offset);
+            check_invariants();
+        };
+
+        for (int step = 0; step < 120; ++step) {
+            const int what = static_cast<int>(rng() % 100);
+            if (what < 60) {
+                run_batch(true);
+            } else if (what < 75) {
+                commit(nullptr);
+            } else if (what < 85) {
+                now += milliseconds(rng() % 600);
+                for (auto* ps : ledger.due(now).resume)
+                    paused[ps->tp.partition] = false;
+            } else if (what < 95) {
+                const int p = static_cast<int>(rng() % partitions);
+                if (assigned[p]) {
+                    std::set<TopicPartition> revoked{tp_of(p)};
+                    if (chance(70)) // a revoke commits first; a lost assignment does not
+                        commit(&revoked);
+                    ledger.revoke(revoked);
+                    assigned[p] = false;
+                }
+            } else {
+                for (int p = 0; p < partitions; ++p)
+                    if (!assigned[p])
+                        do_assign(p);
+            }
+            check_invariants();
+        }
+        // Failures stop: everything gets finished and committed.
+        for (int p = 0; p < partitions; ++p)
+            if (!assigned[p])
+                do_assign(p);
+        for (int round = 0; round < 200; ++round) {
+            now += milliseconds(1000);
+            for (auto* ps : ledger.due(now).resume)
+                paused[ps->tp.partition] = false;
+            run_batch(false);
+        }
+        commit(nullptr, false);
+        for (int p = 0; p < partitions; ++p) {
+            INFO("partition " << p);
+            // Committed in Kafka to the end (by this assignment, or by an
+            // earlier one when this one found nothing left to process).
+            CHECK(kafka_committed[p] == records);
+            CHECK(effected[p].size() == static_cast<std::size_t>(records));
+        }
+    }
+}
