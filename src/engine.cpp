@@ -77,8 +77,13 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     std::optional<OffsetStore> offset_store; // offsets_in_database
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log};
+    // A rebalance took partitions of the running batch while a handler call
+    // ran past revoke_wait: its transactions roll back at the next chance.
+    std::atomic<bool> abandon_running{false};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, offset_store, ledger, dead_letters,
-                                                    log, [this] { return forced(); }, positions_after_merge()}};
+                                                    log, [this] { return forced(); },
+                                                    [this] { return abandon_running.load(); },
+                                                    positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
     std::unique_ptr<kafka::Consumer> kafka;
 
@@ -112,6 +117,14 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     Clock::time_point next_commit_at{};                 // commit_interval: earliest next offset commit
     std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
     Clock::time_point next_lag_update{};
+    // A handler call that keeps the poll thread waiting past keepalive_after
+    // (counted from the last poll) has the assignment paused and polled, so
+    // the member stays in the group; a revoke waits at most revoke_wait for
+    // a running batch that has records of the revoked partitions.
+    Clock::time_point last_polled = Clock::now();
+    milliseconds keepalive_after{10000};
+    milliseconds revoke_wait{10000};
+    bool keepalive_paused = false;
 
     Impl(ConsumerConfig c, Stage& s)
         : cfg(std::move(c)), stage(s), secrets(secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka,
@@ -219,7 +232,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         if (positions) {
             // Partitions assigned while PostgreSQL was away take their stored
             // positions now (a seek), before they are resumed.
-            for (const auto& [ps, offset] : positions->verify(workers.front().db, *kafka))
+            for (const auto& [ps, offset] : positions->verify(*kafka))
                 rewind(*ps, offset);
             for (const auto& [tp, ps] : ledger)
                 if (!ps.position_verified) {
@@ -253,22 +266,6 @@ struct Engine::Impl final : kafka::ConsumerEvents {
 
     // ---- Kafka events (inside poll) -----------------------------------------
 
-    void rebalance_begins() override
-    {
-        // The running batch first: its positions belong to what is revoked,
-        // and its connections are free for the stored positions of what is
-        // assigned. An exception must not cross librdkafka's frames: it is
-        // kept and thrown after the poll returns, and nothing more is
-        // committed meanwhile (as after a crash).
-        try {
-            finish_running();
-        } catch (...) {
-            no_commit = true;
-            if (!deferred_error)
-                deferred_error = std::current_exception();
-        }
-    }
-
     bool assigned(std::vector<std::pair<TopicPartition, std::int64_t>>& start) override
     {
         std::vector<TopicPartition> tps;
@@ -280,7 +277,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             // Each partition starts at max(stored position, Kafka's committed
             // offset). Without PostgreSQL it stays unverified and paused until
             // a reconnect verifies it (see ensure_db).
-            if (auto target = positions->acquire(workers.front().db, *kafka, tps)) {
+            if (auto target = positions->acquire(*kafka, tps)) {
                 for (auto& [tp, offset] : start)
                     if (auto t = target->find(tp); t != target->end())
                         offset = t->second;
@@ -292,7 +289,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                     db_hold();
             }
         }
-        return db_pause;
+        return db_pause || keepalive_paused;
     }
 
     void revoked(const std::set<TopicPartition>& tps, bool lost) override
@@ -303,9 +300,51 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                                    [&](const Item& it) { return tps.count(it.part->tp) > 0; }),
                     batch.end());
         count_in_flight();
+        // The running batch first: its positions belong to what is revoked.
+        // It is waited for (at most revoke_wait) only when it has records of
+        // the revoked partitions; past that its transactions are abandoned
+        // (rolled back when their handler calls return), and the states it
+        // points to stay in memory until it ends.
+        bool settled = true;
+        if (!running.empty()) {
+            const bool touched = std::any_of(running.begin(), running.end(),
+                                             [&](const Item& it) { return tps.count(it.part->tp) > 0; });
+            if (pool->wait_until(Clock::now() + (touched ? revoke_wait : milliseconds(0))))
+                finish_running_in_callback();
+            else if (touched)
+                abandon_for_revoke(tps.size());
+            settled = running.empty();
+        }
         if (!lost && !no_commit)
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
-        ledger.revoke(tps);
+        ledger.revoke(tps, !settled);
+    }
+
+    void abandon_for_revoke(std::size_t revoked)
+    {
+        if (abandon_running.exchange(true))
+            return;
+        metrics.revoke_abandons.add();
+        say(LogLevel::warning, {},
+            "a rebalance revoked {} partition(s) while a handler call of the running batch has run past the revoke "
+            "wait ({} ms): the batch's transactions roll back when their calls return, and the new owners process "
+            "those records (the claims keep their effects in PostgreSQL once; side effects outside it may happen "
+            "twice)",
+            revoked, revoke_wait.count());
+    }
+
+    // finish_running() in a librdkafka callback: an exception must not cross
+    // librdkafka's frames, so it is kept and thrown after the poll returns,
+    // and nothing more is committed meanwhile (as after a crash).
+    void finish_running_in_callback() noexcept
+    {
+        try {
+            finish_running();
+        } catch (...) {
+            no_commit = true;
+            if (!deferred_error)
+                deferred_error = std::current_exception();
+        }
     }
 
     void commit_failed(const TopicPartition& tp, std::int64_t offset) override
@@ -413,6 +452,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 timeout = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
             auto m = kafka->poll(timeout);
             polling = false;
+            last_polled = Clock::now();
             if (deferred_error)
                 std::rethrow_exception(std::exchange(deferred_error, nullptr));
             if (!m) {
@@ -506,19 +546,59 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 w.error = std::current_exception();
             }
         };
-        if (!pool) {
-            work(0);
-            running_done = true;
-            return;
-        }
+        // Always on the pool, also with one worker and no pipeline: the poll
+        // thread stays free to keep the membership during a long handler call.
         running_done = false;
         pool->start(workers.size(), work, [this] {
             running_done = true;
             if (polling)
                 kafka->wake_poll(); // a poll waiting for records returns now
         });
-        if (!pipelined)
-            pool->wait();
+    }
+
+    // Waits for the batch in the workers' hands. Past keepalive_after since
+    // the last poll (a handler call that runs long) the member must poll to
+    // stay in the group: the assignment is paused (librdkafka drops what it
+    // prefetched and fetches it again from the position after the resume)
+    // and polled every 100 ms, which serves rebalances; positions finished
+    // before are committed meanwhile. A stop that becomes forced abandons
+    // the batch (rolled back when its calls return).
+    void await_workers()
+    {
+        if (pool->wait_until(last_polled + keepalive_after))
+            return;
+        const auto since = Clock::now();
+        metrics.long_call_waits.add();
+        say(LogLevel::info, {},
+            "a handler call has run past the keep-alive point ({} ms after the last poll); the assignment is paused "
+            "and polled until it returns, so this member stays in the group",
+            keepalive_after.count());
+        keepalive_paused = true;
+        kafka->pause_assignment(true);
+        while (!pool->wait_until(Clock::now())) {
+            if (forced() && !abandon_running.exchange(true))
+                say(LogLevel::warning, {}, "stop forced during a long handler call: its transaction rolls back when "
+                                           "the call returns");
+            auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
+            last_polled = Clock::now();
+            if (m && m->err) {
+                kafka->consumer_error(*m);
+            } else if (m) {
+                // Fetched before the pause: it comes again after the resume.
+                Record r;
+                kafka::Consumer::read(*m, r);
+                auto* ps = ledger.find(r.topic, r.partition);
+                if (PartitionLedger::admit(ps, r.offset) == Admission::take)
+                    rewind(*ps, r.offset);
+            }
+            if (uncommitted_since && Clock::now() >= next_commit_at)
+                flush_commits();
+        }
+        keepalive_paused = false;
+        if (!db_pause)
+            set_db_pause(false); // resumes all but partitions waiting out a retry backoff
+        say(LogLevel::info, {}, "the long handler call returned after {} ms of polling; the assignment is resumed",
+            std::chrono::duration_cast<milliseconds>(Clock::now() - since).count());
     }
 
     // Waits for the batch in the workers' hands and takes its results: holds
@@ -529,8 +609,17 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     {
         if (running.empty())
             return;
-        if (pool)
-            pool->wait();
+        if (!pool->wait_until(Clock::now()))
+            await_workers();
+        // The states of partitions revoked while the batch ran go with it.
+        struct Release {
+            Impl& self;
+            ~Release()
+            {
+                self.ledger.release_retired();
+                self.abandon_running = false;
+            }
+        } release{*this};
 
         // Merge: a partition stops at the earliest hold of any worker, and at
         // the first unfinished record of a worker whose transaction did not commit.
@@ -541,7 +630,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         for (auto& w : workers) {
             holds.merge(w.holds);
             if (w.failed) {
-                any_failed = any_failed || !w.fenced;
+                any_failed = any_failed || !(w.fenced || (w.abandoned && abandon_running));
                 if (w.error && !error)
                     error = w.error;
                 for (std::size_t i : w.items)
@@ -588,7 +677,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         }
         std::set<PartitionState*> moved;
         for (auto& it : running) {
-            if (holds.covers(it.part, it.record.offset))
+            if (holds.covers(it.part, it.record.offset) || !ledger.owns(it.part))
                 continue;
             it.state = ItemState::done;
             ledger.complete(*it.part, it.record.offset);
@@ -631,8 +720,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         // A hand-over per record costs two thread wake-ups, more than the
         // overlap saves: max_batch = 1 runs one record after the other.
         pipelined = cfg.pipeline && cfg.max_batch > 1;
-        if (cfg.workers > 1 || pipelined)
-            pool = std::make_unique<WorkerPool>(cfg.workers);
+        pool = std::make_unique<WorkerPool>(cfg.workers);
         try {
             for (std::size_t i = 0; i < workers.size(); ++i)
                 connect(workers[i], i == 0);
@@ -661,6 +749,8 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             outbox_relay->start();
         }
         kafka = std::make_unique<kafka::Consumer>(cfg, *this, metrics, log, secrets);
+        keepalive_after = std::min(milliseconds(10000), kafka->max_poll_interval() / 5);
+        revoke_wait = std::min(cfg.shutdown_timeout, kafka->max_poll_interval() / 2);
         if (cfg.max_batch_duration.count() > 0)
             batch_budget = cfg.max_batch_duration;
         else // 40% of max.poll.interval.ms: a batch ends well before the group would drop this member

@@ -36,10 +36,23 @@ PartitionState& PartitionLedger::assign(const TopicPartition& tp)
     return slot;
 }
 
-void PartitionLedger::revoke(const std::set<TopicPartition>& tps)
+void PartitionLedger::revoke(const std::set<TopicPartition>& tps, bool retire)
 {
-    for (const auto& tp : tps)
-        parts_.erase(tp);
+    for (const auto& tp : tps) {
+        auto it = parts_.find(tp);
+        if (it == parts_.end())
+            continue;
+        if (retire)
+            retired_.push_back(parts_.extract(it)); // a node keeps its element's address
+        else
+            parts_.erase(it);
+    }
+}
+
+bool PartitionLedger::owns(const PartitionState* ps) const
+{
+    auto it = parts_.find(ps->tp);
+    return it != parts_.end() && &it->second == ps;
 }
 
 PartitionState* PartitionLedger::find(std::string_view topic, std::int32_t partition)
@@ -71,6 +84,8 @@ std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, 
 {
     std::vector<Action> out;
     for (const auto& [ps, h] : holds) {
+        if (!owns(ps))
+            continue;
         rewind(*ps, h.offset);
         const bool pause = h.failures > 0;
         if (pause) {

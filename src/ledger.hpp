@@ -117,8 +117,14 @@ public:
     /// A newly assigned partition starts empty: nothing processed, nothing
     /// held, a new worker in round robin. An existing state is replaced.
     PartitionState& assign(const TopicPartition& tp);
-    /// Forgets revoked (or lost) partitions entirely.
-    void revoke(const std::set<TopicPartition>& tps);
+    /// Forgets revoked (or lost) partitions entirely. With `retire`, their
+    /// states stay in memory, owned by no one, until release_retired(): a
+    /// batch still running in the workers may point to them.
+    void revoke(const std::set<TopicPartition>& tps, bool retire = false);
+    /// Frees the states of partitions retired by revoke().
+    void release_retired() noexcept { retired_.clear(); }
+    /// True when `ps` is the state of a partition assigned now (not retired).
+    bool owns(const PartitionState* ps) const;
     PartitionState* find(std::string_view topic, std::int32_t partition);
     bool empty() const noexcept { return parts_.empty(); }
     std::size_t size() const noexcept { return parts_.size(); }
@@ -146,7 +152,8 @@ public:
     };
     /// Rewinds each held partition to its hold, and starts a retry backoff for
     /// holds after failures. The caller seeks each (to ps->resume_from) and
-    /// pauses those with `pause`.
+    /// pauses those with `pause`. Holds on retired partitions are not ours
+    /// to apply: they are skipped.
     std::vector<Action> apply(const Holds& holds, Clock::time_point now);
     /// The record at `offset` of `ps` is finished (committed in PostgreSQL, or
     /// dead-lettered): the partition's position moves past it.
@@ -200,6 +207,7 @@ public:
 
 private:
     std::map<TopicPartition, PartitionState> parts_;
+    std::vector<std::map<TopicPartition, PartitionState>::node_type> retired_; // same addresses as before
     std::size_t next_worker_ = 0;
     Backoff retry_;
     Backoff fence_;

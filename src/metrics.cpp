@@ -49,6 +49,10 @@ constexpr CounterDesc counters[] = {
     {"handler_aborted_transactions",
      "Handler calls that returned with their transaction aborted (a database error caught and not rethrown).",
      &MetricsSnapshot::handler_aborted_transactions},
+    {"long_call_waits", "Handler calls waited for past the keep-alive point, with the assignment paused and polled.",
+     &MetricsSnapshot::long_call_waits},
+    {"revoke_abandons", "Running transactions abandoned because a rebalance took their partitions during a long call.",
+     &MetricsSnapshot::revoke_abandons},
 };
 
 template <class T>
@@ -183,6 +187,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.fenced_writes = fenced_writes.get();
     s.lock_timeouts = lock_timeouts.get();
     s.handler_aborted_transactions = handler_aborted_transactions.get();
+    s.long_call_waits = long_call_waits.get();
+    s.revoke_abandons = revoke_abandons.get();
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();
     s.horizon_processed = horizon_processed.get();
     s.key_window_closed = key_window_closed.get();

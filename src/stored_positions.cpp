@@ -12,16 +12,19 @@ constexpr std::int64_t offset_invalid = -1001; // RD_KAFKA_OFFSET_INVALID
 } // namespace
 
 std::optional<std::map<TopicPartition, std::int64_t>>
-StoredPositions::acquire(std::unique_ptr<pqxx::connection>& db, kafka::Consumer& consumer,
-                         const std::vector<TopicPartition>& tps)
+StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps)
 {
-    if (!db)
-        return std::nullopt;
+    auto& db = db_;
     std::vector<std::pair<std::string, std::int32_t>> wanted;
     for (const auto& tp : tps)
         wanted.emplace_back(tp.topic, tp.partition);
     std::vector<OffsetStore::Stored> stored;
     try {
+        if (!db) {
+            db = std::make_unique<pqxx::connection>(cfg_.postgres);
+            pg::set_session(*db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
+            pg::guard_session(*db);
+        }
         pqxx::work tx(*db);
         pg::open_for_writes(tx);
         stored = store_.acquire(tx, cfg_.group_id, wanted);
@@ -30,7 +33,7 @@ StoredPositions::acquire(std::unique_ptr<pqxx::connection>& db, kafka::Consumer&
         emit(log_, LogLevel::warning,
              fmt::format("cannot read stored positions, partitions wait for PostgreSQL: {}", e.what()), "consumer",
              {{log_field::error, e.what()}});
-        if (!db->is_open())
+        if (db && !db->is_open())
             db.reset();
         return std::nullopt;
     }
@@ -67,8 +70,7 @@ StoredPositions::acquire(std::unique_ptr<pqxx::connection>& db, kafka::Consumer&
     return target;
 }
 
-std::map<PartitionState*, std::int64_t> StoredPositions::verify(std::unique_ptr<pqxx::connection>& db,
-                                                                kafka::Consumer& consumer)
+std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::Consumer& consumer)
 {
     std::vector<TopicPartition> unverified;
     for (const auto& [tp, ps] : ledger_)
@@ -77,7 +79,7 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(std::unique_ptr<
     std::map<PartitionState*, std::int64_t> rewinds;
     if (unverified.empty())
         return rewinds;
-    const auto target = acquire(db, consumer, unverified);
+    const auto target = acquire(consumer, unverified);
     if (!target)
         return rewinds;
     for (const auto& [tp, offset] : *target)

@@ -32,15 +32,15 @@ public:
     /// Takes `tps` over in the offset table (a new epoch for each, recorded
     /// in the ledger, which marks them verified) and returns the stored
     /// positions ahead of Kafka's committed offsets: where each must start.
-    /// Nothing when PostgreSQL is unavailable (`db` is reset when the
-    /// connection is lost).
-    std::optional<std::map<TopicPartition, std::int64_t>> acquire(std::unique_ptr<pqxx::connection>& db,
-                                                                  kafka::Consumer& consumer,
+    /// Nothing when PostgreSQL is unavailable. On a connection of its own
+    /// (opened when first needed): at an assignment the workers' connections
+    /// may be busy with a running batch.
+    std::optional<std::map<TopicPartition, std::int64_t>> acquire(kafka::Consumer& consumer,
                                                                   const std::vector<TopicPartition>& tps);
 
     /// Partitions assigned while PostgreSQL was away: acquires them now and
     /// returns where each must be rewound to (ahead of what it processed).
-    std::map<PartitionState*, std::int64_t> verify(std::unique_ptr<pqxx::connection>& db, kafka::Consumer& consumer);
+    std::map<PartitionState*, std::int64_t> verify(kafka::Consumer& consumer);
 
     enum class Stored { yes, fenced, failed };
     /// Writes the merged positions of `moved` in a transaction of their own
@@ -54,6 +54,7 @@ private:
     PartitionLedger& ledger_;
     ClaimTransaction& claims_;
     LogSink log_;
+    std::unique_ptr<pqxx::connection> db_; // for acquire()
 };
 
 } // namespace idemkafka::detail

@@ -2,6 +2,7 @@
 // A fixed set of threads that run one batch's workers in parallel, in the
 // background of the poll thread.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -59,6 +60,14 @@ public:
     {
         std::unique_lock<std::mutex> lock(mu_);
         done_.wait(lock, [this] { return pending_ == 0; });
+    }
+
+    /// Waits until the started work has finished or `deadline` passed;
+    /// true when it has finished.
+    bool wait_until(std::chrono::steady_clock::time_point deadline)
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        return done_.wait_until(lock, deadline, [this] { return pending_ == 0; });
     }
 
 private:

@@ -91,12 +91,12 @@ struct ConsumerConfig {
     /// Overlap polling with processing: while a batch's transactions run on
     /// the worker threads, the thread in run() polls and decodes the next
     /// batch (it is handed over once the running one has committed, so order
-    /// per partition and every guarantee stay as they are). The handler then
-    /// runs on a worker thread, not on the thread that called run(), and the
-    /// decoder may run at the same time as the handler. False, or
-    /// max_batch = 1 (where a hand-over per record costs more than it saves):
-    /// poll, decode and handle one batch after the other (the handler still
-    /// runs on a worker thread when workers > 1).
+    /// per partition and every guarantee stay as they are); the decoder may
+    /// then run at the same time as the handler. False, or max_batch = 1
+    /// (where a hand-over per record costs more than it saves): poll, decode
+    /// and handle one batch after the other. Either way the handler runs on a
+    /// worker thread, never on the thread that called run(), which keeps the
+    /// group membership while a handler call runs long.
     bool pipeline = true;
     /// A batch also closes once its payloads reach this many bytes.
     std::size_t max_batch_bytes = 8 * 1024 * 1024;
@@ -157,7 +157,12 @@ struct ConsumerConfig {
     /// How long to wait for the broker to acknowledge dead-letter records; a
     /// record not acknowledged in time is not committed and is tried again.
     std::chrono::milliseconds dead_letter_timeout{30000};
-    /// How long stop() may take to finish the current batch and leave the group.
+    /// How long stop() may take to finish the current batch and leave the
+    /// group; past it the batch's transaction is abandoned (a handler call
+    /// still running is waited for, with the membership kept, and its
+    /// transaction rolls back when it returns). Also how long a revoke waits
+    /// for a running batch with records of the revoked partitions (at most
+    /// half of max.poll.interval.ms) before it abandons it the same way.
     std::chrono::milliseconds shutdown_timeout{30000};
     /// How often the oldest_claim_age_seconds gauge is measured, on a PostgreSQL
     /// connection and thread of its own (the first time at start-up). Zero: never

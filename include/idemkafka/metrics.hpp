@@ -78,6 +78,14 @@ struct MetricsSnapshot {
     /// Handler calls that returned normally with their transaction aborted (a
     /// database error caught and not rethrown): failures of that record.
     std::uint64_t handler_aborted_transactions = 0;
+    /// Waits for a handler call longer than the keep-alive point (a fifth of
+    /// max.poll.interval.ms, at most 10 s): the assignment was paused and
+    /// polled meanwhile, so the member stayed in the group.
+    std::uint64_t long_call_waits = 0;
+    /// Running transactions abandoned (rolled back when their handler call
+    /// returned) because a rebalance took their partitions while the call ran
+    /// past the revoke wait.
+    std::uint64_t revoke_abandons = 0;
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
     std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
     std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
@@ -151,7 +159,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
-        lock_timeouts, handler_aborted_transactions, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class Histogram {

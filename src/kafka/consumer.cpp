@@ -180,9 +180,6 @@ void Consumer::on_error(int err, const char* reason)
 void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
     metrics_.rebalances.add();
-    // The running batch first: its positions belong to what is revoked, and
-    // its connections are free for the stored positions of what is assigned.
-    events_.rebalance_begins();
     // NULL while the protocol is unknown, as in the revoke that the close
     // serves: the last known one still holds.
     if (consumer_protocol_)

@@ -38,15 +38,14 @@ inline constexpr std::int64_t offset_unknown = INT64_MIN;
 class ConsumerEvents {
 public:
     virtual ~ConsumerEvents() = default;
-    /// A rebalance begins: the owner settles what is running first.
-    virtual void rebalance_begins() = 0;
     /// Partitions are assigned. The owner may set a start offset for each
     /// (leave it at RD_KAFKA_OFFSET_INVALID for the committed offset) and
     /// returns true to keep them all paused.
     virtual bool assigned(std::vector<std::pair<TopicPartition, std::int64_t>>& start) = 0;
     /// Partitions are revoked (or `lost`: another member may own them
-    /// already). The owner drops their state; after a revoke that is not a
-    /// loss it may commit their positions first (Consumer::commit, synchronous).
+    /// already). The owner settles what runs for them and drops their state;
+    /// after a revoke that is not a loss it may commit their positions first
+    /// (Consumer::commit, synchronous).
     virtual void revoked(const std::set<TopicPartition>& parts, bool lost) = 0;
     /// An offset commit for one partition failed; it is to be sent again.
     virtual void commit_failed(const TopicPartition& tp, std::int64_t offset) = 0;

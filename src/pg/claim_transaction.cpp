@@ -261,7 +261,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             auto& it = items[i];
             if (!claimed.count(it.id))
                 continue;
-            if (s_.forced())
+            if (s_.forced() || s_.revoked())
                 throw Abandon{};
             if (handled > 0 && Clock::now() >= b.deadline) {
                 // Over the time budget: commit what ran, give the rest back so
@@ -295,8 +295,10 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                     s_.stage.handle_batch(b.bank, tx, &it.slot, &ctx, 1);
                 else
                     s_.stage.handle(b.bank, it.slot, tx, ctx);
-            }) && left_usable(tx, w, i, failure);
-            if (!ok)
+            });
+            if (s_.revoked())
+                throw Abandon{}; // what the call did is not ours to commit any more
+            if (!ok || !left_usable(tx, w, i, failure))
                 return Outcome::handler_failed;
             current = nobody;
         }
@@ -304,9 +306,12 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             // One call for every claimed record of the transaction.
             handled = w.call_items.size();
             current = w.call_items.front();
-            const bool ok = call_handler(current, failure, [&] {
+            bool ok = call_handler(current, failure, [&] {
                 s_.stage.handle_batch(b.bank, tx, w.call_slots.data(), w.call_contexts.data(), handled);
-            }) && left_usable(tx, w, current, failure);
+            });
+            if (s_.revoked())
+                throw Abandon{};
+            ok = ok && left_usable(tx, w, current, failure);
             if (!ok && handled == 1)
                 return Outcome::handler_failed;
             if (!ok) {
@@ -323,6 +328,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             write_positions(tx, positions_of(w, b));
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
+        if (s_.revoked())
+            throw Abandon{};
         tx.commit();
         w.info.claimed = claimed_override != SIZE_MAX ? claimed_override : claimed.size();
         w.info.duplicates = active - w.info.claimed;

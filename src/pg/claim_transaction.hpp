@@ -57,7 +57,10 @@ struct Worker {
 class ClaimTransaction {
 public:
     /// What the transactions need of the consumer. `forced` tells whether a
-    /// stop abandons the current transaction.
+    /// stop abandons the current transaction before its next handler call;
+    /// `revoked` whether the batch's partitions were taken away while it ran:
+    /// then it is abandoned also right after a handler call returns, and
+    /// before COMMIT.
     struct Setup {
         const ConsumerConfig& cfg;
         Stage& stage;
@@ -68,6 +71,7 @@ public:
         DeadLetterer& dead_letters;
         LogSink log;
         std::function<bool()> forced;
+        std::function<bool()> revoked;
         /// Per-key ordering over several workers: positions are written after the merge.
         bool positions_after_merge;
     };

@@ -150,21 +150,41 @@ TEST_CASE("a fenced zombie cannot move the stored position back, and effects sta
     OffsetsSetup s(1);
     s.publish(200);
     auto cfg = s.config();
-    cfg.max_batch = 500;
+    cfg.max_batch = 100;
+    cfg.pipeline = true;
     cfg.kafka["max.poll.interval.ms"] = "7000"; // the frozen member is dropped after 7 s
     std::atomic<int> calls{0};
     std::atomic<bool> frozen{false};
+    std::atomic<bool> handler_frozen{false};
     std::atomic<bool> release{false};
-    Consumer zombie(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        detail::pg::exec_params(
-            tx, fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, 'zombie')", s.effects), e.id.to_string());
-        ++calls;
-        if (ctx.offset() == 100 && !frozen.exchange(true)) {
-            // Frozen while holding a batch (a GC pause, a stuck call ...).
-            while (!release)
-                std::this_thread::sleep_for(10ms);
-        }
-    });
+    // A zombie is a member whose whole process stood still (a GC pause, a
+    // stopped VM): a handler call that runs long alone does not get a member
+    // dropped, its poll thread keeps the membership. So the handler freezes
+    // with its transaction open, and then the poll thread freezes too, in the
+    // decoder of the next batch (pipeline), so nothing polls.
+    Consumer zombie(
+        cfg,
+        [&](std::string_view payload) {
+            auto e = decode(payload);
+            // The second batch (amounts 100 on; the first holds 0..99) is
+            // decoded while the first one runs.
+            if (e.amount >= 100 && !frozen.exchange(true)) {
+                wait_until([&] { return handler_frozen.load(); }, 30s);
+                while (!release)
+                    std::this_thread::sleep_for(10ms);
+            }
+            return e;
+        },
+        event_id_of,
+        [&](pqxx::work& tx, const TestEvent& e, const Context&) {
+            detail::pg::exec_params(tx,
+                                    fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, 'zombie')", s.effects),
+                                    e.id.to_string());
+            ++calls;
+            if (!handler_frozen.exchange(true))
+                while (!release)
+                    std::this_thread::sleep_for(10ms);
+        });
     Runner<Consumer> zr(zombie);
     // A failed REQUIRE below must not leave zr's join waiting on the frozen handler.
     struct ReleaseOnExit {
