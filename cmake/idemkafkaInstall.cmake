@@ -11,6 +11,15 @@ install(TARGETS idemkafka EXPORT idemkafkaTargets
 install(DIRECTORY include/idemkafka DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT idemkafkaTargets NAMESPACE idemkafka:: DESTINATION ${IDEMKAFKA_CMAKE_DIR})
 
+# The `testing` component: its own export set, loaded by idemkafkaConfig.cmake
+# only when find_package() asks for COMPONENTS testing.
+install(TARGETS idemkafka_testing EXPORT idemkafkaTestingTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT idemkafkaTestingTargets NAMESPACE idemkafka:: DESTINATION ${IDEMKAFKA_CMAKE_DIR})
+
 configure_package_config_file(cmake/idemkafkaConfig.cmake.in
   ${PROJECT_BINARY_DIR}/idemkafkaConfig.cmake
   INSTALL_DESTINATION ${IDEMKAFKA_CMAKE_DIR})
