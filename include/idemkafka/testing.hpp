@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The test kit for handlers (target `idemkafka::testing`): a Kafka-protocol
-/// broker in the test process, so a test can run a real IdempotentConsumer end
-/// to end.
+/// broker in the test process and a throwaway PostgreSQL schema or cluster, so
+/// a test can run a real IdempotentConsumer end to end and count its effects.
 ///
 ///     find_package(idemkafka CONFIG REQUIRED COMPONENTS testing)
 ///     target_link_libraries(my_tests PRIVATE idemkafka::testing)
@@ -132,9 +132,81 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
+/// A throwaway place in PostgreSQL for the library's tables and the handler's
+/// own: a schema with a unique name, which connection_string() makes the
+/// `search_path`, so unqualified table names land in it. It is dropped (with
+/// everything in it) on destruction.
+///
+/// The schema lives on, in this order:
+/// * the server named by the constructor's connection string;
+/// * else the server named by the environment variable IDEMKAFKA_TEST_PG
+///   (a libpq connection string), when it is set and not empty;
+/// * else a cluster of its own: `initdb` (from PATH, else the newest
+///   /usr/lib/postgresql/<version>/bin) in a temporary directory, listening on a
+///   unix socket there only (no TCP port), stopped and removed on destruction.
+///   Run as root, the server runs as the `postgres` OS user (via runuser).
+///
+/// A process killed before the destructor ran leaves the schema (or the
+/// cluster, in a directory `idemkafka-testdb.*` under TMPDIR or /tmp) behind.
+class TestDatabase {
+public:
+    /// A schema on the server IDEMKAFKA_TEST_PG names, else on a cluster of its
+    /// own (see the class comment). Throws DatabaseError naming what failed:
+    /// the server cannot be reached, initdb is not found (the message says
+    /// what to install or set), the cluster does not start within 60 s.
+    TestDatabase();
+    /// A schema on the server `conninfo` names (a libpq keyword/value string
+    /// or a postgresql:// URI; the user needs CREATE on the database). Throws
+    /// ConfigError for an empty `conninfo`, DatabaseError when the server
+    /// cannot be reached or the schema cannot be created.
+    explicit TestDatabase(const std::string& conninfo);
+    /// A schema on a cluster of its own, whatever IDEMKAFKA_TEST_PG says.
+    /// Throws as TestDatabase().
+    static TestDatabase own_cluster();
+    /// Drops the schema; stops and removes the cluster when it has its own.
+    /// Never throws: a failure is written to stderr.
+    ~TestDatabase();
+    TestDatabase(const TestDatabase&) = delete;
+    TestDatabase& operator=(const TestDatabase&) = delete;
+    TestDatabase(TestDatabase&&) noexcept;
+    TestDatabase& operator=(TestDatabase&&) noexcept;
+
+    /// libpq connection string of the database with the schema as its
+    /// `search_path` (`options=-csearch_path=<schema>`), for the handler's
+    /// tables, ConsumerConfig::postgres and any other client.
+    std::string connection_string() const;
+    /// The schema's name: lower-case letters, digits and `_`, unique per
+    /// process and run, so it needs no quoting.
+    std::string schema() const;
+
+    /// Sets `cfg.postgres` to connection_string() and `cfg.schema` to schema(),
+    /// so the consumer's claims table (and its offsets and outbox tables) land
+    /// in the schema. Throws nothing.
+    void configure(ConsumerConfig& cfg) const;
+
+    /// Runs SQL (one or more statements, no results) in its own transaction on
+    /// a connection of its own. Throws DatabaseError with the server's message.
+    void exec(const std::string& sql) const;
+    /// Runs a query whose first row's first column is an integer (a count, a
+    /// sum) and returns it. Throws DatabaseError with the server's message, and
+    /// when the query returns no row or a null.
+    std::int64_t scalar(const std::string& sql) const;
+
+    /// The temporary directory of its own cluster (data directory and unix
+    /// socket under it); empty when the schema lives on a server named by a
+    /// connection string. It is gone once the object is destroyed.
+    std::string cluster_directory() const;
+
+private:
+    struct OwnCluster {};
+    explicit TestDatabase(OwnCluster);
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
 // HandlerHarness<Event> (deliver / deliver_twice / crash after the database
 // commit, without Kafka) will be declared here once the engine's claim
 // transaction is a component of its own it can drive. Until then, test a
-// handler through a real IdempotentConsumer on a TestBroker.
+// handler through a real IdempotentConsumer on a TestBroker and a TestDatabase.
 
 } // namespace idemkafka
