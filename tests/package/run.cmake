@@ -4,6 +4,9 @@
 #   cxx20             the same project with CMAKE_CXX_STANDARD 20: the package asks for C++17 as a
 #                     minimum only, the consumer's standard reaches the compiler (checked in main.cpp)
 #   readme            the README's <!-- example:minimal --> block compiles and links against the prefix
+#   testing           tests/package/testing: find_package(idemkafka CONFIG REQUIRED COMPONENTS testing),
+#                     a kit-based handler test (TestBroker, TestDatabase) built and run; and
+#                     tests/package/unknown_component: an unknown component fails find_package by name
 #   billing           examples/billing built on its own against the prefix (with and without
 #                     the /metrics endpoint), --help of both programs runs
 #   add_subdirectory  tests/package/subproject: idemkafka from source creates only its library
@@ -24,7 +27,7 @@ foreach(var SOURCE_DIR BUILD_DIR WORK_DIR)
   endif()
 endforeach()
 if(NOT CHECKS)
-  set(CHECKS install find_package cxx20 readme billing add_subdirectory fetchcontent)
+  set(CHECKS install find_package cxx20 readme testing billing add_subdirectory fetchcontent)
 endif()
 
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -101,7 +104,7 @@ function(wanted name out)
 endfunction()
 
 set(needs_prefix FALSE)
-foreach(c install find_package cxx20 readme billing)
+foreach(c install find_package cxx20 readme testing billing)
   wanted(${c} w)
   if(w)
     set(needs_prefix TRUE)
@@ -112,7 +115,8 @@ if(needs_prefix)
   begin_check(install)
   step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
   foreach(f lib/cmake/idemkafka/idemkafkaConfig.cmake lib/cmake/idemkafka/idemkafkaConfigVersion.cmake
-            include/idemkafka/consumer.hpp)
+            lib/cmake/idemkafka/idemkafkaTestingTargets.cmake
+            include/idemkafka/consumer.hpp include/idemkafka/testing.hpp)
     if(NOT EXISTS ${prefix}/${f})
       fail("not installed: ${f}")
     endif()
@@ -169,6 +173,22 @@ if(w)
   build_project(readme ${SOURCE_DIR}/tests/package/readme
                 -DCMAKE_PREFIX_PATH=${prefix} -DEXAMPLE_SOURCE=${WORK_DIR}/readme-src/minimal.cpp)
   expect_from_prefix(readme)
+  end_check()
+endif()
+
+wanted(testing w)
+if(w)
+  begin_check(testing)
+  # IDEMKAFKA_TEST_PG from the environment when set (CI), else the kit starts its own cluster.
+  build_project(testing ${SOURCE_DIR}/tests/package/testing -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+  expect_from_prefix(testing)
+  step(${WORK_DIR}/testing/kit_smoke)
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/unknown_component
+                          -B ${WORK_DIR}/unknown_component ${configure_args} -DCMAKE_PREFIX_PATH=${prefix}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc EQUAL 0 OR NOT out MATCHES "idemkafka has no component 'no_such_component'")
+    fail("find_package(idemkafka COMPONENTS no_such_component) did not fail naming it (exit ${rc}):\n${out}")
+  endif()
   end_check()
 endif()
 
