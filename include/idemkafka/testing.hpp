@@ -23,10 +23,13 @@
 #include <string_view>
 #include <vector>
 
-#include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"
 
 namespace idemkafka {
+
+// Only filled in by configure(): its definition (idemkafka/config.hpp, which
+// brings libpqxx) stays out of this header.
+struct ConsumerConfig;
 
 /// A record read back from a topic by TestBroker::read_all().
 struct TestRecord {

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "idemkafka/config.hpp"
 #include "idemkafka/error.hpp"
 
 namespace idemkafka {

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
+#include "idemkafka/config.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/redact.hpp"
 
