@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -240,19 +241,30 @@ struct TestBroker::Impl {
             std::lock_guard<std::mutex> dl(deliveries.mu);
             deliveries.pending.erase(id);
         };
-        // librdkafka's varargs API takes void*; it copies the buffers (RD_KAFKA_MSG_F_COPY).
-        void* const key_data = key ? const_cast<char*>(key->data()) : nullptr;
-        const std::size_t key_size = key ? key->size() : 0;
-        void* const value_data = value ? const_cast<char*>(value->data()) : nullptr;
-        const std::size_t value_size = value ? value->size() : 0;
-        const rd_kafka_resp_err_t err = rd_kafka_producev(
-            rk, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_PARTITION(partition), RD_KAFKA_V_KEY(key_data, key_size),
-            RD_KAFKA_V_VALUE(value_data, value_size), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_HEADERS(hdrs.get()), RD_KAFKA_V_OPAQUE(reinterpret_cast<void*>(static_cast<std::uintptr_t>(id))),
-            RD_KAFKA_V_END);
-        if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        // rd_kafka_produceva(), not the producev() macros: those use GNU
+        // statement expressions, which -Wpedantic refuses under clang.
+        rd_kafka_vu_t vus[7] = {};
+        vus[0].vtype = RD_KAFKA_VTYPE_TOPIC;
+        vus[0].u.cstr = topic.c_str();
+        vus[1].vtype = RD_KAFKA_VTYPE_PARTITION;
+        vus[1].u.i32 = partition;
+        vus[2].vtype = RD_KAFKA_VTYPE_KEY; // copied (RD_KAFKA_MSG_F_COPY), so const_cast is safe
+        vus[2].u.mem.ptr = key ? const_cast<char*>(key->data()) : nullptr;
+        vus[2].u.mem.size = key ? key->size() : 0;
+        vus[3].vtype = RD_KAFKA_VTYPE_VALUE;
+        vus[3].u.mem.ptr = value ? const_cast<char*>(value->data()) : nullptr;
+        vus[3].u.mem.size = value ? value->size() : 0;
+        vus[4].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+        vus[4].u.i = RD_KAFKA_MSG_F_COPY;
+        vus[5].vtype = RD_KAFKA_VTYPE_HEADERS;
+        vus[5].u.headers = hdrs.get();
+        vus[6].vtype = RD_KAFKA_VTYPE_OPAQUE;
+        vus[6].u.ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(id));
+        if (rd_kafka_error_t* error = rd_kafka_produceva(rk, vus, std::size(vus))) {
+            const std::string why = fmt::format("{} ({})", rd_kafka_error_string(error), rd_kafka_error_name(error));
+            rd_kafka_error_destroy(error);
             forget();
-            throw KafkaError(fmt::format("TestBroker::produce to {}: {}", topic, err_text(err)));
+            throw KafkaError(fmt::format("TestBroker::produce to {}: {}", topic, why));
         }
         hdrs.release(); // the message owns them now
         const auto deadline = std::chrono::steady_clock::now() + produce_timeout;
