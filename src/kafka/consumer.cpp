@@ -26,6 +26,11 @@ LogFields error_field(std::string_view error, LogFields fields = {})
     return fields;
 }
 
+std::size_t bytes_of(const rd_kafka_message_t& m)
+{
+    return m.len + m.key_len;
+}
+
 PartitionListPtr list_of(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets)
 {
     auto list = make_list(static_cast<int>(offsets.size()));
@@ -62,13 +67,23 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
     // measured no slower than larger ones. librdkafka wants fetch.max.bytes >=
     // message.max.bytes (1,000,000).
     const std::size_t fetch_bytes = 1024 * 1024;
+    // The round-robin (see poll()) holds up to half of each prefetch cap,
+    // librdkafka's queue the other half: together they stay within the caps.
+    hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
+    hold_max_bytes_ = std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2);
+    const std::size_t queue_records = std::max<std::size_t>(1, cfg.max_prefetch_records - hold_max_records_);
+    const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
     std::map<std::string, std::string> props = {
         {"isolation.level", "read_committed"},
         {"auto.offset.reset", "earliest"},
-        {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, cfg.max_prefetch_bytes / 1024))},
-        {"queued.min.messages", std::to_string(cfg.max_prefetch_records)},
+        {"queued.max.messages.kbytes", std::to_string(std::max<std::size_t>(1, queue_bytes / 1024))},
+        {"queued.min.messages", std::to_string(queue_records)},
         {"fetch.max.bytes", std::to_string(fetch_bytes)},
-        {"max.partition.fetch.bytes", std::to_string(fetch_bytes)},
+        // A fetch response fills partition by partition: with 1 MiB per
+        // partition one partition takes it whole, and the queue holds runs
+        // of one partition longer than the round-robin can hold. A sixteenth
+        // spreads a response over up to 16 partitions.
+        {"max.partition.fetch.bytes", std::to_string(fetch_bytes / 16)},
     };
     // Once a prefetch cap is reached, librdkafka before 2.1 looks at the
     // partition again only when its broker thread wakes (up to a second
@@ -136,6 +151,7 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
 
 Consumer::~Consumer()
 {
+    forget_lanes(); // messages go before their handle
     fetch_wakeup_.reset();   // uses the handle
     consumer_queue_.reset();
     if (rk_) // not closed: the handle must not try the close on its way out
@@ -212,6 +228,8 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
             rd_kafka_pause_partitions(rk_.get(), list);
         else
             rd_kafka_resume_partitions(rk_.get(), list);
+        for (int i = 0; i < list->cnt; ++i)
+            set_paused(list->elems[i].topic, list->elems[i].partition, paused);
         return;
     }
 
@@ -222,6 +240,17 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     if (lost)
         say(LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
     events_.revoked(revoked, lost);
+    // Held records of revoked partitions go: their offsets were never
+    // committed, so the next owner (or this member, reassigned) reads them.
+    const auto before = lanes_.size();
+    for (auto& l : lanes_)
+        if (revoked.count({l.topic, l.partition}))
+            drop_held(l);
+    lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(),
+                                [&](const Lane& l) { return revoked.count({l.topic, l.partition}) > 0; }),
+                 lanes_.end());
+    if (lanes_.size() != before)
+        next_lane_ = last_lane_ = 0;
     if (!lost)
         say(LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
     if (cooperative_) {
@@ -282,9 +311,100 @@ void Consumer::on_stats(std::string_view json) noexcept
 
 // ---- polling ------------------------------------------------------------------
 
+// What librdkafka has ready goes into the lanes first (while they are within
+// their share of the prefetch caps; each call also serves the callbacks), then
+// the next lane's oldest record goes out. Only when no lane has one to give
+// does the poll wait: held records of paused partitions never keep it from
+// serving a rebalance.
 MessagePtr Consumer::poll(milliseconds timeout)
 {
-    return MessagePtr(rd_kafka_consumer_poll(rk_.get(), static_cast<int>(timeout.count())));
+    while (errors_.empty() && held_records_ < hold_max_records_ && held_bytes_ < hold_max_bytes_) {
+        MessagePtr m(rd_kafka_consumer_poll(rk_.get(), 0));
+        if (!m)
+            break;
+        hold(std::move(m));
+    }
+    if (!errors_.empty()) {
+        auto m = std::move(errors_.front());
+        errors_.pop_front();
+        return m;
+    }
+    if (auto m = next_held())
+        return m;
+    MessagePtr m(rd_kafka_consumer_poll(rk_.get(), static_cast<int>(timeout.count())));
+    if (!m || m->err)
+        return m;
+    hold(std::move(m));
+    return next_held();
+}
+
+Consumer::Lane& Consumer::lane(std::string_view topic, std::int32_t partition)
+{
+    const auto is = [&](const Lane& l) { return l.partition == partition && l.topic == topic; };
+    if (last_lane_ < lanes_.size() && is(lanes_[last_lane_]))
+        return lanes_[last_lane_];
+    for (std::size_t i = 0; i < lanes_.size(); ++i)
+        if (is(lanes_[i])) {
+            last_lane_ = i;
+            return lanes_[i];
+        }
+    lanes_.push_back(Lane{std::string(topic), partition, false, {}});
+    last_lane_ = lanes_.size() - 1;
+    return lanes_.back();
+}
+
+void Consumer::hold(MessagePtr m)
+{
+    if (m->err || !m->rkt) {
+        errors_.push_back(std::move(m));
+        return;
+    }
+    held_records_ += 1;
+    held_bytes_ += bytes_of(*m);
+    auto& l = lane(rd_kafka_topic_name(m->rkt), m->partition);
+    l.held.push_back(std::move(m));
+}
+
+MessagePtr Consumer::next_held()
+{
+    for (std::size_t n = 0; n < lanes_.size(); ++n) {
+        const auto i = (next_lane_ + n) % lanes_.size();
+        auto& l = lanes_[i];
+        if (l.paused || l.held.empty())
+            continue;
+        next_lane_ = (i + 1) % lanes_.size();
+        MessagePtr m = std::move(l.held.front());
+        l.held.pop_front();
+        held_records_ -= 1;
+        held_bytes_ -= bytes_of(*m);
+        return m;
+    }
+    return nullptr;
+}
+
+void Consumer::drop_held(Lane& l)
+{
+    for (const auto& m : l.held) {
+        held_records_ -= 1;
+        held_bytes_ -= bytes_of(*m);
+    }
+    l.held.clear();
+}
+
+// librdkafka's pause drops what its queue holds of the partition and resumes
+// fetching after the last record it handed out, which may be held here: held
+// records of a paused partition wait for its resume, and go out first then.
+void Consumer::set_paused(std::string_view topic, std::int32_t partition, bool paused)
+{
+    lane(topic, partition).paused = paused;
+}
+
+void Consumer::forget_lanes()
+{
+    lanes_.clear();
+    errors_.clear();
+    held_records_ = held_bytes_ = 0;
+    next_lane_ = last_lane_ = 0;
 }
 
 void Consumer::consumer_error(const rd_kafka_message_t& m)
@@ -359,6 +479,9 @@ void Consumer::check_prefetch(bool before_batch, std::size_t batch_records, std:
 
 Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offset)
 {
+    // Whatever the outcome: records held now were fetched before the seek
+    // (after a failed one the seek is sent again).
+    drop_held(lane(tp.topic, tp.partition));
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = offset;
     ErrorPtr e(rd_kafka_seek_partitions(rk_.get(), list.get(), 5000));
@@ -391,6 +514,7 @@ void Consumer::pause(const TopicPartition& tp, bool pause)
         rd_kafka_pause_partitions(rk_.get(), list.get());
     else
         rd_kafka_resume_partitions(rk_.get(), list.get());
+    set_paused(tp.topic, tp.partition, pause);
 }
 
 void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused)
@@ -401,6 +525,8 @@ void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep
     PartitionListPtr list(raw);
     if (pause) {
         rd_kafka_pause_partitions(rk_.get(), list.get());
+        for (int i = 0; i < list->cnt; ++i)
+            set_paused(list->elems[i].topic, list->elems[i].partition, true);
         return;
     }
     auto resume = make_list(list->cnt);
@@ -408,6 +534,8 @@ void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep
         if (!keep_paused.count({list->elems[i].topic, list->elems[i].partition}))
             rd_kafka_topic_partition_list_add(resume.get(), list->elems[i].topic, list->elems[i].partition);
     rd_kafka_resume_partitions(rk_.get(), resume.get());
+    for (int i = 0; i < resume->cnt; ++i)
+        set_paused(resume->elems[i].topic, resume->elems[i].partition, false);
 }
 
 void Consumer::commit(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets, bool async,
@@ -489,6 +617,7 @@ void Consumer::close(milliseconds bound)
         return;
     fetch_wakeup_.reset();   // uses the handle
     consumer_queue_.reset(); // before the close
+    forget_lanes();          // held records are not processed: not committed, they come again
     QueuePtr q(rd_kafka_queue_new(rk_.get()));
     ErrorPtr e(rd_kafka_consumer_close_queue(rk_.get(), q.get()));
     bool closed = !e;

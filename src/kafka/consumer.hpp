@@ -4,10 +4,17 @@
 // protocols, seek, pause and resume, offset commits, watermarks, statistics
 // and the prefetch queue. It reports assignments and revocations to its
 // owner and knows nothing about PostgreSQL. Private to the library.
+//
+// Records go out round-robin across partitions: librdkafka hands them out in
+// runs of one partition (a fetch response's share of it), so poll() takes
+// what the client has ready into one queue per partition and returns the
+// next partition's head in turn. Per partition the order stays the offset
+// order; what is held counts against the prefetch caps.
 
 #include <chrono>
 #include <cstdint>
 #include <climits>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,8 +75,14 @@ public:
     Consumer& operator=(const Consumer&) = delete;
 
     /// The next record (or consumer error, or nothing after `timeout`);
-    /// rebalances are served inside, through ConsumerEvents.
+    /// rebalances are served inside, through ConsumerEvents. Records of
+    /// different partitions come round-robin, each partition's in offset
+    /// order; a paused partition's held records wait for its resume.
     MessagePtr poll(std::chrono::milliseconds timeout);
+    /// Records taken from librdkafka and held for the round-robin (with their
+    /// payload and key bytes): part of the prefetch.
+    std::size_t held_records() const noexcept { return held_records_; }
+    std::size_t held_bytes() const noexcept { return held_bytes_; }
     /// Counts and logs a consumer error; throws KafkaError when it is fatal.
     void consumer_error(const rd_kafka_message_t& m);
     /// A poll waiting for records returns now (from any thread).
@@ -80,7 +93,7 @@ public:
 
     enum class SeekResult { done, queued, failed };
     /// Moves the fetch position of `tp` to `offset`: nothing fetched before
-    /// is delivered any more. `queued` when the call timed out waiting for
+    /// is delivered any more (held records of `tp` are dropped). `queued` when the call timed out waiting for
     /// the reply: the seek still takes effect. `failed`: to be sent again.
     SeekResult seek(const TopicPartition& tp, std::int64_t offset);
     void pause(const TopicPartition& tp, bool pause);
@@ -128,6 +141,20 @@ private:
     void on_stats(std::string_view json) noexcept;
     rd_kafka_resp_err_t commit_and_wait(rd_kafka_topic_partition_list_t* list, std::chrono::milliseconds bound);
 
+    // One partition's held records, oldest first.
+    struct Lane {
+        std::string topic;
+        std::int32_t partition = 0;
+        bool paused = false;
+        std::deque<MessagePtr> held;
+    };
+    Lane& lane(std::string_view topic, std::int32_t partition);
+    void hold(MessagePtr m);
+    MessagePtr next_held();
+    void drop_held(Lane& l);
+    void set_paused(std::string_view topic, std::int32_t partition, bool paused);
+    void forget_lanes();
+
     template <class... Args>
     void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept;
 
@@ -152,6 +179,16 @@ private:
     std::size_t record_bytes_ = 0; // mean per record, to estimate the queue's bytes
     bool wake_armed_ = false;
     std::chrono::steady_clock::time_point next_wake_{};
+
+    // The round-robin (see poll()). Lanes of revoked partitions are removed.
+    std::deque<Lane> lanes_; // a deque: a Lane (holding a deque) would be copied on a vector's growth
+    std::size_t next_lane_ = 0;  // where the round-robin goes on
+    std::size_t last_lane_ = 0;  // lane of the last held record (runs of one partition)
+    std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
+    std::size_t held_records_ = 0;
+    std::size_t held_bytes_ = 0;
+    std::size_t hold_max_records_ = 1; // the share of the prefetch caps held here
+    std::size_t hold_max_bytes_ = 1;
 
     bool stats_enabled_ = false;
     std::mutex stats_mu_;
