@@ -644,12 +644,14 @@ PublisherConfig publisher_config(const Services& s, std::map<std::string, std::s
 
 } // namespace
 
-void produce_all(const Services& s, const std::string& topic, const Dataset& data, std::size_t count)
+void produce_all(const Services& s, const std::string& topic, const Dataset& data, std::size_t count,
+                 std::size_t batch_messages)
 {
     // Large batches: fewer message sets per partition in the mock's log, and
-    // the data is produced before any timed run starts.
+    // the data is produced before any timed run starts. A consumer gets each
+    // partition in runs of a record batch at least (--producer-batch).
     Publisher pub(publisher_config(s, {{"linger.ms", "20"},
-                                       {"batch.num.messages", "10000"},
+                                       {"batch.num.messages", std::to_string(batch_messages)},
                                        {"queue.buffering.max.messages", "1000000"},
                                        {"queue.buffering.max.kbytes", "1048576"}}));
     for (std::size_t seq = 0; seq < count; ++seq) {

@@ -253,7 +253,8 @@ Watermarks watermarks(const Services& s, const std::string& topic);
 
 /// Publishes records [0, count) of `data` to `topic` as fast as the producer
 /// goes, and waits for every acknowledgement.
-void produce_all(const Services& s, const std::string& topic, const Dataset& data, std::size_t count);
+void produce_all(const Services& s, const std::string& topic, const Dataset& data, std::size_t count,
+                 std::size_t batch_messages = 10000);
 
 /// Publishes records [0, count) of `data` at `rate` per second (payload
 /// timestamps taken when each is sent), waits for acknowledgements. After the

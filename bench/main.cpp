@@ -57,7 +57,9 @@ services and runs this; by hand, point it at your own:
                          pg_floor_per_event, pg_floor_batch, pg_floor_batch_rowwise,
                          idemkafka_per_event, idemkafka_batch, idemkafka_batch_rowwise,
                          idemkafka_batch_wN,
-                         naive_listener
+                         naive_listener; and, only when named (or --mixed),
+                         idemkafka_mixed_partition, idemkafka_mixed_key
+
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
                          the count actually run is reported, never extrapolated
@@ -79,6 +81,18 @@ services and runs this; by hand, point it at your own:
                          (batches polled and processed one after the other)
   --quick                smoke run: 10k records, per-record modes at 2000,
                          1 s paced runs
+  --mixed                mixed workload: 1% of records (every 100th) hold their
+                         handler call 200 ms; idemkafka_mixed_partition and
+                         idemkafka_mixed_key (per-record handler, --mixed-workers
+                         workers, Ordering::partition / Ordering::key) side by
+                         side on 20k records, 0% re-sends, no paced runs
+                         (--events/--dups given after --mixed still apply)
+  --mixed-max N          mixed modes run at most N records (default 20000)
+  --producer-batch N     records per producer batch of the data topics
+                         (batch.num.messages, default 10000: about 5,000 per
+                         partition batch at 1M; a consumer reads a partition in
+                         runs of whole batches)
+  --mixed-workers N      workers of the mixed modes (default 4)
   --out PATH             JSON report (default bench/results/latest.json)
   --keep                 keep the bench schema in PostgreSQL afterwards
   --verbose              library and librdkafka info logs on stderr
@@ -96,6 +110,9 @@ struct Options {
     std::set<std::string> modes;
     std::size_t slow_max = 10000;
     std::size_t rowwise_max = 100000;
+    std::size_t mixed_max = 20000;
+    std::size_t producer_batch = 10000;
+    int mixed_workers = 4;
     std::vector<int> workers = {2};
     int partitions = 32;
     double latency_rate = 200;
@@ -196,6 +213,21 @@ Options parse_options(int argc, char** argv)
             o.pipeline = false;
         } else if (arg == "--quick") {
             quick = true;
+        } else if (arg == "--mixed") {
+            o.modes = {"idemkafka_mixed_partition", "idemkafka_mixed_key"};
+            o.events = {20000};
+            o.dups = {0};
+            o.latency_seconds = 0;
+        } else if (arg == "--producer-batch") {
+            o.producer_batch = parse_list<std::size_t>(arg, value()).front();
+            if (o.producer_batch < 1)
+                fail_usage("--producer-batch: at least 1");
+        } else if (arg == "--mixed-max") {
+            o.mixed_max = parse_list<std::size_t>(arg, value()).front();
+        } else if (arg == "--mixed-workers") {
+            o.mixed_workers = parse_list<int>(arg, value()).front();
+            if (o.mixed_workers < 1)
+                fail_usage("--mixed-workers: at least 1");
         } else if (arg == "--out") {
             o.out = value();
         } else if (arg == "--plot-data") {
@@ -230,6 +262,8 @@ struct ModeSpec {
     std::size_t batch;
     int workers;
     bool batch_handler; // idemkafka: one handler call per transaction
+    bool mixed = false; // idemkafka: 1% of handler calls take 200 ms
+    bool key_ordering = false;
 };
 
 // `batch`: the library's default max_batch, which the batch floors use too.
@@ -252,6 +286,10 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     all.push_back({"naive_listener", Kind::naive_listener, true, 1, 0, false});
     if (o.modes.empty())
         return all;
+    // The mixed workload runs only when asked for (it measures handler time,
+    // not the library's cost per event).
+    all.push_back({"idemkafka_mixed_partition", Kind::idemkafka, false, batch, o.mixed_workers, false, true, false});
+    all.push_back({"idemkafka_mixed_key", Kind::idemkafka, false, batch, o.mixed_workers, false, true, true});
     std::vector<ModeSpec> out;
     for (const auto& m : all)
         if (o.modes.count(m.name))
@@ -277,7 +315,18 @@ std::size_t cap_of(const ModeSpec& s, const Options& o, std::size_t events)
         return std::min(events, o.slow_max);
     if (s.name.find("rowwise") != std::string::npos)
         return std::min(events, o.rowwise_max);
+    if (s.mixed)
+        return std::min(events, o.mixed_max);
     return events;
+}
+
+void set_mixed(Job& job, const ModeSpec& s)
+{
+    if (!s.mixed)
+        return;
+    job.slow_every = 100;
+    job.slow_for = std::chrono::milliseconds(200);
+    job.key_ordering = s.key_ordering;
 }
 
 std::string iso_now()
@@ -352,6 +401,10 @@ int run(const Options& o)
         {"dup_percent", o.dups},
         {"slow_max", o.slow_max},
         {"rowwise_max", o.rowwise_max},
+        {"mixed_max", o.mixed_max},
+        {"producer_batch", o.producer_batch},
+        {"mixed_workers", o.mixed_workers},
+        {"mixed_slow", "every 100th record's handler call takes 200 ms"},
         {"max_batch", defaults.max_batch},
         {"max_batch_wait_ms", defaults.max_batch_wait.count()},
         {"partitions_min", o.partitions},
@@ -393,7 +446,7 @@ int run(const Options& o)
                 const auto t0 = SteadyClock::now();
                 try {
                     create_topic(o.services, topic, parts);
-                    produce_all(o.services, topic, data, n);
+                    produce_all(o.services, topic, data, n, o.producer_batch);
                     const auto w = watermarks(o.services, topic);
                     if (w.low_min > 0 || w.high_sum != static_cast<std::int64_t>(n)) {
                         report.errors.push_back(fmt::format(
@@ -431,6 +484,7 @@ int run(const Options& o)
                 job.batch = s.batch;
                 job.workers = s.workers;
                 job.batch_handler = s.batch_handler;
+                set_mixed(job, s);
                 job.serial = ++serial;
                 if (kafka_mode(s.kind)) {
                     auto t = topics.find({data.dup_percent(), n});
@@ -467,6 +521,7 @@ int run(const Options& o)
                 job.batch_wait = s.batch > 1 ? defaults.max_batch_wait : std::chrono::milliseconds(0);
                 job.workers = s.workers;
                 job.batch_handler = s.batch_handler;
+                set_mixed(job, s);
                 job.serial = ++serial;
                 std::atomic<bool> abort{false};
                 std::thread producer;

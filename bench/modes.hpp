@@ -66,6 +66,11 @@ struct Job {
     std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
     int workers = 0;                         ///< idemkafka: 0 leaves the library's default
     bool batch_handler = false;              ///< idemkafka: one multi-row insert per transaction
+    /// idemkafka, mixed workload: every `slow_every`-th record (by sequence
+    /// number) holds its handler call for `slow_for`; 0: none.
+    int slow_every = 0;
+    std::chrono::milliseconds slow_for{0};
+    bool key_ordering = false;               ///< idemkafka: Ordering::key (else partition)
     int serial = 0;                          ///< unique per run: names groups and statements
 };
 
@@ -87,6 +92,13 @@ struct Result {
     CpuSplit cpu;
     double rss_start_mb = 0;
     double rss_peak_mb = 0;
+    /// idemkafka: largest minus smallest per-partition lag (records), sampled
+    /// every 200 ms while the backlog drains: its maximum and its mean.
+    /// -1 when not sampled.
+    double lag_spread_max = -1;
+    double lag_spread_mean = -1;
+    std::size_t lag_spread_samples = 0;
+    std::size_t partitions = 0; ///< partitions of the topic drained (Kafka modes)
     std::vector<std::string> notes;  ///< measurement caveats (not failures)
     std::vector<std::string> errors; ///< lost or doubled records, failures
     bool ok() const { return errors.empty(); }

@@ -3,7 +3,9 @@
 // pg_floor_batch does (idemkafka_batch, _wN), or with a per-record handler
 // that writes one row per call (idemkafka_batch_rowwise, idemkafka_per_event).
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -73,6 +75,8 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     cfg.log = stderr_sink(env.verbose ? LogLevel::info : LogLevel::warning);
     if (job.workers > 0)
         set_workers(cfg, job.workers);
+    if (job.key_ordering)
+        cfg.ordering = Ordering::key;
     LatencyRecorder& latency = st.latency;
     std::mutex pending_mu;
     std::vector<Pending> pending;
@@ -108,6 +112,8 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         prepare_once(tx.conn(), effect_statement, st.tables.insert_effect);
         const auto key = ctx.key() ? std::string(*ctx.key()) : std::string();
         detail::pg::exec_prepared(tx, effect_statement, e.d.id_text.data(), key, amount_of(e.d.id), e.d.produced_us);
+        if (job.slow_every > 0 && e.d.seq % job.slow_every == 0)
+            std::this_thread::sleep_for(job.slow_for); // a slow downstream call
         std::lock_guard<std::mutex> lock(pending_mu);
         keep_pending(e);
     };
@@ -170,6 +176,27 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     std::uint64_t last_processed = 0;
     auto last_progress = SteadyClock::now();
     MetricsSnapshot m;
+    // Per-partition lag spread while the backlog drains (the library updates
+    // the lags every 200 ms): how far one partition runs ahead of another.
+    auto next_lag_sample = SteadyClock::now();
+    double spread_sum = 0;
+    auto sample_lag_spread = [&](const MetricsSnapshot& s) {
+        if (s.partitions.empty() || first_taken.load() < 0)
+            return;
+        std::int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (const auto& p : s.partitions) {
+            if (p.lag < 0)
+                return; // not all known yet
+            lo = std::min(lo, p.lag);
+            hi = std::max(hi, p.lag);
+        }
+        const auto spread = static_cast<double>(hi - lo);
+        st.result.partitions = s.partitions.size();
+        st.result.lag_spread_max = std::max(st.result.lag_spread_max, spread);
+        spread_sum += spread;
+        st.result.lag_spread_samples += 1;
+        st.result.lag_spread_mean = spread_sum / static_cast<double>(st.result.lag_spread_samples);
+    };
     for (;;) {
         // Coarse polling is enough: the throughput window ends at the last
         // commit's own timestamp, not when this loop notices it.
@@ -183,6 +210,10 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         st.set_processed(static_cast<std::size_t>(processed));
         if (processed >= expected)
             break;
+        if (!job.paced && SteadyClock::now() >= next_lag_sample) {
+            sample_lag_spread(m);
+            next_lag_sample = SteadyClock::now() + std::chrono::milliseconds(200);
+        }
         if (finished) {
             st.result.errors.push_back(fmt::format("consumer stopped after {} of {} records", processed, expected));
             break;

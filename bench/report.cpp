@@ -74,6 +74,11 @@ ordered_json run_json(const Result& r)
     j["rss_mb"] = {{"start", round_to(r.rss_start_mb, 1)},
                    {"peak", round_to(r.rss_peak_mb, 1)},
                    {"growth", round_to(std::max(0.0, r.rss_peak_mb - r.rss_start_mb), 1)}};
+    if (r.lag_spread_samples > 0)
+        j["lag_spread"] = {{"partitions", r.partitions},
+                           {"max", round_to(r.lag_spread_max, 0)},
+                           {"mean", round_to(r.lag_spread_mean, 0)},
+                           {"samples", r.lag_spread_samples}};
     j["ok"] = r.ok();
     j["errors"] = r.errors;
     j["notes"] = r.notes;
@@ -349,6 +354,21 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
             cpu.is_null() ? "-" : cell(cpu["postgres"]), cpu.is_null() ? "-" : cell(cpu["broker"]),
             cpu.is_null() ? "-" : cell(j["other_processes_cores"], 2), r.rss_peak_mb,
             std::max(0.0, r.rss_peak_mb - r.rss_start_mb), r.ok() ? "ok" : "ERROR: " + r.errors.front());
+    }
+
+    bool any_spread = false;
+    for (const auto& r : report.runs)
+        any_spread = any_spread || r.lag_spread_samples > 0;
+    if (any_spread) {
+        out << "\nper-partition lag spread while draining: largest minus smallest partition lag, records "
+               "(sampled every 200 ms)\n";
+        out << fmt::format("{:<28} {:>4} {:>8} {:>10} {:>10} {:>10} {:>8}\n", "mode", "dup%", "events",
+                           "per part.", "max", "mean", "samples");
+        for (const auto& r : report.runs)
+            if (r.lag_spread_samples > 0)
+                out << fmt::format("{:<28} {:>4} {:>8} {:>10} {:>10.0f} {:>10.0f} {:>8}\n", r.mode, r.dup_percent,
+                                   r.events, r.partitions ? r.events / r.partitions : 0, r.lag_spread_max,
+                                   r.lag_spread_mean, r.lag_spread_samples);
     }
 
     if (!report.paced.empty()) {
