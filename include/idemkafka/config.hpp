@@ -105,7 +105,9 @@ struct ConsumerConfig {
     /// and queued.min.messages; fetch responses are 1 MiB at most
     /// (fetch.max.bytes); values set in `kafka` win). With
     /// max_batch_bytes they bound the consumer's memory whatever the number of
-    /// events: about max_prefetch_records x (payload + ~300 bytes). Fetching
+    /// events: about max_prefetch_records x (payload + ~300 bytes). Half of each
+    /// cap is librdkafka's queue, the other half what the consumer holds per
+    /// partition to fill batches round-robin across partitions. Fetching
     /// resumes once the queue is down to half a cap (librdkafka 2.0 would
     /// otherwise wait up to a second), so small caps keep the throughput.
     std::size_t max_prefetch_bytes = 32 * 1024 * 1024;
