@@ -82,7 +82,8 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
         // A fetch response fills partition by partition: with 1 MiB per
         // partition one partition takes it whole, and the queue holds runs
         // of one partition longer than the round-robin can hold. A sixteenth
-        // spreads a response over up to 16 partitions.
+        // spreads a response over up to 16 partitions (each still gives at
+        // least one whole producer batch, however large).
         {"max.partition.fetch.bytes", std::to_string(fetch_bytes / 16)},
     };
     // Once a prefetch cap is reached, librdkafka before 2.1 looks at the
