@@ -362,8 +362,8 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
     if (any_spread) {
         out << "\nper-partition lag spread while draining: largest minus smallest partition lag, records "
                "(sampled every 200 ms)\n";
-        out << fmt::format("{:<28} {:>4} {:>8} {:>10} {:>10} {:>10} {:>8}\n", "mode", "dup%", "events",
-                           "per part.", "max", "mean", "samples");
+        out << fmt::format("{:<28} {:>4} {:>8} {:>10} {:>10} {:>10} {:>8}\n", "mode", "dup%", "events", "per part.",
+                           "max", "mean", "samples");
         for (const auto& r : report.runs)
             if (r.lag_spread_samples > 0)
                 out << fmt::format("{:<28} {:>4} {:>8} {:>10} {:>10.0f} {:>10.0f} {:>8}\n", r.mode, r.dup_percent,

@@ -152,8 +152,8 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
 
 Consumer::~Consumer()
 {
-    forget_lanes(); // messages go before their handle
-    fetch_wakeup_.reset();   // uses the handle
+    forget_lanes();        // messages go before their handle
+    fetch_wakeup_.reset(); // uses the handle
     consumer_queue_.reset();
     if (rk_) // not closed: the handle must not try the close on its way out
         rd_kafka_destroy_flags(rk_.release(), RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);

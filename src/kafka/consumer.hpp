@@ -181,9 +181,9 @@ private:
     std::chrono::steady_clock::time_point next_wake_{};
 
     // The round-robin (see poll()). Lanes of revoked partitions are removed.
-    std::deque<Lane> lanes_; // a deque: a Lane (holding a deque) would be copied on a vector's growth
-    std::size_t next_lane_ = 0;  // where the round-robin goes on
-    std::size_t last_lane_ = 0;  // lane of the last held record (runs of one partition)
+    std::deque<Lane> lanes_;        // a deque: a Lane (holding a deque) would be copied on a vector's growth
+    std::size_t next_lane_ = 0;     // where the round-robin goes on
+    std::size_t last_lane_ = 0;     // lane of the last held record (runs of one partition)
     std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
     std::size_t held_records_ = 0;
     std::size_t held_bytes_ = 0;

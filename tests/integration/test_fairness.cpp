@@ -146,7 +146,8 @@ TEST_CASE("fairness: batches take records round-robin across partitions; order p
         effects.insert(tx, e, ctx);
         seen.note(ctx.partition());
     });
-    run_until(c, [&] { return scalar("SELECT count(*) FROM " + effects.table) == total && c.metrics().snapshot().lag == 0; });
+    run_until(
+        c, [&] { return scalar("SELECT count(*) FROM " + effects.table) == total && c.metrics().snapshot().lag == 0; });
     CHECK(scalar("SELECT count(*) FROM " + effects.table) == total);
     CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", effects.table)) == total);
     CHECK(c.metrics().snapshot().claimed == total);
@@ -170,7 +171,8 @@ TEST_CASE("fairness: per-key workers over mixed batches keep every key in order"
     cfg.ordering = Ordering::key;
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { effects.insert(tx, e, ctx); });
-    run_until(c, [&] { return scalar("SELECT count(*) FROM " + effects.table) == total && c.metrics().snapshot().lag == 0; });
+    run_until(
+        c, [&] { return scalar("SELECT count(*) FROM " + effects.table) == total && c.metrics().snapshot().lag == 0; });
     CHECK(scalar("SELECT count(*) FROM " + effects.table) == total);
     CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", effects.table)) == total);
     CHECK(effects.out_of_key_order() == 0);
@@ -191,12 +193,12 @@ void revoke_held(const std::string& strategy)
     set_assignment_strategy(cfg, strategy);
     std::atomic<int> calls{0};
     auto make = [&](const std::string& member) {
-        return std::make_unique<Consumer>(cfg, decode, event_id_of,
-                                          [&, member](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-                                              f.insert(tx, e, ctx, member);
-                                              ++calls;
-                                              std::this_thread::sleep_for(4ms); // records wait held; work outlasts the join
-                                          });
+        return std::make_unique<Consumer>(
+            cfg, decode, event_id_of, [&, member](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+                f.insert(tx, e, ctx, member);
+                ++calls;
+                std::this_thread::sleep_for(4ms); // records wait held; work outlasts the join
+            });
     };
     auto a = make("a");
     auto ra = std::make_unique<Runner<Consumer>>(*a);
