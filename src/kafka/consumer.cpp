@@ -152,7 +152,7 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
 
 Consumer::~Consumer()
 {
-    forget_lanes();        // messages go before their handle
+    forget_queues();        // messages go before their handle
     fetch_wakeup_.reset(); // uses the handle
     consumer_queue_.reset();
     if (rk_) // not closed: the handle must not try the close on its way out
@@ -243,15 +243,15 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     events_.revoked(revoked, lost);
     // Held records of revoked partitions go: their offsets were never
     // committed, so the next owner (or this member, reassigned) reads them.
-    const auto before = lanes_.size();
-    for (auto& l : lanes_)
+    const auto before = queues_.size();
+    for (auto& l : queues_)
         if (revoked.count({l.topic, l.partition}))
             drop_held(l);
-    lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(),
-                                [&](const Lane& l) { return revoked.count({l.topic, l.partition}) > 0; }),
-                 lanes_.end());
-    if (lanes_.size() != before)
-        next_lane_ = last_lane_ = 0;
+    queues_.erase(std::remove_if(queues_.begin(), queues_.end(),
+                                [&](const Queue& l) { return revoked.count({l.topic, l.partition}) > 0; }),
+                 queues_.end());
+    if (queues_.size() != before)
+        next_queue_ = last_queue_ = 0;
     if (!lost)
         say(LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
     if (cooperative_) {
@@ -312,9 +312,9 @@ void Consumer::on_stats(std::string_view json) noexcept
 
 // ---- polling ------------------------------------------------------------------
 
-// What librdkafka has ready goes into the lanes first (while they are within
+// What librdkafka has ready goes into the queues first (while they are within
 // their share of the prefetch caps; each call also serves the callbacks), then
-// the next lane's oldest record goes out. Only when no lane has one to give
+// the next queue's oldest record goes out. Only when no queue has one to give
 // does the poll wait: held records of paused partitions never keep it from
 // serving a rebalance.
 MessagePtr Consumer::poll(milliseconds timeout)
@@ -339,19 +339,19 @@ MessagePtr Consumer::poll(milliseconds timeout)
     return next_held();
 }
 
-Consumer::Lane& Consumer::lane(std::string_view topic, std::int32_t partition)
+Consumer::Queue& Consumer::queue_of(std::string_view topic, std::int32_t partition)
 {
-    const auto is = [&](const Lane& l) { return l.partition == partition && l.topic == topic; };
-    if (last_lane_ < lanes_.size() && is(lanes_[last_lane_]))
-        return lanes_[last_lane_];
-    for (std::size_t i = 0; i < lanes_.size(); ++i)
-        if (is(lanes_[i])) {
-            last_lane_ = i;
-            return lanes_[i];
+    const auto is = [&](const Queue& l) { return l.partition == partition && l.topic == topic; };
+    if (last_queue_ < queues_.size() && is(queues_[last_queue_]))
+        return queues_[last_queue_];
+    for (std::size_t i = 0; i < queues_.size(); ++i)
+        if (is(queues_[i])) {
+            last_queue_ = i;
+            return queues_[i];
         }
-    lanes_.push_back(Lane{std::string(topic), partition, false, {}});
-    last_lane_ = lanes_.size() - 1;
-    return lanes_.back();
+    queues_.push_back(Queue{std::string(topic), partition, false, {}});
+    last_queue_ = queues_.size() - 1;
+    return queues_.back();
 }
 
 void Consumer::hold(MessagePtr m)
@@ -362,18 +362,18 @@ void Consumer::hold(MessagePtr m)
     }
     held_records_ += 1;
     held_bytes_ += bytes_of(*m);
-    auto& l = lane(rd_kafka_topic_name(m->rkt), m->partition);
+    auto& l = queue_of(rd_kafka_topic_name(m->rkt), m->partition);
     l.held.push_back(std::move(m));
 }
 
 MessagePtr Consumer::next_held()
 {
-    for (std::size_t n = 0; n < lanes_.size(); ++n) {
-        const auto i = (next_lane_ + n) % lanes_.size();
-        auto& l = lanes_[i];
+    for (std::size_t n = 0; n < queues_.size(); ++n) {
+        const auto i = (next_queue_ + n) % queues_.size();
+        auto& l = queues_[i];
         if (l.paused || l.held.empty())
             continue;
-        next_lane_ = (i + 1) % lanes_.size();
+        next_queue_ = (i + 1) % queues_.size();
         MessagePtr m = std::move(l.held.front());
         l.held.pop_front();
         held_records_ -= 1;
@@ -383,7 +383,7 @@ MessagePtr Consumer::next_held()
     return nullptr;
 }
 
-void Consumer::drop_held(Lane& l)
+void Consumer::drop_held(Queue& l)
 {
     for (const auto& m : l.held) {
         held_records_ -= 1;
@@ -397,15 +397,15 @@ void Consumer::drop_held(Lane& l)
 // records of a paused partition wait for its resume, and go out first then.
 void Consumer::set_paused(std::string_view topic, std::int32_t partition, bool paused)
 {
-    lane(topic, partition).paused = paused;
+    queue_of(topic, partition).paused = paused;
 }
 
-void Consumer::forget_lanes()
+void Consumer::forget_queues()
 {
-    lanes_.clear();
+    queues_.clear();
     errors_.clear();
     held_records_ = held_bytes_ = 0;
-    next_lane_ = last_lane_ = 0;
+    next_queue_ = last_queue_ = 0;
 }
 
 void Consumer::consumer_error(const rd_kafka_message_t& m)
@@ -482,7 +482,7 @@ Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offse
 {
     // Whatever the outcome: records held now were fetched before the seek
     // (after a failed one the seek is sent again).
-    drop_held(lane(tp.topic, tp.partition));
+    drop_held(queue_of(tp.topic, tp.partition));
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = offset;
     ErrorPtr e(rd_kafka_seek_partitions(rk_.get(), list.get(), 5000));
@@ -618,7 +618,7 @@ void Consumer::close(milliseconds bound)
         return;
     fetch_wakeup_.reset();   // uses the handle
     consumer_queue_.reset(); // before the close
-    forget_lanes();          // held records are not processed: not committed, they come again
+    forget_queues();          // held records are not processed: not committed, they come again
     QueuePtr q(rd_kafka_queue_new(rk_.get()));
     ErrorPtr e(rd_kafka_consumer_close_queue(rk_.get(), q.get()));
     bool closed = !e;

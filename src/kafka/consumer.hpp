@@ -142,18 +142,18 @@ private:
     rd_kafka_resp_err_t commit_and_wait(rd_kafka_topic_partition_list_t* list, std::chrono::milliseconds bound);
 
     // One partition's held records, oldest first.
-    struct Lane {
+    struct Queue {
         std::string topic;
         std::int32_t partition = 0;
         bool paused = false;
         std::deque<MessagePtr> held;
     };
-    Lane& lane(std::string_view topic, std::int32_t partition);
+    Queue& queue_of(std::string_view topic, std::int32_t partition);
     void hold(MessagePtr m);
     MessagePtr next_held();
-    void drop_held(Lane& l);
+    void drop_held(Queue& l);
     void set_paused(std::string_view topic, std::int32_t partition, bool paused);
-    void forget_lanes();
+    void forget_queues();
 
     template <class... Args>
     void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept;
@@ -180,10 +180,10 @@ private:
     bool wake_armed_ = false;
     std::chrono::steady_clock::time_point next_wake_{};
 
-    // The round-robin (see poll()). Lanes of revoked partitions are removed.
-    std::deque<Lane> lanes_;        // a deque: a Lane (holding a deque) would be copied on a vector's growth
-    std::size_t next_lane_ = 0;     // where the round-robin goes on
-    std::size_t last_lane_ = 0;     // lane of the last held record (runs of one partition)
+    // The round-robin (see poll()). Queues of revoked partitions are removed.
+    std::deque<Queue> queues_;        // a deque: a Queue (holding a deque) would be copied on a vector's growth
+    std::size_t next_queue_ = 0;     // where the round-robin goes on
+    std::size_t last_queue_ = 0;     // queue of the last held record (runs of one partition)
     std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
     std::size_t held_records_ = 0;
     std::size_t held_bytes_ = 0;
