@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include <idemkafka/store.hpp>
 
@@ -191,7 +192,7 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
 
     pqxx::connection conn(env.services.postgres);
     // The library's claim statement, prepared as the library prepares it.
-    conn.prepare("ikbench_claim", store.claim_sql());
+    conn.prepare("ikbench_claim", detail::pg::claim_sql(store));
     conn.prepare("ikbench_effect", st.tables.insert_effect);
     conn.prepare("ikbench_effects", st.tables.insert_effects_unnest);
 
@@ -237,8 +238,8 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
         }
 
         pqxx::work tx(conn);
-        const auto claimed_list = ProcessedEventStore::claimed_ids(
-            detail::pg::exec_prepared(tx, "ikbench_claim", ProcessedEventStore::array_literal(ids), group));
+        const auto claimed_list = detail::pg::claimed_ids(
+            detail::pg::exec_prepared(tx, "ikbench_claim", detail::pg::uuid_array(ids), group));
         const std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
         fresh.clear();
         for (std::size_t i : first)

@@ -823,9 +823,4 @@ const Metrics& Engine::metrics() const noexcept
     return impl_->metrics;
 }
 
-const ConsumerConfig& Engine::config() const noexcept
-{
-    return impl_->cfg;
-}
-
 } // namespace idemkafka::detail

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "metrics_access.hpp"
+
 namespace idemkafka::detail {
 namespace {
 
@@ -29,7 +31,7 @@ void update_lag(PartitionLedger& ledger, kafka::Consumer& consumer, Metrics& met
     metrics.assigned_partitions.set(static_cast<std::int64_t>(ledger.size()));
     if (ledger.empty()) {
         metrics.lag.set(-1);
-        metrics.set_partitions({});
+        set_partitions(metrics, {});
         return;
     }
     learn_start_offsets(ledger, consumer);
@@ -71,7 +73,7 @@ void update_lag(PartitionLedger& ledger, kafka::Consumer& consumer, Metrics& met
         return a.topic != b.topic ? a.topic < b.topic : a.partition < b.partition;
     });
     metrics.lag.set(known ? total : -1);
-    metrics.set_partitions(std::move(rows));
+    set_partitions(metrics, std::move(rows));
 }
 
 } // namespace idemkafka::detail

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "metrics_access.hpp"
+
 namespace idemkafka {
 namespace {
 
@@ -216,10 +218,10 @@ MetricsSnapshot Metrics::snapshot() const
     return s;
 }
 
-void Metrics::set_partitions(std::vector<PartitionLag> partitions)
+void detail::MetricsAccess::set_partitions(Metrics& metrics, std::vector<PartitionLag> partitions)
 {
-    std::lock_guard<std::mutex> lock(partitions_mu_);
-    partitions_.swap(partitions);
+    std::lock_guard<std::mutex> lock(metrics.partitions_mu_);
+    metrics.partitions_.swap(partitions);
 }
 
 std::vector<PartitionLag> Metrics::partitions() const

@@ -38,14 +38,10 @@ void OffsetStore::ensure_schema(pqxx::work& tx) const
     }
 }
 
-std::string OffsetStore::text_array(const std::vector<std::string>& values)
-{
-    return detail::text_array(values);
-}
-
 namespace {
 
 using detail::int_array;
+using detail::text_array;
 
 OffsetStore::Stored stored_of(const pqxx::row& row)
 {

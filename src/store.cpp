@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
 #include "schema_ddl.hpp"
@@ -47,10 +48,6 @@ ProcessedEventStore::ProcessedEventStore(std::string schema, std::string table)
         throw ConfigError(std::string("table: ") + e.what());
     }
     qualified_ = schema_q_ + "." + table_q_;
-    claim_sql_ = fmt::format(
-        "INSERT INTO {} (event_id, consumer_group) SELECT unnest($1::uuid[]), $2::text "
-        "ON CONFLICT DO NOTHING RETURNING event_id",
-        qualified_);
 }
 
 void ProcessedEventStore::ensure_schema(pqxx::work& tx) const
@@ -75,40 +72,13 @@ void ProcessedEventStore::ensure_schema(const std::string& conninfo) const
     detail::in_own_transaction(conninfo, [this](pqxx::work& tx) { ensure_schema(tx); });
 }
 
-std::string ProcessedEventStore::array_literal(const std::vector<EventId>& ids)
-{
-    std::string out;
-    out.resize(ids.size() * 37 + 2);
-    char* p = out.data();
-    *p++ = '{';
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i)
-            *p++ = ',';
-        ids[i].format_to(p);
-        p += 36;
-    }
-    *p++ = '}';
-    out.resize(static_cast<std::size_t>(p - out.data()));
-    return out;
-}
-
-std::vector<EventId> ProcessedEventStore::claimed_ids(const pqxx::result& r)
-{
-    std::vector<EventId> out;
-    out.reserve(r.size());
-    for (const auto& row : r) {
-        const auto f = row[0];
-        out.push_back(EventId::parse(std::string_view(f.c_str(), f.size())));
-    }
-    return out;
-}
-
 std::vector<EventId> ProcessedEventStore::claim(pqxx::transaction_base& tx, std::string_view group,
                                                 const std::vector<EventId>& ids) const
 {
     if (ids.empty())
         return {};
-    return claimed_ids(detail::pg::exec_params(tx, claim_sql_, array_literal(ids), std::string(group)));
+    return detail::pg::claimed_ids(
+        detail::pg::exec_params(tx, detail::pg::claim_sql(*this), detail::pg::uuid_array(ids), std::string(group)));
 }
 
 } // namespace idemkafka

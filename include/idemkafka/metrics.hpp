@@ -14,6 +14,10 @@
 
 namespace idemkafka {
 
+namespace detail {
+struct MetricsAccess;
+} // namespace detail
+
 /// A point-in-time copy of a histogram: cumulative counts per upper bound.
 struct HistogramSnapshot {
     std::vector<double> bounds;          ///< bucket upper bounds (the +Inf bucket is implied)
@@ -185,8 +189,6 @@ public:
     Gauge oldest_claim_unix_ms{{-1}};
     Gauge expired_partitions_kept;
 
-    /// Replaces the per-partition lags (the consumer thread, after each lag update).
-    void set_partitions(std::vector<PartitionLag> partitions);
     /// A copy of the per-partition lags.
     std::vector<PartitionLag> partitions() const;
 
@@ -194,6 +196,7 @@ public:
     MetricsSnapshot snapshot() const;
 
 private:
+    friend struct detail::MetricsAccess; // the consumer sets the per-partition lags
     mutable std::mutex partitions_mu_;
     std::vector<PartitionLag> partitions_;
 };

@@ -70,9 +70,6 @@ public:
     std::optional<std::int64_t> set(pqxx::transaction_base& tx, std::string_view group, std::string_view topic,
                                     std::int32_t partition, std::int64_t next_offset) const;
 
-    /// `{"a","b"}` with every element quoted, for text[] parameters.
-    static std::string text_array(const std::vector<std::string>& values);
-
 private:
     std::string schema_q_;
     std::string qualified_;

@@ -42,20 +42,11 @@ public:
     /// Same, in a connection and transaction of its own.
     void ensure_schema(const std::string& conninfo) const;
 
-    /// The claim statement: `$1` a uuid[] literal, `$2` the consumer group;
-    /// returns the ids that were not claimed before.
-    const std::string& claim_sql() const noexcept { return claim_sql_; }
-
     /// Claims `ids` for `group` in `tx` with one statement and returns the ones
     /// that were new (the rest are duplicates). The claims become durable only
     /// when `tx` commits. Order of the result is unspecified.
     std::vector<EventId> claim(pqxx::transaction_base& tx, std::string_view group,
                                const std::vector<EventId>& ids) const;
-
-    /// Builds the `{uuid,uuid,...}` array literal used as `$1` of claim_sql().
-    static std::string array_literal(const std::vector<EventId>& ids);
-    /// Parses the `event_id` column of the claim statement's result.
-    static std::vector<EventId> claimed_ids(const pqxx::result& r);
 
 private:
     std::string schema_;
@@ -63,7 +54,6 @@ private:
     std::string schema_q_;
     std::string table_q_;
     std::string qualified_;
-    std::string claim_sql_;
 };
 
 } // namespace idemkafka

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "idemkafka/error.hpp"
+#include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 
@@ -50,7 +51,7 @@ void Worker::reset(const Holds& initial)
 
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
-    db.prepare(claim_statement, s_.store.claim_sql());
+    db.prepare(claim_statement, pg::claim_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
 }
@@ -204,7 +205,7 @@ std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, B
         pg::exec_params(tx,
                         fmt::format("DELETE FROM {} WHERE consumer_group = $1 AND event_id = ANY($2::uuid[])",
                                     s_.store.qualified_name()),
-                        s_.cfg.group_id, ProcessedEventStore::array_literal(release));
+                        s_.cfg.group_id, pg::uuid_array(release));
     std::size_t n = 0;
     for (std::size_t j : w.items)
         if (w.holds.covers(b.items[j].part, b.items[j].record.offset))
@@ -252,8 +253,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     try {
         pqxx::work tx(*w.db);
         pg::open_for_writes(tx);
-        auto claimed_list = ProcessedEventStore::claimed_ids(
-            pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal(ids), s_.cfg.group_id));
+        auto claimed_list =
+            pg::claimed_ids(pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id));
         std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
         std::size_t handled = 0;
         for (std::size_t k = 0; k < first.size(); ++k) {
@@ -455,7 +456,7 @@ void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
         if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
-            pg::exec_prepared(tx, claim_statement, ProcessedEventStore::array_literal({it.id}), s_.cfg.group_id);
+            pg::exec_prepared(tx, claim_statement, pg::uuid_array({it.id}), s_.cfg.group_id);
         tx.commit();
     } catch (const std::exception& e) {
         const int failures = s_.ledger.count_failure(*it.part, it.record.offset);

@@ -14,6 +14,8 @@
 #include <idemkafka/store.hpp>
 
 #include "catch_compat.hpp"
+#include "metrics_access.hpp"
+#include "pg/claims.hpp"
 
 using namespace idemkafka;
 
@@ -108,16 +110,16 @@ TEST_CASE("identifiers are quoted, quotes doubled", "[unit]")
     REQUIRE_THROWS_AS(quote_identifier(std::string("a\0b", 3)), ConfigError);
     ProcessedEventStore s("my schema", "Processed");
     CHECK(s.qualified_name() == "\"my schema\".\"Processed\"");
-    CHECK(s.claim_sql().find("INSERT INTO \"my schema\".\"Processed\"") == 0);
-    CHECK(s.claim_sql().find("ON CONFLICT DO NOTHING RETURNING event_id") != std::string::npos);
+    CHECK(detail::pg::claim_sql(s).find("INSERT INTO \"my schema\".\"Processed\"") == 0);
+    CHECK(detail::pg::claim_sql(s).find("ON CONFLICT DO NOTHING RETURNING event_id") != std::string::npos);
 }
 
 TEST_CASE("claim array literal", "[unit]")
 {
     const auto a = EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398f");
     const auto b = EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398e");
-    CHECK(ProcessedEventStore::array_literal({}) == "{}");
-    CHECK(ProcessedEventStore::array_literal({a, b}) ==
+    CHECK(detail::pg::uuid_array({}) == "{}");
+    CHECK(detail::pg::uuid_array({a, b}) ==
           "{017f22e2-79b0-7cc3-98c4-dc0c0c07398f,017f22e2-79b0-7cc3-98c4-dc0c0c07398e}");
 }
 
@@ -151,8 +153,8 @@ TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
     m.handler_seconds.observe(2);
     m.batch_records.observe(500);
     m.dead_lettered[static_cast<std::size_t>(DeadLetterReason::decode_error)].add(2);
-    m.set_partitions({{"orders", 0, 3, 7, 7, 10, LagSource::watermarks},
-                      {"odd\"topic\\with\nbreak", 1, -1, -1, -1, -1, LagSource::statistics}});
+    detail::set_partitions(m, {{"orders", 0, 3, 7, 7, 10, LagSource::watermarks},
+                               {"odd\"topic\\with\nbreak", 1, -1, -1, -1, -1, LagSource::statistics}});
     m.oldest_claim_unix_ms.set(0);
     const auto text = m.snapshot().to_prometheus("billing");
     const std::regex help(R"(# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .+)");

@@ -10,6 +10,7 @@
 
 #include "catch_compat.hpp"
 #include "kafka/stats.hpp"
+#include "metrics_access.hpp"
 
 using namespace idemkafka;
 
@@ -53,9 +54,9 @@ TEST_CASE("per-partition lag renders as a labelled gauge, escaped per the text f
 {
     Metrics m;
     m.lag.set(8);
-    m.set_partitions({{"orders", 0, 5, 10, 10, 15, LagSource::watermarks},
-                      {"orders", 1, 3, 2, 2, 5, LagSource::statistics},
-                      {"we\"ird\\topic\nname", 2, -1, -1, -1, -1, LagSource::watermarks}});
+    detail::set_partitions(m, {{"orders", 0, 5, 10, 10, 15, LagSource::watermarks},
+                               {"orders", 1, 3, 2, 2, 5, LagSource::statistics},
+                               {"we\"ird\\topic\nname", 2, -1, -1, -1, -1, LagSource::watermarks}});
     const auto s = m.snapshot();
     REQUIRE(s.partitions.size() == 3);
     CHECK(s.partitions[1].topic == "orders");
@@ -77,7 +78,7 @@ TEST_CASE("per-partition lag renders as a labelled gauge, escaped per the text f
     CHECK(text.find("idemkafka_consumer_lag{") > type);
 
     // Revoked partitions leave the list, and the family stays declared without samples.
-    m.set_partitions({});
+    detail::set_partitions(m, {});
     const auto empty = m.snapshot().to_prometheus("g");
     CHECK(has_line(empty, "# TYPE idemkafka_consumer_lag gauge"));
     CHECK(empty.find("idemkafka_consumer_lag{") == std::string::npos);

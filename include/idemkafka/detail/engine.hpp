@@ -30,14 +30,10 @@ public:
     /// Runs the user's handler on slot `i` of `bank`.
     virtual void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
     /// True when the user gave a batch handler: handle_batch() replaces handle().
-    virtual bool batched() const noexcept { return false; }
+    virtual bool batched() const noexcept = 0;
     /// Runs the user's batch handler on slots index[0..n) of `bank` with their contexts.
     virtual void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
-                              std::size_t n)
-    {
-        for (std::size_t k = 0; k < n; ++k)
-            handle(bank, index[k], tx, contexts[k]);
-    }
+                              std::size_t n) = 0;
 };
 
 class Engine {
@@ -50,7 +46,6 @@ public:
     void run();
     void stop() noexcept;
     const Metrics& metrics() const noexcept;
-    const ConsumerConfig& config() const noexcept;
 
 private:
     struct Impl;

@@ -1,0 +1,45 @@
+#include "pg/claims.hpp"
+
+#include <cstddef>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace idemkafka::detail::pg {
+
+std::string claim_sql(const ProcessedEventStore& store)
+{
+    return fmt::format("INSERT INTO {} (event_id, consumer_group) SELECT unnest($1::uuid[]), $2::text "
+                       "ON CONFLICT DO NOTHING RETURNING event_id",
+                       store.qualified_name());
+}
+
+std::string uuid_array(const std::vector<EventId>& ids)
+{
+    std::string out;
+    out.resize(ids.size() * 37 + 2);
+    char* p = out.data();
+    *p++ = '{';
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i)
+            *p++ = ',';
+        ids[i].format_to(p);
+        p += 36;
+    }
+    *p++ = '}';
+    out.resize(static_cast<std::size_t>(p - out.data()));
+    return out;
+}
+
+std::vector<EventId> claimed_ids(const pqxx::result& r)
+{
+    std::vector<EventId> out;
+    out.reserve(r.size());
+    for (const auto& row : r) {
+        const auto f = row[0];
+        out.push_back(EventId::parse(std::string_view(f.c_str(), f.size())));
+    }
+    return out;
+}
+
+} // namespace idemkafka::detail::pg
