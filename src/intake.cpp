@@ -79,7 +79,7 @@ void Intake::apply_horizon(Item& it)
     if (d.beyond_horizon)
         metrics_.beyond_dedup_horizon.add();
     if (d.action == HorizonAction::dead_letter) {
-        if (d.reason == reason_non_v7_event_id)
+        if (d.reason == DeadLetterReason::non_v7_event_id)
             it.poison(DeadLetterReason::non_v7_event_id,
                       "event id " + it.id.to_string() + " is not a UUIDv7; the partitioned claims table needs one");
         else

@@ -454,7 +454,7 @@ HorizonDecision HorizonGuard::check(const EventId& id, std::chrono::system_clock
         d.key_window_open = !window;
         if (mode_ == RetentionMode::partitioned && non_v7_ == NonV7Policy::dead_letter) {
             d.action = HorizonAction::dead_letter;
-            d.reason = reason_non_v7_event_id;
+            d.reason = DeadLetterReason::non_v7_event_id;
         }
         return d;
     }
@@ -467,7 +467,7 @@ HorizonDecision HorizonGuard::check(const EventId& id, std::chrono::system_clock
         switch (beyond_) {
         case HorizonPolicy::dead_letter:
             d.action = HorizonAction::dead_letter;
-            d.reason = reason_beyond_dedup_horizon;
+            d.reason = DeadLetterReason::beyond_dedup_horizon;
             break;
         case HorizonPolicy::reconcile:
             d.action = HorizonAction::reconcile;

@@ -36,7 +36,8 @@ std::string_view to_string(DeadLetterReason reason) noexcept;
 /// The reason of a header value; nullopt for an unknown one.
 std::optional<DeadLetterReason> parse_dead_letter_reason(std::string_view text) noexcept;
 
-/// Header names of a dead-letter record.
+/// Header names of a dead-letter record. Like every header and field name of
+/// the library (log_field, outbox_event_id_header), a `const char*`.
 namespace dead_letter_header {
 inline constexpr const char* reason = "idemkafka.reason";
 inline constexpr const char* error = "idemkafka.error";
@@ -56,7 +57,7 @@ inline constexpr const char* original_headers_dropped = "idemkafka.original.head
 /// Present when the original key was left out too: its size in bytes.
 inline constexpr const char* original_key_bytes = "idemkafka.original.key_bytes";
 /// Prefix of every header the library adds; strip these when replaying.
-inline constexpr std::string_view prefix = "idemkafka.";
+inline constexpr const char* prefix = "idemkafka.";
 } // namespace dead_letter_header
 
 } // namespace idemkafka

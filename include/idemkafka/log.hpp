@@ -29,16 +29,16 @@ struct LogField {
 /// carry others (`reason`, `attempt`, `facility`, `code`, ...).
 namespace log_field {
 /// consumer, relay, maintenance, publisher or librdkafka.
-inline constexpr char component[] = "component";
+inline constexpr const char* component = "component";
 /// The consumer group (on every record of a consumer and of what it runs:
 /// maintenance, outbox relay, dead-letter producer, librdkafka).
-inline constexpr char group[] = "group";
-inline constexpr char topic[] = "topic";
-inline constexpr char partition[] = "partition";
-inline constexpr char offset[] = "offset";
-inline constexpr char event_id[] = "event_id";
+inline constexpr const char* group = "group";
+inline constexpr const char* topic = "topic";
+inline constexpr const char* partition = "partition";
+inline constexpr const char* offset = "offset";
+inline constexpr const char* event_id = "event_id";
 /// The error text, also part of the message.
-inline constexpr char error[] = "error";
+inline constexpr const char* error = "error";
 } // namespace log_field
 
 /// One log line: level, message and fields, in the order they were attached

@@ -27,6 +27,7 @@
 #include <pqxx/pqxx>
 
 #include "idemkafka/context.hpp"
+#include "idemkafka/dead_letter.hpp"
 #include "idemkafka/detail/periodic.hpp"
 #include "idemkafka/event_id.hpp"
 #include "idemkafka/log.hpp"
@@ -72,10 +73,6 @@ RetentionMode parse_retention_mode(std::string_view text);
 HorizonPolicy parse_horizon_policy(std::string_view text);
 /// Inverse of to_string(NonV7Policy). Throws ConfigError for any other text.
 NonV7Policy parse_non_v7_policy(std::string_view text);
-
-/// Dead-letter reasons the horizon guard produces (the `idemkafka.reason` header).
-inline constexpr std::string_view reason_beyond_dedup_horizon = "beyond_dedup_horizon";
-inline constexpr std::string_view reason_non_v7_event_id = "non_v7_event_id";
 
 /// Retention of the claims table and the dedup-horizon guard. Plain data;
 /// validate() throws ConfigError naming the bad field.
@@ -153,9 +150,9 @@ enum class HorizonAction {
 /// The verdict of HorizonGuard::check().
 struct HorizonDecision {
     HorizonAction action = HorizonAction::process;
-    /// Dead-letter reason when action == dead_letter (reason_beyond_dedup_horizon
-    /// or reason_non_v7_event_id), empty otherwise.
-    std::string_view reason;
+    /// Dead-letter reason when action == dead_letter
+    /// (DeadLetterReason::beyond_dedup_horizon or non_v7_event_id), empty otherwise.
+    std::optional<DeadLetterReason> reason;
     /// The id is a UUIDv7, so its age is known.
     bool has_timestamp = false;
     /// now - creation time of the id; negative for an id from the future, zero

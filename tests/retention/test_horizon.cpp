@@ -129,14 +129,14 @@ TEST_CASE("horizon guard: both sides of the dedup horizon", "[retention]")
         CHECK(d.age == milliseconds(6 * day_ms - 1));
         CHECK_FALSE(d.beyond_horizon);
         CHECK(d.action == HorizonAction::process);
-        CHECK(d.reason.empty());
+        CHECK(!d.reason);
     }
     SECTION("exactly at the horizon is beyond it: the claim is no longer guaranteed")
     {
         const auto d = g.check(v7_at(boundary), now);
         CHECK(d.beyond_horizon);
         CHECK(d.action == HorizonAction::dead_letter);
-        CHECK(d.reason == reason_beyond_dedup_horizon);
+        CHECK(d.reason == DeadLetterReason::beyond_dedup_horizon);
     }
     SECTION("well beyond")
     {
@@ -169,7 +169,7 @@ TEST_CASE("horizon guard: the policy for events beyond the horizon", "[retention
     auto d = HorizonGuard(c).check(old, now);
     CHECK(d.beyond_horizon);
     CHECK(d.action == HorizonAction::reconcile);
-    CHECK(d.reason.empty());
+    CHECK(!d.reason);
 
     c.beyond_horizon = HorizonPolicy::process;
     d = HorizonGuard(c).check(old, now);
@@ -219,7 +219,7 @@ TEST_CASE("horizon guard: ids that are not UUIDv7", "[retention]")
         const auto d = HorizonGuard(c).check(v4(), now);
         CHECK_FALSE(d.has_timestamp);
         CHECK(d.action == HorizonAction::dead_letter);
-        CHECK(d.reason == reason_non_v7_event_id);
+        CHECK(d.reason == DeadLetterReason::non_v7_event_id);
         CHECK_FALSE(d.beyond_horizon);
     }
     SECTION("partitioned mode with the process policy")

@@ -345,7 +345,7 @@ int replay(const Options& o)
             r.key = d.key;
             r.value = d.value;
             for (const auto& h : d.headers)
-                if (h.name.compare(0, dead_letter_header::prefix.size(), dead_letter_header::prefix) != 0)
+                if (h.name.rfind(dead_letter_header::prefix, 0) != 0)
                     r.headers.push_back(h);
             batch.push_back(std::move(r));
             labels.push_back(label);
