@@ -10,7 +10,7 @@
 
 #include <pqxx/pqxx>
 
-#include "idemkafka/detail/periodic.hpp"
+#include "periodic.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/store.hpp"

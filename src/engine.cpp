@@ -19,7 +19,7 @@
 // Rebalances arrive inside poll() through kafka::ConsumerEvents: the running
 // batch is finished first, then the ledger assigns or forgets partitions.
 
-#include "idemkafka/detail/engine.hpp"
+#include "idemkafka/consumer.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -10,7 +10,7 @@
 
 #include "batch.hpp"
 #include "idemkafka/config.hpp"
-#include "idemkafka/detail/engine.hpp"
+#include "idemkafka/consumer.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/retention.hpp"
 #include "log_context.hpp"

@@ -1,8 +1,12 @@
 #include "idemkafka/outbox.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -285,6 +289,11 @@ void OutboxRelayOptions::validate() const
     require(purge_limits.pause.count() >= 0, "purge_limits.pause: must not be negative");
 }
 
+Outbox OutboxConfig::outbox() const
+{
+    return Outbox(schema, table);
+}
+
 void OutboxConfig::validate() const
 {
     try {
@@ -376,31 +385,55 @@ std::string describe_key(const std::optional<std::string>& key)
 
 } // namespace
 
-struct OutboxRelay::State {
-    Redactor secrets; // of the connection string, masked in thrown messages
-    std::unique_ptr<pqxx::connection> conn;
-    std::map<HoldKey, Hold> held;
-    std::string lock_sql;
-    std::string fetch_sql;
-    std::string mark_sql;
-    // Relay thread only.
-    milliseconds backoff{0};
-    bool was_active = false;
-    bool purging = false;
-    std::size_t purge_batches = 0;
-    std::uint64_t purge_total = 0;
-    Clock::time_point next_purge{};
+struct OutboxRelay::Impl {
+    struct State {
+        Redactor secrets; // of the connection string, masked in thrown messages
+        std::unique_ptr<pqxx::connection> conn;
+        std::map<HoldKey, Hold> held;
+        std::string lock_sql;
+        std::string fetch_sql;
+        std::string mark_sql;
+        // Relay thread only.
+        milliseconds backoff{0};
+        bool was_active = false;
+        bool purging = false;
+        std::size_t purge_batches = 0;
+        std::uint64_t purge_total = 0;
+        Clock::time_point next_purge{};
+    };
+
+    struct Outcome {
+        bool active = false;
+        std::size_t fetched = 0;
+        std::size_t published = 0;
+        std::size_t failed = 0;
+        bool all_failed = false; // records were sent and none was acknowledged
+    };
+
+    Impl(std::string conninfo, Outbox outbox, Publisher* publisher, OutboxRelayOptions options);
+    void loop() noexcept;
+    void cycle(Outcome& out);
+    void cycle_unchecked(Outcome& out);
+    void purge_step();
+
+    std::string conninfo_;
+    Outbox outbox_;
+    OutboxRelayOptions options_;
+    std::unique_ptr<Publisher> owned_publisher_;
+    Publisher* publisher_;
+    std::unique_ptr<State> state_; // connection and held keys, used under cycle_mutex_
+    std::mutex control_mutex_;     // start() and stop()
+    std::mutex cycle_mutex_;
+    std::mutex mutex_; // stopping_, woken_
+    std::condition_variable wake_;
+    bool stopping_ = false;
+    bool woken_ = false;
+    std::atomic<std::uint64_t> published_{0}, failed_{0}, errors_{0}, cycles_{0}, standby_{0}, purged_{0},
+        held_keys_{0};
+    std::thread thread_;
 };
 
-struct OutboxRelay::Outcome {
-    bool active = false;
-    std::size_t fetched = 0;
-    std::size_t published = 0;
-    std::size_t failed = 0;
-    bool all_failed = false; // records were sent and none was acknowledged
-};
-
-OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher* publisher, OutboxRelayOptions options)
+OutboxRelay::Impl::Impl(std::string conninfo, Outbox outbox, Publisher* publisher, OutboxRelayOptions options)
     : conninfo_(std::move(conninfo)), outbox_(std::move(outbox)), options_(std::move(options)), publisher_(publisher),
       state_(std::make_unique<State>())
 {
@@ -427,16 +460,16 @@ OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher* publish
 }
 
 OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, PublisherConfig publisher, OutboxRelayOptions options)
-    : OutboxRelay(std::move(conninfo), std::move(outbox), nullptr, std::move(options))
+    : impl_(std::make_unique<Impl>(std::move(conninfo), std::move(outbox), nullptr, std::move(options)))
 {
     if (!publisher.log)
-        publisher.log = options_.log;
-    owned_publisher_ = std::make_unique<Publisher>(std::move(publisher));
-    publisher_ = owned_publisher_.get();
+        publisher.log = impl_->options_.log;
+    impl_->owned_publisher_ = std::make_unique<Publisher>(std::move(publisher));
+    impl_->publisher_ = impl_->owned_publisher_.get();
 }
 
 OutboxRelay::OutboxRelay(std::string conninfo, Outbox outbox, Publisher& publisher, OutboxRelayOptions options)
-    : OutboxRelay(std::move(conninfo), std::move(outbox), &publisher, std::move(options))
+    : impl_(std::make_unique<Impl>(std::move(conninfo), std::move(outbox), &publisher, std::move(options)))
 {
 }
 
@@ -469,48 +502,57 @@ std::unique_ptr<OutboxRelay> OutboxRelay::for_consumer(const OutboxConfig& confi
 
 void OutboxRelay::start()
 {
-    std::lock_guard<std::mutex> control(control_mutex_);
-    if (thread_.joinable())
+    Impl& i = *impl_;
+    std::lock_guard<std::mutex> control(i.control_mutex_);
+    if (i.thread_.joinable())
         return;
     {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stopping_ = false;
+        std::lock_guard<std::mutex> lock(i.mutex_);
+        i.stopping_ = false;
     }
-    thread_ = std::thread([this] { loop(); });
+    i.thread_ = std::thread([&i] { i.loop(); });
 }
 
 void OutboxRelay::stop() noexcept
 {
-    std::lock_guard<std::mutex> control(control_mutex_);
+    Impl& i = *impl_;
+    std::lock_guard<std::mutex> control(i.control_mutex_);
     {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stopping_ = true;
+        std::lock_guard<std::mutex> lock(i.mutex_);
+        i.stopping_ = true;
     }
-    wake_.notify_all();
-    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
-        thread_.join();
+    i.wake_.notify_all();
+    if (i.thread_.joinable() && i.thread_.get_id() != std::this_thread::get_id())
+        i.thread_.join();
 }
 
 void OutboxRelay::wake() noexcept
 {
+    Impl& i = *impl_;
     {
-        std::lock_guard<std::mutex> lock(mutex_);
-        woken_ = true;
+        std::lock_guard<std::mutex> lock(i.mutex_);
+        i.woken_ = true;
     }
-    wake_.notify_all();
+    i.wake_.notify_all();
 }
 
 OutboxRelayStats OutboxRelay::stats() const noexcept
 {
+    const Impl& i = *impl_;
     OutboxRelayStats s;
-    s.published = published_.load();
-    s.failed = failed_.load();
-    s.errors = errors_.load();
-    s.cycles = cycles_.load();
-    s.standby = standby_.load();
-    s.purged = purged_.load();
-    s.held_keys = held_keys_.load();
+    s.published = i.published_.load();
+    s.failed = i.failed_.load();
+    s.errors = i.errors_.load();
+    s.cycles = i.cycles_.load();
+    s.standby = i.standby_.load();
+    s.purged = i.purged_.load();
+    s.held_keys = i.held_keys_.load();
     return s;
+}
+
+const Outbox& OutboxRelay::outbox() const noexcept
+{
+    return impl_->outbox_;
 }
 
 namespace {
@@ -554,13 +596,13 @@ OutgoingRecord record_of(const Row& row)
 
 std::size_t OutboxRelay::run_once()
 {
-    std::lock_guard<std::mutex> lock(cycle_mutex_);
-    Outcome outcome;
-    cycle(outcome);
+    std::lock_guard<std::mutex> lock(impl_->cycle_mutex_);
+    Impl::Outcome outcome;
+    impl_->cycle(outcome);
     return outcome.published;
 }
 
-void OutboxRelay::cycle(Outcome& out)
+void OutboxRelay::Impl::cycle(Outcome& out)
 {
     State& st = *state_;
     try {
@@ -584,7 +626,7 @@ void OutboxRelay::cycle(Outcome& out)
     }
 }
 
-void OutboxRelay::cycle_unchecked(Outcome& out)
+void OutboxRelay::Impl::cycle_unchecked(Outcome& out)
 {
     State& st = *state_;
     if (!st.conn)
@@ -755,7 +797,7 @@ void OutboxRelay::cycle_unchecked(Outcome& out)
     }
 }
 
-void OutboxRelay::purge_step()
+void OutboxRelay::Impl::purge_step()
 {
     State& st = *state_;
     if (options_.retention.count() == 0)
@@ -806,7 +848,7 @@ void OutboxRelay::purge_step()
     }
 }
 
-void OutboxRelay::loop() noexcept
+void OutboxRelay::Impl::loop() noexcept
 {
     State& st = *state_;
     auto next_backoff = [this](milliseconds current) {

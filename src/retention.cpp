@@ -1,9 +1,11 @@
 #include "idemkafka/retention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <ctime>
 #include <limits>
+#include <mutex>
 #include <utility>
 
 #include <fmt/format.h>
@@ -11,6 +13,7 @@
 #include "duration_text.hpp"
 #include "idemkafka/error.hpp"
 #include "log_context.hpp"
+#include "periodic.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 #include "schema_ddl.hpp"
@@ -941,17 +944,39 @@ RetentionStatus Maintenance::status(pqxx::connection& conn) const
 
 // ---- maintenance runner ----------------------------------------------------
 
+struct MaintenanceRunner::Impl {
+    Impl(std::string conninfo_in, ProcessedEventStore store, RetentionConfig config, LogSink sink,
+         Maintenance::WallClock clock)
+        : conninfo(std::move(conninfo_in)),
+          // The connection string's password is masked in every line, also where
+          // libpq quotes it back without its key.
+          maintenance(std::move(store), config, detail::with_context(sink, {}, detail::secrets_of(conninfo)),
+                      std::move(clock)),
+          log(detail::with_context(std::move(sink), {}, detail::secrets_of(conninfo))),
+          interval(config.maintenance_interval)
+    {
+    }
+
+    void run() noexcept;
+
+    std::string conninfo;
+    Maintenance maintenance;
+    LogSink log;
+    std::chrono::milliseconds interval;
+    std::unique_ptr<pqxx::connection> conn; // the thread's; reconnected after a failure
+    mutable std::mutex mutex;                // last
+    std::optional<MaintenanceReport> last;
+    std::atomic<std::uint64_t> runs{0}, failures{0}, kept{0};
+    detail::PeriodicThread thread; // last: stopped before the members it uses go
+};
+
 MaintenanceRunner::MaintenanceRunner(std::string conninfo, ProcessedEventStore store, RetentionConfig config,
                                      LogSink log, Maintenance::WallClock clock)
-    : conninfo_(std::move(conninfo)),
-      // The connection string's password is masked in every line, also where
-      // libpq quotes it back without its key.
-      maintenance_(std::move(store), config, detail::with_context(log, {}, detail::secrets_of(conninfo_)),
-                   std::move(clock)),
-      log_(detail::with_context(std::move(log), {}, detail::secrets_of(conninfo_))),
-      interval_(config.maintenance_interval)
+    : impl_(std::make_unique<Impl>(std::move(conninfo), std::move(store), std::move(config), std::move(log),
+                                   std::move(clock)))
 {
-    thread_.start(interval_, [this] { run(); });
+    Impl* impl = impl_.get();
+    impl->thread.start(impl->interval, [impl] { impl->run(); });
 }
 
 MaintenanceRunner::~MaintenanceRunner()
@@ -961,49 +986,64 @@ MaintenanceRunner::~MaintenanceRunner()
 
 void MaintenanceRunner::stop() noexcept
 {
-    maintenance_.cancel(); // a purge stops after its current batch
-    thread_.stop();
+    impl_->maintenance.cancel(); // a purge stops after its current batch
+    impl_->thread.stop();
+}
+
+std::uint64_t MaintenanceRunner::runs() const noexcept
+{
+    return impl_->runs.load();
+}
+
+std::uint64_t MaintenanceRunner::failures() const noexcept
+{
+    return impl_->failures.load();
+}
+
+std::uint64_t MaintenanceRunner::expired_partitions_kept() const noexcept
+{
+    return impl_->kept.load();
 }
 
 std::optional<MaintenanceReport> MaintenanceRunner::last_report() const
 {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return last_;
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    return impl_->last;
 }
 
-void MaintenanceRunner::run() noexcept
+void MaintenanceRunner::Impl::run() noexcept
 {
     auto say = [this](LogLevel level, std::string line, detail::LogFields fields = {}) {
-        detail::emit(log_, level, std::move(line), "maintenance", std::move(fields));
+        detail::emit(log, level, std::move(line), "maintenance", std::move(fields));
     };
     try {
-        if (!conn_)
-            conn_ = std::make_unique<pqxx::connection>(conninfo_);
-        MaintenanceReport report = maintenance_.run_once(*conn_);
+        if (!conn)
+            conn = std::make_unique<pqxx::connection>(conninfo);
+        MaintenanceReport report = maintenance.run_once(*conn);
         const bool changed =
             !report.partitions_created.empty() || !report.partitions_dropped.empty() || report.rows_purged > 0;
         if (report.acted)
             say(changed ? LogLevel::info : LogLevel::debug,
                 fmt::format("maintenance of {}: {} partitions created, {} dropped, {} rows purged",
-                            maintenance_.store().qualified_name(), report.partitions_created.size(),
+                            maintenance.store().qualified_name(), report.partitions_created.size(),
                             report.partitions_dropped.size(), report.rows_purged));
         if (report.acted)
-            kept_.store(report.partitions_kept.size());
+            kept.store(report.partitions_kept.size());
         {
-            std::lock_guard<std::mutex> lock(mutex_);
-            last_ = std::move(report);
+            std::lock_guard<std::mutex> lock(mutex);
+            last = std::move(report);
         }
-        runs_.fetch_add(1);
+        runs.fetch_add(1);
     } catch (const std::exception& e) {
-        failures_.fetch_add(1);
-        conn_.reset();
+        failures.fetch_add(1);
+        conn.reset();
         say(LogLevel::warning,
-            fmt::format("maintenance of {} failed, retried in {}: {}", maintenance_.store().qualified_name(),
-                        detail::duration_text(interval_), e.what()),
+            fmt::format("maintenance of {} failed, retried in {}: {}", maintenance.store().qualified_name(),
+                        detail::duration_text(interval), e.what()),
             {{log_field::error, e.what()}});
     } catch (...) {
-        failures_.fetch_add(1);
-        conn_.reset();
+        failures.fetch_add(1);
+        conn.reset();
     }
 }
 

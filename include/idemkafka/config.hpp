@@ -1,6 +1,10 @@
 #pragma once
 /// \file
-/// ConsumerConfig: everything an IdempotentConsumer needs, as a plain struct.
+/// The configuration structs, plain data: ConsumerConfig and the settings it
+/// embeds (RetentionConfig, OutboxConfig with OutboxRelayOptions). The
+/// machinery they configure lives elsewhere (retention.hpp, outbox.hpp), so
+/// this header, and consumer.hpp with it, stays free of threads, relays and
+/// producers.
 
 #include <chrono>
 #include <cstddef>
@@ -9,13 +13,17 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <pqxx/pqxx>
+
+#include "idemkafka/context.hpp"
 #include "idemkafka/log.hpp"
-#include "idemkafka/outbox.hpp"
-#include "idemkafka/retention.hpp"
 
 namespace idemkafka {
+
+class Outbox; // outbox.hpp
 
 /// How records may be processed in parallel when `workers` > 1.
 enum class Ordering {
@@ -40,6 +48,189 @@ struct Hooks {
     /// are committed. An exception thrown here propagates out of run() and the
     /// offsets are not committed: exactly the state of a crash at that point.
     std::function<void(const BatchInfo&)> after_db_commit;
+};
+
+/// How old claims are removed.
+enum class RetentionMode {
+    partitioned, ///< range partitions by event id (UUIDv7 time), expired ones dropped whole
+    purge,       ///< plain table, batched DELETE of rows whose processed_at is older than retention
+};
+
+/// What happens to an event whose UUIDv7 timestamp is older than the dedup horizon.
+enum class HorizonPolicy {
+    dead_letter, ///< dead letter with reason `beyond_dedup_horizon` (default)
+    reconcile,   ///< RetentionConfig::reconcile decides
+    process,     ///< hand it to the handler anyway (explicit opt-in: it may apply twice)
+};
+
+/// What happens to an event id that is not a UUIDv7 in partitioned mode.
+enum class NonV7Policy {
+    dead_letter, ///< dead letter with reason `non_v7_event_id` (default)
+    process,     ///< claim and process it; its dedup lasts an unknown time (see docs/retention.md)
+};
+
+/// What a reconcile hook decided for an event beyond the dedup horizon.
+enum class ReconcileOutcome {
+    process,     ///< the effect is not there: claim the event and run the handler
+    skip,        ///< the effect is already there: claim it, count a duplicate, no handler
+    dead_letter, ///< cannot tell: no claim, dead letter with reason `beyond_dedup_horizon`
+};
+
+/// "partitioned", "purge".
+std::string_view to_string(RetentionMode mode) noexcept;
+/// "dead_letter", "reconcile", "process".
+std::string_view to_string(HorizonPolicy policy) noexcept;
+/// "dead_letter", "process".
+std::string_view to_string(NonV7Policy policy) noexcept;
+/// Inverse of to_string(RetentionMode). Throws ConfigError for any other text.
+RetentionMode parse_retention_mode(std::string_view text);
+/// Inverse of to_string(HorizonPolicy). Throws ConfigError for any other text.
+HorizonPolicy parse_horizon_policy(std::string_view text);
+/// Inverse of to_string(NonV7Policy). Throws ConfigError for any other text.
+NonV7Policy parse_non_v7_policy(std::string_view text);
+
+/// Retention of the claims table and the dedup-horizon guard. Plain data;
+/// validate() throws ConfigError naming the bad field.
+struct RetentionConfig {
+    using Duration = std::chrono::milliseconds;
+
+    /// Layout of a table created (or converted) by migrate(). Maintenance acts on
+    /// the layout the table actually has.
+    RetentionMode mode = RetentionMode::partitioned;
+    /// How long a claim is kept. Partitioned: a partition is dropped once every
+    /// id it can hold is older than this. Purge: rows whose processed_at is older
+    /// are deleted.
+    Duration retention = std::chrono::hours(24 * 7);
+    /// Width of one range partition. A whole number of minutes.
+    Duration partition_width = std::chrono::hours(24);
+    /// Partitions kept ready beyond the current one.
+    std::size_t partitions_ahead = 3;
+    /// Rows deleted per purge statement (one short transaction each).
+    std::size_t purge_batch = 5000;
+    /// Pause between purge batches, so the purge never competes with claims for long.
+    Duration purge_pause = std::chrono::milliseconds(50);
+    /// Most purge batches in one maintenance run; the rest waits for the next run.
+    std::size_t purge_max_batches = 2000;
+    /// Creating a partition whose range already has rows in the default partition
+    /// moves them, holding the default partition locked. Above this many rows the
+    /// partition is not created (the rows age out of the default partition instead).
+    std::size_t max_move_rows = 100000;
+    /// lock_timeout of every maintenance statement, so maintenance waiting for a
+    /// lock never holds up the claims queued behind it for longer.
+    Duration lock_timeout = std::chrono::seconds(5);
+
+    /// The dedup horizon is retention - horizon_margin: an event whose UUIDv7
+    /// timestamp is at least that old goes to `beyond_horizon`. The margin covers
+    /// clock skew between producers and this consumer, and time in queues.
+    Duration horizon_margin = std::chrono::hours(24);
+    /// Policy for events beyond the dedup horizon.
+    HorizonPolicy beyond_horizon = HorizonPolicy::dead_letter;
+    /// Called for an event beyond the horizon when beyond_horizon == reconcile,
+    /// before the batch's transaction, in a transaction of its own: it looks
+    /// for the effect (the charge of that order, say) and returns what to do.
+    /// For `skip` that transaction also claims the event, so the claim commits
+    /// with whatever the hook wrote. Required for that policy. An exception
+    /// from it (or a transaction it leaves aborted) counts as a failure of the
+    /// record: retried with the backoff, and after max_attempts the record is
+    /// dead-lettered (reason beyond_dedup_horizon, error "reconcile hook failed ...").
+    std::function<ReconcileOutcome(pqxx::work& tx, const Context& ctx)> reconcile;
+    /// How long the downstream service remembers an Idempotency-Key (payment
+    /// providers often keep keys for 24 hours); zero when not configured.
+    /// HorizonDecision::key_window_open tells the handler whether a repeated call
+    /// is still recognised downstream.
+    Duration downstream_key_window{0};
+    /// Policy for ids that are not UUIDv7 in partitioned mode.
+    NonV7Policy non_v7 = NonV7Policy::dead_letter;
+
+    /// Run maintenance on a schedule inside the consumer (MaintenanceRunner);
+    /// several instances may, only one acts at a time.
+    bool maintenance = true;
+    /// Time between two maintenance runs.
+    Duration maintenance_interval = std::chrono::minutes(5);
+
+    /// retention - horizon_margin.
+    Duration dedup_horizon() const noexcept { return retention - horizon_margin; }
+
+    /// Throws ConfigError naming the first invalid field.
+    void validate() const;
+};
+
+/// Bounds of one Outbox::purge_sent() call.
+struct OutboxPurgeLimits {
+    /// Rows deleted per statement (one short transaction each).
+    std::size_t batch = 5000;
+    /// Most statements per call; the rest waits for the next call.
+    std::size_t max_batches = 2000;
+    /// Pause between two statements, so a long purge never competes with the
+    /// relay and the writers for long.
+    std::chrono::milliseconds pause{50};
+};
+
+/// Callbacks into the relay, for tests and tools.
+struct OutboxRelayHooks {
+    /// Called after the broker acknowledged the records of a batch and before
+    /// their rows are marked sent, with the number acknowledged. An exception
+    /// thrown here rolls the marking back, exactly the state of a crash at that
+    /// point: the rows are published again, with the same event ids.
+    std::function<void(std::size_t acknowledged)> after_publish;
+    /// Called after every cycle that committed as the active relay, with the
+    /// rows it marked sent and the records that were not acknowledged: feeds a
+    /// metrics registry. An exception thrown here is ignored.
+    std::function<void(std::size_t published, std::size_t failed)> after_cycle;
+};
+
+/// Settings of an OutboxRelay. Plain data; validate() throws ConfigError
+/// naming the bad field.
+struct OutboxRelayOptions {
+    /// Rows read, published and marked per cycle (one transaction).
+    std::size_t batch_size = 500;
+    /// Wait between two cycles when the outbox had nothing more to publish, and
+    /// between two attempts of a relay standing by for the active one.
+    std::chrono::milliseconds poll_interval{100};
+    /// How long a cycle waits for the broker's acknowledgements.
+    std::chrono::milliseconds publish_timeout{30000};
+    /// Delay before retrying after a failed cycle or a failed record, doubling
+    /// per consecutive failure up to retry_backoff_max.
+    std::chrono::milliseconds retry_backoff{100};
+    std::chrono::milliseconds retry_backoff_max{10000};
+    /// Keys held back at once after record failures; beyond this, failures
+    /// back off the whole relay instead of single keys.
+    std::size_t max_held_keys = 10000;
+    /// The relay thread purges sent rows older than this every purge_interval;
+    /// zero turns the purge off (call Outbox::purge_sent() yourself).
+    std::chrono::milliseconds retention = std::chrono::hours(24 * 7);
+    std::chrono::milliseconds purge_interval = std::chrono::minutes(5);
+    /// Bounds of each purge.
+    OutboxPurgeLimits purge_limits;
+    /// Where log lines go. Default: stderr, level info and above.
+    LogSink log;
+    /// Test and tool callbacks.
+    OutboxRelayHooks hooks;
+
+    /// Throws ConfigError naming the first invalid field.
+    void validate() const;
+};
+
+/// The outbox settings of a consumer (for ConsumerConfig). Plain data.
+struct OutboxConfig {
+    /// Where the outbox lives; always quoted as identifiers.
+    std::string schema = "public";
+    std::string table = "outbox";
+    /// Run an OutboxRelay thread alongside the consumer. Turn it off when a
+    /// separate relay process publishes this outbox.
+    bool relay = true;
+    /// Settings of that relay. An empty `log` uses the consumer's sink.
+    OutboxRelayOptions relay_options;
+    /// Extra librdkafka properties of the relay's producer. Security settings
+    /// (security.protocol, sasl.*, ssl.*) and client.id/client.rack are copied
+    /// from the consumer's `kafka` unless set here.
+    std::map<std::string, std::string> kafka;
+
+    /// The Outbox these settings name (include idemkafka/outbox.hpp to use it).
+    /// Throws ConfigError for a bad name.
+    Outbox outbox() const;
+    /// Throws ConfigError naming the first invalid field (`outbox.table`, ...).
+    void validate() const;
 };
 
 /// Configuration of an IdempotentConsumer. Plain data; IdempotentConsumer's

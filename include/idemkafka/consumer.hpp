@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -16,7 +17,6 @@
 
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"
-#include "idemkafka/detail/engine.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/event_id.hpp"
 #include "idemkafka/metrics.hpp"
@@ -84,6 +84,57 @@ private:
     const Context* contexts_;
     std::size_t size_;
 };
+
+namespace detail {
+
+// The non-template half of IdempotentConsumer, compiled into the library
+// (src/engine.cpp). Not part of the API; exported because the template calls it.
+
+/// The typed half: decodes records into slots and runs the handler on them.
+/// Slots come in two banks, so that one batch can be decoded while the
+/// handler runs on the one before it.
+class Stage {
+public:
+    static constexpr std::size_t banks = 2;
+
+    virtual ~Stage() = default;
+    /// Makes room for `n` decoded events in `bank`; called once per batch.
+    virtual void prepare(std::size_t bank, std::size_t n) = 0;
+    /// Decodes `record` into slot `i` of `bank` and returns its event id.
+    /// Throws DecodeError (or anything else) for an undecodable record and
+    /// InvalidEventId for a record without a usable id.
+    virtual EventId decode(std::size_t bank, std::size_t i, const Record& record) = 0;
+    /// Runs the user's handler on slot `i` of `bank`.
+    virtual void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
+    /// True when the user gave a batch handler: handle_batch() replaces handle().
+    virtual bool batched() const noexcept = 0;
+    /// Runs the user's batch handler on slots index[0..n) of `bank` with their contexts.
+    virtual void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
+                              std::size_t n) = 0;
+};
+
+/// Polls, claims, runs the Stage and commits: everything but the types.
+class Engine {
+public:
+    /// Throws ConfigError for an invalid `config`. Keeps a reference to `stage`.
+    Engine(ConsumerConfig config, Stage& stage);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    /// IdempotentConsumer::run().
+    void run();
+    /// IdempotentConsumer::stop().
+    void stop() noexcept;
+    /// IdempotentConsumer::metrics().
+    const Metrics& metrics() const noexcept;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+} // namespace detail
 
 /// Consumes `config.topics` in group `config.group_id` and, for each record:
 /// decodes it, takes its event id, and in one PostgreSQL transaction claims the

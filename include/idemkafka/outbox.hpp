@@ -4,25 +4,22 @@
 /// inside the caller's transaction (a consumer handler's, or any service code's),
 /// so the event exists if and only if that transaction commits. OutboxRelay
 /// publishes the rows with the idempotent Publisher, in order per key, and marks
-/// them sent only after the broker acknowledged them. See docs/outbox.md.
+/// them sent only after the broker acknowledged them. See docs/outbox.md. The
+/// settings (OutboxConfig, OutboxRelayOptions) are in config.hpp.
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <pqxx/pqxx>
 
+#include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"
 #include "idemkafka/event_id.hpp"
 #include "idemkafka/log.hpp"
@@ -33,17 +30,6 @@ namespace idemkafka {
 /// Header the relay puts on every published record: the row's event id in
 /// canonical text form. A user header of the same name is replaced.
 inline constexpr const char* outbox_event_id_header = "idemkafka.event_id";
-
-/// Bounds of one Outbox::purge_sent() call.
-struct OutboxPurgeLimits {
-    /// Rows deleted per statement (one short transaction each).
-    std::size_t batch = 5000;
-    /// Most statements per call; the rest waits for the next call.
-    std::size_t max_batches = 2000;
-    /// Pause between two statements, so a long purge never competes with the
-    /// relay and the writers for long.
-    std::chrono::milliseconds pause{50};
-};
 
 /// The outbox table:
 ///
@@ -115,51 +101,6 @@ private:
     std::string insert_sql_;
 };
 
-/// Callbacks into the relay, for tests and tools.
-struct OutboxRelayHooks {
-    /// Called after the broker acknowledged the records of a batch and before
-    /// their rows are marked sent, with the number acknowledged. An exception
-    /// thrown here rolls the marking back, exactly the state of a crash at that
-    /// point: the rows are published again, with the same event ids.
-    std::function<void(std::size_t acknowledged)> after_publish;
-    /// Called after every cycle that committed as the active relay, with the
-    /// rows it marked sent and the records that were not acknowledged: feeds a
-    /// metrics registry. An exception thrown here is ignored.
-    std::function<void(std::size_t published, std::size_t failed)> after_cycle;
-};
-
-/// Settings of an OutboxRelay. Plain data; validate() throws ConfigError
-/// naming the bad field.
-struct OutboxRelayOptions {
-    /// Rows read, published and marked per cycle (one transaction).
-    std::size_t batch_size = 500;
-    /// Wait between two cycles when the outbox had nothing more to publish, and
-    /// between two attempts of a relay standing by for the active one.
-    std::chrono::milliseconds poll_interval{100};
-    /// How long a cycle waits for the broker's acknowledgements.
-    std::chrono::milliseconds publish_timeout{30000};
-    /// Delay before retrying after a failed cycle or a failed record, doubling
-    /// per consecutive failure up to retry_backoff_max.
-    std::chrono::milliseconds retry_backoff{100};
-    std::chrono::milliseconds retry_backoff_max{10000};
-    /// Keys held back at once after record failures; beyond this, failures
-    /// back off the whole relay instead of single keys.
-    std::size_t max_held_keys = 10000;
-    /// The relay thread purges sent rows older than this every purge_interval;
-    /// zero turns the purge off (call Outbox::purge_sent() yourself).
-    std::chrono::milliseconds retention = std::chrono::hours(24 * 7);
-    std::chrono::milliseconds purge_interval = std::chrono::minutes(5);
-    /// Bounds of each purge.
-    OutboxPurgeLimits purge_limits;
-    /// Where log lines go. Default: stderr, level info and above.
-    LogSink log;
-    /// Test and tool callbacks.
-    OutboxRelayHooks hooks;
-
-    /// Throws ConfigError naming the first invalid field.
-    void validate() const;
-};
-
 /// Counters of an OutboxRelay.
 struct OutboxRelayStats {
     std::uint64_t published = 0; ///< rows acknowledged by the broker and marked sent
@@ -169,27 +110,6 @@ struct OutboxRelayStats {
     std::uint64_t standby = 0;   ///< cycles skipped because another relay was active
     std::uint64_t purged = 0;    ///< sent rows purged by this relay's thread
     std::uint64_t held_keys = 0; ///< keys currently held back after a failed record (gauge)
-};
-
-/// The outbox settings of a consumer (for ConsumerConfig). Plain data.
-struct OutboxConfig {
-    /// Where the outbox lives; always quoted as identifiers.
-    std::string schema = "public";
-    std::string table = "outbox";
-    /// Run an OutboxRelay thread alongside the consumer. Turn it off when a
-    /// separate relay process publishes this outbox.
-    bool relay = true;
-    /// Settings of that relay. An empty `log` uses the consumer's sink.
-    OutboxRelayOptions relay_options;
-    /// Extra librdkafka properties of the relay's producer. Security settings
-    /// (security.protocol, sasl.*, ssl.*) and client.id/client.rack are copied
-    /// from the consumer's `kafka` unless set here.
-    std::map<std::string, std::string> kafka;
-
-    /// The Outbox these settings name. Throws ConfigError for a bad name.
-    Outbox outbox() const { return Outbox(schema, table); }
-    /// Throws ConfigError naming the first invalid field (`outbox.table`, ...).
-    void validate() const;
 };
 
 /// Publishes outbox rows. Each cycle is one PostgreSQL transaction: take a
@@ -255,32 +175,11 @@ public:
     /// A copy of the counters. Thread-safe; never throws.
     OutboxRelayStats stats() const noexcept;
     /// The outbox this relay publishes. Never throws.
-    const Outbox& outbox() const noexcept { return outbox_; }
+    const Outbox& outbox() const noexcept;
 
 private:
-    struct State;
-    struct Outcome;
-    OutboxRelay(std::string conninfo, Outbox outbox, Publisher* publisher, OutboxRelayOptions options);
-    void loop() noexcept;
-    void cycle(Outcome& out);
-    void cycle_unchecked(Outcome& out);
-    void purge_step();
-
-    std::string conninfo_;
-    Outbox outbox_;
-    OutboxRelayOptions options_;
-    std::unique_ptr<Publisher> owned_publisher_;
-    Publisher* publisher_;
-    std::unique_ptr<State> state_; // connection and held keys, used under cycle_mutex_
-    std::mutex control_mutex_;     // start() and stop()
-    std::mutex cycle_mutex_;
-    std::mutex mutex_; // stopping_, woken_
-    std::condition_variable wake_;
-    bool stopping_ = false;
-    bool woken_ = false;
-    std::atomic<std::uint64_t> published_{0}, failed_{0}, errors_{0}, cycles_{0}, standby_{0}, purged_{0},
-        held_keys_{0};
-    std::thread thread_;
+    struct Impl; // the thread, the connection and the counters (src/outbox.cpp)
+    std::unique_ptr<Impl> impl_;
 };
 
 } // namespace idemkafka

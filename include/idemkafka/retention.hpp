@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// Retention of the dedup claims without losing dedup: the retention
-/// configuration, the dedup-horizon guard, and Maintenance (schema migration,
-/// partitions created ahead and dropped when expired, or a batched purge).
+/// Retention of the dedup claims without losing dedup: the dedup-horizon
+/// guard and Maintenance (schema migration, partitions created ahead and
+/// dropped when expired, or a batched purge). Its settings, RetentionConfig,
+/// are in config.hpp.
 ///
 /// Partitioned mode ranges `processed_event` BY RANGE (event_id). A UUIDv7's
 /// leading 48 bits are its creation time in milliseconds and PostgreSQL compares
@@ -12,133 +13,25 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <pqxx/pqxx>
 
+#include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"
 #include "idemkafka/dead_letter.hpp"
-#include "idemkafka/detail/periodic.hpp"
 #include "idemkafka/event_id.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/store.hpp"
 
 namespace idemkafka {
-
-/// How old claims are removed.
-enum class RetentionMode {
-    partitioned, ///< range partitions by event id (UUIDv7 time), expired ones dropped whole
-    purge,       ///< plain table, batched DELETE of rows whose processed_at is older than retention
-};
-
-/// What happens to an event whose UUIDv7 timestamp is older than the dedup horizon.
-enum class HorizonPolicy {
-    dead_letter, ///< dead letter with reason `beyond_dedup_horizon` (default)
-    reconcile,   ///< RetentionConfig::reconcile decides
-    process,     ///< hand it to the handler anyway (explicit opt-in: it may apply twice)
-};
-
-/// What happens to an event id that is not a UUIDv7 in partitioned mode.
-enum class NonV7Policy {
-    dead_letter, ///< dead letter with reason `non_v7_event_id` (default)
-    process,     ///< claim and process it; its dedup lasts an unknown time (see docs/retention.md)
-};
-
-/// What a reconcile hook decided for an event beyond the dedup horizon.
-enum class ReconcileOutcome {
-    process,     ///< the effect is not there: claim the event and run the handler
-    skip,        ///< the effect is already there: claim it, count a duplicate, no handler
-    dead_letter, ///< cannot tell: no claim, dead letter with reason `beyond_dedup_horizon`
-};
-
-/// "partitioned", "purge".
-std::string_view to_string(RetentionMode mode) noexcept;
-/// "dead_letter", "reconcile", "process".
-std::string_view to_string(HorizonPolicy policy) noexcept;
-/// "dead_letter", "process".
-std::string_view to_string(NonV7Policy policy) noexcept;
-/// Inverse of to_string(RetentionMode). Throws ConfigError for any other text.
-RetentionMode parse_retention_mode(std::string_view text);
-/// Inverse of to_string(HorizonPolicy). Throws ConfigError for any other text.
-HorizonPolicy parse_horizon_policy(std::string_view text);
-/// Inverse of to_string(NonV7Policy). Throws ConfigError for any other text.
-NonV7Policy parse_non_v7_policy(std::string_view text);
-
-/// Retention of the claims table and the dedup-horizon guard. Plain data;
-/// validate() throws ConfigError naming the bad field.
-struct RetentionConfig {
-    using Duration = std::chrono::milliseconds;
-
-    /// Layout of a table created (or converted) by migrate(). Maintenance acts on
-    /// the layout the table actually has.
-    RetentionMode mode = RetentionMode::partitioned;
-    /// How long a claim is kept. Partitioned: a partition is dropped once every
-    /// id it can hold is older than this. Purge: rows whose processed_at is older
-    /// are deleted.
-    Duration retention = std::chrono::hours(24 * 7);
-    /// Width of one range partition. A whole number of minutes.
-    Duration partition_width = std::chrono::hours(24);
-    /// Partitions kept ready beyond the current one.
-    std::size_t partitions_ahead = 3;
-    /// Rows deleted per purge statement (one short transaction each).
-    std::size_t purge_batch = 5000;
-    /// Pause between purge batches, so the purge never competes with claims for long.
-    Duration purge_pause = std::chrono::milliseconds(50);
-    /// Most purge batches in one maintenance run; the rest waits for the next run.
-    std::size_t purge_max_batches = 2000;
-    /// Creating a partition whose range already has rows in the default partition
-    /// moves them, holding the default partition locked. Above this many rows the
-    /// partition is not created (the rows age out of the default partition instead).
-    std::size_t max_move_rows = 100000;
-    /// lock_timeout of every maintenance statement, so maintenance waiting for a
-    /// lock never holds up the claims queued behind it for longer.
-    Duration lock_timeout = std::chrono::seconds(5);
-
-    /// The dedup horizon is retention - horizon_margin: an event whose UUIDv7
-    /// timestamp is at least that old goes to `beyond_horizon`. The margin covers
-    /// clock skew between producers and this consumer, and time in queues.
-    Duration horizon_margin = std::chrono::hours(24);
-    /// Policy for events beyond the dedup horizon.
-    HorizonPolicy beyond_horizon = HorizonPolicy::dead_letter;
-    /// Called for an event beyond the horizon when beyond_horizon == reconcile,
-    /// before the batch's transaction, in a transaction of its own: it looks
-    /// for the effect (the charge of that order, say) and returns what to do.
-    /// For `skip` that transaction also claims the event, so the claim commits
-    /// with whatever the hook wrote. Required for that policy. An exception
-    /// from it (or a transaction it leaves aborted) counts as a failure of the
-    /// record: retried with the backoff, and after max_attempts the record is
-    /// dead-lettered (reason beyond_dedup_horizon, error "reconcile hook failed ...").
-    std::function<ReconcileOutcome(pqxx::work& tx, const Context& ctx)> reconcile;
-    /// How long the downstream service remembers an Idempotency-Key (payment
-    /// providers often keep keys for 24 hours); zero when not configured.
-    /// HorizonDecision::key_window_open tells the handler whether a repeated call
-    /// is still recognised downstream.
-    Duration downstream_key_window{0};
-    /// Policy for ids that are not UUIDv7 in partitioned mode.
-    NonV7Policy non_v7 = NonV7Policy::dead_letter;
-
-    /// Run maintenance on a schedule inside the consumer (MaintenanceRunner);
-    /// several instances may, only one acts at a time.
-    bool maintenance = true;
-    /// Time between two maintenance runs.
-    Duration maintenance_interval = std::chrono::minutes(5);
-
-    /// retention - horizon_margin.
-    Duration dedup_horizon() const noexcept { return retention - horizon_margin; }
-
-    /// Throws ConfigError naming the first invalid field.
-    void validate() const;
-};
 
 /// What the horizon guard says about one event.
 enum class HorizonAction {
@@ -359,27 +252,18 @@ public:
     /// Interrupts a purge after its current batch and joins the thread. Idempotent; never throws.
     void stop() noexcept;
     /// Runs completed, whether or not they acted. Thread-safe; never throws.
-    std::uint64_t runs() const noexcept { return runs_.load(); }
+    std::uint64_t runs() const noexcept;
     /// Runs that failed (logged, retried at the next interval). Thread-safe; never throws.
-    std::uint64_t failures() const noexcept { return failures_.load(); }
+    std::uint64_t failures() const noexcept;
     /// Expired partitions the latest run could not drop (partitions_kept of
     /// its report); 0 before the first run. Thread-safe; never throws.
-    std::uint64_t expired_partitions_kept() const noexcept { return kept_.load(); }
+    std::uint64_t expired_partitions_kept() const noexcept;
     /// The report of the latest completed run, if any. Thread-safe; throws only std::bad_alloc.
     std::optional<MaintenanceReport> last_report() const;
 
 private:
-    void run() noexcept;
-
-    std::string conninfo_;
-    Maintenance maintenance_;
-    LogSink log_;
-    std::chrono::milliseconds interval_;
-    std::unique_ptr<pqxx::connection> conn_; // the thread's; reconnected after a failure
-    mutable std::mutex mutex_;                // last_
-    std::optional<MaintenanceReport> last_;
-    std::atomic<std::uint64_t> runs_{0}, failures_{0}, kept_{0};
-    detail::PeriodicThread thread_; // last: stopped before the members it uses go
+    struct Impl; // the thread, its connection and the counters (src/retention.cpp)
+    std::unique_ptr<Impl> impl_;
 };
 
 } // namespace idemkafka

@@ -4,7 +4,7 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "idemkafka/detail/periodic.hpp"
+#include "periodic.hpp"
 
 namespace idemkafka::detail::kafka {
 

@@ -22,7 +22,7 @@
 #include "batch.hpp"
 #include "dead_letterer.hpp"
 #include "idemkafka/config.hpp"
-#include "idemkafka/detail/engine.hpp"
+#include "idemkafka/consumer.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"

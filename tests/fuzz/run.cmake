@@ -62,8 +62,7 @@ set(billing_decode_sources ${SOURCE_DIR}/src/event_id.cpp ${SOURCE_DIR}/examples
                            ${fuzz_dir}/fuzz_billing_decode.cpp)
 set(billing_decode_options -max_len=4096 -dict=${fuzz_dir}/billing_decode.dict)
 
-file(GLOB headers ${SOURCE_DIR}/include/idemkafka/*.hpp ${SOURCE_DIR}/include/idemkafka/detail/*.hpp
-                  ${SOURCE_DIR}/examples/billing/*.hpp ${fuzz_dir}/*.hpp)
+file(GLOB headers ${SOURCE_DIR}/include/idemkafka/*.hpp ${SOURCE_DIR}/examples/billing/*.hpp ${fuzz_dir}/*.hpp)
 
 # UBSan prints no stack by default, and the report alone rarely says which input path led there.
 set(ENV{UBSAN_OPTIONS} "print_stacktrace=1:$ENV{UBSAN_OPTIONS}")

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include <idemkafka/consumer.hpp>
+#include <idemkafka/outbox.hpp>
 #include <idemkafka/publisher.hpp>
 #include <idemkafka/schema.hpp>
 

@@ -1,6 +1,6 @@
 #pragma once
-// Internal: a thread that runs one piece of work now and again until stopped.
-// Not part of the API.
+// A thread that runs one piece of work now and again until stopped. Private to
+// the library (MaintenanceRunner, the oldest-claim gauge, the fetch wake-up).
 
 #include <chrono>
 #include <condition_variable>
