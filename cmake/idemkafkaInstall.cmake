@@ -31,5 +31,10 @@ install(FILES
   cmake/idemkafkaDependencies.cmake
   DESTINATION ${IDEMKAFKA_CMAKE_DIR})
 
+# export.hpp: a static library's users define IDEMKAFKA_STATIC (it matters on Windows only).
+set(IDEMKAFKA_PC_CFLAGS "")
+if(IDEMKAFKA_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
+  set(IDEMKAFKA_PC_CFLAGS " -DIDEMKAFKA_STATIC")
+endif()
 configure_file(cmake/idemkafka.pc.in ${PROJECT_BINARY_DIR}/idemkafka.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/idemkafka.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

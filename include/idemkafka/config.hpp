@@ -19,6 +19,7 @@
 #include <pqxx/pqxx>
 
 #include "idemkafka/context.hpp"
+#include "idemkafka/export.hpp"
 #include "idemkafka/log.hpp"
 
 namespace idemkafka {
@@ -77,21 +78,21 @@ enum class ReconcileOutcome {
 };
 
 /// "partitioned", "purge".
-std::string_view to_string(RetentionMode mode) noexcept;
+IDEMKAFKA_API std::string_view to_string(RetentionMode mode) noexcept;
 /// "dead_letter", "reconcile", "process".
-std::string_view to_string(HorizonPolicy policy) noexcept;
+IDEMKAFKA_API std::string_view to_string(HorizonPolicy policy) noexcept;
 /// "dead_letter", "process".
-std::string_view to_string(NonV7Policy policy) noexcept;
+IDEMKAFKA_API std::string_view to_string(NonV7Policy policy) noexcept;
 /// Inverse of to_string(RetentionMode). Throws ConfigError for any other text.
-RetentionMode parse_retention_mode(std::string_view text);
+IDEMKAFKA_API RetentionMode parse_retention_mode(std::string_view text);
 /// Inverse of to_string(HorizonPolicy). Throws ConfigError for any other text.
-HorizonPolicy parse_horizon_policy(std::string_view text);
+IDEMKAFKA_API HorizonPolicy parse_horizon_policy(std::string_view text);
 /// Inverse of to_string(NonV7Policy). Throws ConfigError for any other text.
-NonV7Policy parse_non_v7_policy(std::string_view text);
+IDEMKAFKA_API NonV7Policy parse_non_v7_policy(std::string_view text);
 
 /// Retention of the claims table and the dedup-horizon guard. Plain data;
 /// validate() throws ConfigError naming the bad field.
-struct RetentionConfig {
+struct IDEMKAFKA_API RetentionConfig {
     using Duration = std::chrono::milliseconds;
 
     /// Layout of a table created (or converted) by migrate(). Maintenance acts on
@@ -181,7 +182,7 @@ struct OutboxRelayHooks {
 
 /// Settings of an OutboxRelay. Plain data; validate() throws ConfigError
 /// naming the bad field.
-struct OutboxRelayOptions {
+struct IDEMKAFKA_API OutboxRelayOptions {
     /// Rows read, published and marked per cycle (one transaction).
     std::size_t batch_size = 500;
     /// Wait between two cycles when the outbox had nothing more to publish, and
@@ -212,7 +213,7 @@ struct OutboxRelayOptions {
 };
 
 /// The outbox settings of a consumer (for ConsumerConfig). Plain data.
-struct OutboxConfig {
+struct IDEMKAFKA_API OutboxConfig {
     /// Where the outbox lives; always quoted as identifiers.
     std::string schema = "public";
     std::string table = "outbox";
@@ -235,7 +236,7 @@ struct OutboxConfig {
 
 /// Configuration of an IdempotentConsumer. Plain data; IdempotentConsumer's
 /// constructor calls validate(), which throws ConfigError naming the bad field.
-struct ConsumerConfig {
+struct IDEMKAFKA_API ConsumerConfig {
     /// Kafka bootstrap servers, `host:port[,host:port...]`. Required.
     std::string brokers;
     /// Kafka consumer group id; also the `consumer_group` column of the dedup table,

@@ -19,6 +19,7 @@
 #include "idemkafka/context.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/event_id.hpp"
+#include "idemkafka/export.hpp"
 #include "idemkafka/metrics.hpp"
 
 namespace idemkafka {
@@ -93,7 +94,7 @@ namespace detail {
 /// The typed half: decodes records into slots and runs the handler on them.
 /// Slots come in two banks, so that one batch can be decoded while the
 /// handler runs on the one before it.
-class Stage {
+class IDEMKAFKA_API Stage {
 public:
     static constexpr std::size_t banks = 2;
 
@@ -114,7 +115,7 @@ public:
 };
 
 /// Polls, claims, runs the Stage and commits: everything but the types.
-class Engine {
+class IDEMKAFKA_API Engine {
 public:
     /// Throws ConfigError for an invalid `config`. Keeps a reference to `stage`.
     Engine(ConsumerConfig config, Stage& stage);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "idemkafka/event_id.hpp"
+#include "idemkafka/export.hpp"
 
 namespace idemkafka {
 
@@ -34,7 +35,7 @@ struct Record {
 };
 
 /// Per-record context handed to the handler.
-class Context {
+class IDEMKAFKA_API Context {
 public:
     Context(const Record& record, const EventId& id, int attempt, bool key_window_open = true) noexcept
         : record_(&record), id_(id), attempt_(attempt), key_window_open_(key_window_open)

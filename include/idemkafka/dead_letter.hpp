@@ -14,6 +14,8 @@
 #include <optional>
 #include <string_view>
 
+#include "idemkafka/export.hpp"
+
 namespace idemkafka {
 
 /// Why a record was dead-lettered; the `idemkafka.reason` header value.
@@ -32,9 +34,9 @@ enum class DeadLetterReason {
 inline constexpr std::size_t dead_letter_reason_count = 9;
 
 /// The header value of a reason, e.g. "decode_error".
-std::string_view to_string(DeadLetterReason reason) noexcept;
+IDEMKAFKA_API std::string_view to_string(DeadLetterReason reason) noexcept;
 /// The reason of a header value; nullopt for an unknown one.
-std::optional<DeadLetterReason> parse_dead_letter_reason(std::string_view text) noexcept;
+IDEMKAFKA_API std::optional<DeadLetterReason> parse_dead_letter_reason(std::string_view text) noexcept;
 
 /// Header names of a dead-letter record. Like every header and field name of
 /// the library (log_field, outbox_event_id_header), a `const char*`.

@@ -8,6 +8,8 @@
 
 #include <pqxx/pqxx>
 
+#include "idemkafka/export.hpp"
+
 namespace idemkafka {
 
 /// Takes a transaction-level PostgreSQL advisory lock on a key derived from
@@ -17,6 +19,6 @@ namespace idemkafka {
 /// hash): that costs waiting, never correctness. Blocks until the lock is
 /// free; throws what libpqxx throws (e.g. pqxx::deadlock_detected when two
 /// transactions lock entities in opposite orders, which the consumer retries).
-void lock_entity(pqxx::transaction_base& tx, std::string_view entity_id);
+IDEMKAFKA_API void lock_entity(pqxx::transaction_base& tx, std::string_view entity_id);
 
 } // namespace idemkafka

@@ -13,10 +13,12 @@
 #include <string>
 #include <string_view>
 
+#include "idemkafka/export.hpp"
+
 namespace idemkafka {
 
 /// A 16-byte UUID value. Regular value type: copyable, comparable, hashable.
-class EventId {
+class IDEMKAFKA_API EventId {
 public:
     using Bytes = std::array<std::uint8_t, 16>;
 
@@ -67,13 +69,13 @@ private:
     Bytes bytes_;
 };
 
-std::ostream& operator<<(std::ostream& os, const EventId& id);
+IDEMKAFKA_API std::ostream& operator<<(std::ostream& os, const EventId& id);
 
 /// Thread-safe UUIDv7 generator. Ids from one generator are strictly increasing
 /// (byte order == creation order), also within one millisecond: RFC 9562
 /// method 1, a 12-bit counter in rand_a seeded randomly each millisecond, plus
 /// 62 random bits; when the counter would overflow, the timestamp is advanced.
-class UuidV7Generator {
+class IDEMKAFKA_API UuidV7Generator {
 public:
     UuidV7Generator();
     /// Returns the next id. Never throws.
@@ -88,7 +90,7 @@ private:
 };
 
 /// Returns a new UUIDv7 from a process-wide generator (monotonic in this process).
-EventId new_event_id() noexcept;
+IDEMKAFKA_API EventId new_event_id() noexcept;
 
 } // namespace idemkafka
 

@@ -12,12 +12,14 @@
 #include <utility>
 #include <vector>
 
+#include "idemkafka/export.hpp"
+
 namespace idemkafka {
 
 enum class LogLevel { debug, info, warning, error };
 
 /// Returns "debug", "info", "warning" or "error".
-std::string_view to_string(LogLevel level) noexcept;
+IDEMKAFKA_API std::string_view to_string(LogLevel level) noexcept;
 
 /// One key/value field of a log record.
 struct LogField {
@@ -43,7 +45,7 @@ inline constexpr const char* error = "error";
 
 /// One log line: level, message and fields, in the order they were attached
 /// (component first).
-struct LogRecord {
+struct IDEMKAFKA_API LogRecord {
     LogLevel level = LogLevel::info;
     std::string message;
     std::vector<LogField> fields;
@@ -59,7 +61,7 @@ struct LogRecord {
 /// password-looking value never reaches it. A sink may be called from several
 /// threads at once (workers, librdkafka's threads, relay and maintenance
 /// threads) and must not throw (an exception from a sink is swallowed).
-class LogSink {
+class IDEMKAFKA_API LogSink {
 public:
     /// An empty sink: `bool(sink)` is false. Components treat it as "default".
     LogSink() noexcept = default;
@@ -100,21 +102,21 @@ private:
 /// `message key=value ...`: a value is double-quoted (with `\"`, `\\`, `\n`
 /// escapes) when it is empty or holds a space, `"`, `=` or a control
 /// character. Trailing newlines of the message are dropped. Throws only std::bad_alloc.
-std::string format_text(const LogRecord& record);
+IDEMKAFKA_API std::string format_text(const LogRecord& record);
 
 /// One JSON object without a newline: `{"level":"error","message":"...",
 /// "component":"consumer",...}`, fields as string members in their order (a
 /// field named level or message is written as field.level, field.message).
 /// Bytes that are not UTF-8 are escaped, so the line is always valid JSON.
 /// Throws only std::bad_alloc.
-std::string format_json(const LogRecord& record);
+IDEMKAFKA_API std::string format_json(const LogRecord& record);
 
 /// The default sink: one line on stderr, `idemkafka <level>: ` + format_text().
 /// Records below `min_level` are dropped. One write per line.
-LogSink stderr_sink(LogLevel min_level = LogLevel::info);
+IDEMKAFKA_API LogSink stderr_sink(LogLevel min_level = LogLevel::info);
 
 /// One JSON object per line on stderr (format_json()), for log shippers.
 /// Records below `min_level` are dropped. One write per line.
-LogSink json_sink(LogLevel min_level = LogLevel::info);
+IDEMKAFKA_API LogSink json_sink(LogLevel min_level = LogLevel::info);
 
 } // namespace idemkafka

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "idemkafka/dead_letter.hpp"
+#include "idemkafka/export.hpp"
 
 namespace idemkafka {
 
@@ -38,7 +39,7 @@ enum class LagSource {
 };
 
 /// "watermarks", "statistics".
-const char* to_string(LagSource source) noexcept;
+IDEMKAFKA_API const char* to_string(LagSource source) noexcept;
 
 /// The lag of one assigned partition.
 struct PartitionLag {
@@ -59,7 +60,7 @@ struct PartitionLag {
 };
 
 /// A point-in-time copy of a consumer's counters.
-struct MetricsSnapshot {
+struct IDEMKAFKA_API MetricsSnapshot {
     std::uint64_t consumed = 0;          ///< records taken from Kafka into processing (again after a rewind)
     std::uint64_t claimed = 0;           ///< records whose handler ran and committed
     std::uint64_t duplicates = 0;        ///< records skipped: event id already claimed
@@ -145,7 +146,7 @@ struct MetricsSnapshot {
 };
 
 /// Live counters, updated by the consumer thread and readable from any thread.
-class Metrics {
+class IDEMKAFKA_API Metrics {
 public:
     struct Counter {
         std::atomic<std::uint64_t> value{0};
@@ -166,7 +167,7 @@ public:
         lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
-    class Histogram {
+    class IDEMKAFKA_API Histogram {
     public:
         explicit Histogram(std::vector<double> bounds);
         void observe(double v) noexcept;

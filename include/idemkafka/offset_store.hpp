@@ -12,6 +12,8 @@
 
 #include <pqxx/pqxx>
 
+#include "idemkafka/export.hpp"
+
 namespace idemkafka {
 
 /// The table `(consumer_group, topic, partition, next_offset, epoch,
@@ -21,7 +23,7 @@ namespace idemkafka {
 /// epoch, and a position write carries the epoch its writer was assigned with,
 /// so a member that lost the partition (and does not know it yet) cannot write
 /// any more. A position never moves backwards through write().
-class OffsetStore {
+class IDEMKAFKA_API OffsetStore {
 public:
     struct Position {
         std::string topic;

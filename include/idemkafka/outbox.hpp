@@ -22,6 +22,7 @@
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"
 #include "idemkafka/event_id.hpp"
+#include "idemkafka/export.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/publisher.hpp"
 
@@ -41,7 +42,7 @@ inline constexpr const char* outbox_event_id_header = "idemkafka.event_id";
 /// plus a partial index over the unsent rows (what the relay reads) and one
 /// over sent_at (what the purge reads). Rows are published in `id` order.
 /// Cheap to copy; thread-safe (immutable).
-class Outbox {
+class IDEMKAFKA_API Outbox {
 public:
     /// Names are quoted, never spliced into SQL as they are. Throws ConfigError
     /// for a name quote_identifier() refuses.
@@ -128,7 +129,7 @@ struct OutboxRelayStats {
 ///
 /// Use it from a thread of its own (start()/stop()) or drive it with
 /// run_once(). The log sink and hooks are called from the relay's thread.
-class OutboxRelay {
+class IDEMKAFKA_API OutboxRelay {
 public:
     /// Owns a Publisher made from `publisher` (an empty `log` there uses the
     /// relay's). Throws ConfigError for invalid options or publisher

@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "idemkafka/context.hpp"
+#include "idemkafka/export.hpp"
 #include "idemkafka/log.hpp"
 
 namespace idemkafka {
 
 /// Configuration of a Publisher.
-struct PublisherConfig {
+struct IDEMKAFKA_API PublisherConfig {
     /// Kafka bootstrap servers. Required.
     std::string brokers;
     /// Extra librdkafka producer properties (linger.ms, compression.type,
@@ -48,7 +49,7 @@ struct PublisherStats {
 
 /// Idempotent producer. Thread-safe. The message key should be the entity id,
 /// so one entity's events stay in one partition and in order.
-class Publisher {
+class IDEMKAFKA_API Publisher {
 public:
     /// Throws ConfigError for invalid configuration, KafkaError if the client
     /// cannot be created.

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "idemkafka/export.hpp"
+
 namespace idemkafka {
 
 /// What a masked secret is replaced with.
@@ -18,7 +20,7 @@ inline constexpr std::string_view redacted = "***";
 /// `ssl.keystore.password`, `sasl.oauthbearer.client.secret`,
 /// `sasl.oauthbearer.config`, `ssl.key.pem`, `sasl.jaas.config`, and any key
 /// containing `password`, `passwd`, `secret`, `private` or `keystore`. Never throws.
-bool is_secret_setting(std::string_view key) noexcept;
+IDEMKAFKA_API bool is_secret_setting(std::string_view key) noexcept;
 
 /// `text` with every password-looking value masked as `***`: the value after
 /// `<key>=` when is_secret_setting(key) (also `kafka["<key>"]=`; a quoted value
@@ -26,19 +28,19 @@ bool is_secret_setting(std::string_view key) noexcept;
 /// password of every `scheme://user:password@`. Text without `pass`, `secret`,
 /// `pwd`, `private`, `keystore`, `jaas`, `oauthbearer`, `key.pem` (any case)
 /// or `://` is returned unchanged after a single scan. Throws only std::bad_alloc.
-std::string redact(std::string_view text);
+IDEMKAFKA_API std::string redact(std::string_view text);
 
 /// A libpq connection string (key/value or URI form) with its password
 /// masked, for printing: `host=db user=app password=***`,
 /// `postgresql://app:***@db/x`. Throws only std::bad_alloc.
-std::string redact_conninfo(std::string_view conninfo);
+IDEMKAFKA_API std::string redact_conninfo(std::string_view conninfo);
 
 /// Remembers the secret values of a configuration and masks them wherever
 /// they appear in a text, on top of redact()'s patterns: a library or server
 /// message may echo a secret without its key (libpq's "invalid
 /// percent-encoded token: ..." quotes a URI password, for one). const members
 /// are thread-safe; the add functions are not.
-class Redactor {
+class IDEMKAFKA_API Redactor {
 public:
     /// Remembers the password(s) of a libpq key/value string or URI, as written
     /// and percent-decoded. Never throws but std::bad_alloc.

@@ -28,6 +28,7 @@
 #include "idemkafka/context.hpp"
 #include "idemkafka/dead_letter.hpp"
 #include "idemkafka/event_id.hpp"
+#include "idemkafka/export.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/store.hpp"
 
@@ -61,7 +62,7 @@ struct HorizonDecision {
 
 /// Pure logic, no I/O: decides from an event id and the current time whether
 /// the event is within the dedup horizon. Thread-safe (immutable).
-class HorizonGuard {
+class IDEMKAFKA_API HorizonGuard {
 public:
     /// Throws ConfigError if `config` does not validate.
     explicit HorizonGuard(const RetentionConfig& config);
@@ -90,15 +91,15 @@ private:
 /// timestamp, every other bit zero. Every UUIDv7 created in that millisecond
 /// sorts at or after it and before partition_bound(unix_ms + 1). `unix_ms` is
 /// clamped to [0, 2^48 - 1]. Never throws.
-EventId partition_bound(std::int64_t unix_ms) noexcept;
+IDEMKAFKA_API EventId partition_bound(std::int64_t unix_ms) noexcept;
 
 /// The deterministic name of the range partition of `table` whose lower bound is
 /// `from_unix_ms` (UTC): `<table>_pYYYYMMDD_HHMM`, with the table part shortened
 /// and suffixed with a hash when the result would exceed 63 bytes. Never throws
 /// for a table quote_identifier() accepts.
-std::string partition_name(std::string_view table, std::int64_t from_unix_ms);
+IDEMKAFKA_API std::string partition_name(std::string_view table, std::int64_t from_unix_ms);
 /// `<table>_default`, shortened the same way.
-std::string default_partition_name(std::string_view table);
+IDEMKAFKA_API std::string default_partition_name(std::string_view table);
 
 /// What Maintenance::migrate() did.
 struct MigrationReport {
@@ -180,7 +181,7 @@ struct RetentionStatus {
 /// Schema migration and retention of one claims table. A Maintenance object is
 /// not thread-safe, except cancel(); several processes may run maintenance on
 /// the same table at once: a session advisory lock lets only one of them act.
-class Maintenance {
+class IDEMKAFKA_API Maintenance {
 public:
     using WallClock = std::function<std::chrono::system_clock::time_point()>;
 
@@ -239,7 +240,7 @@ private:
 /// maintenance_interval (the first run at once), with a connection of its own
 /// (reconnected after a failure). Failures are logged, never thrown. Several
 /// consumer instances may each have one: only one acts at a time.
-class MaintenanceRunner {
+class IDEMKAFKA_API MaintenanceRunner {
 public:
     /// Starts the thread. Throws ConfigError if `config` does not validate.
     MaintenanceRunner(std::string conninfo, ProcessedEventStore store, RetentionConfig config, LogSink log = {},

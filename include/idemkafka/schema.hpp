@@ -12,6 +12,7 @@
 
 #include <pqxx/pqxx>
 
+#include "idemkafka/export.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/retention.hpp"
 
@@ -31,7 +32,7 @@ inline constexpr int schema_min_postgres = 13;
 /// Which tables a configuration uses, and their names: claims always; the
 /// offsets table when `offsets_table` is set (ConsumerConfig::offsets_in_database);
 /// the outbox when `outbox_table` is set (ConsumerConfig::outbox).
-struct SchemaSpec {
+struct IDEMKAFKA_API SchemaSpec {
     std::string schema = "public";
     std::string claims_table = "processed_event";
     /// Layout of a new claims table and its initial partitions.
@@ -81,7 +82,7 @@ struct SchemaMigrationReport {
 /// command line shown in the header. Ready for psql -f, Flyway, Liquibase or
 /// sqitch. Throws ConfigError for a name quote_identifier() refuses or an
 /// invalid retention config.
-std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_point now,
+IDEMKAFKA_API std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_point now,
                        const std::string& command = {});
 
 /// Creates (or upgrades) every table of `spec`: the claims table through
@@ -90,22 +91,22 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
 /// Throws ConfigError (impossible conversion, bad name), DatabaseError
 /// (PostgreSQL failed) or ConfigError when an existing table does not have
 /// the columns and keys the library needs.
-SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec,
+IDEMKAFKA_API SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec,
                                      Maintenance::Existing existing = Maintenance::Existing::keep, LogSink log = {},
                                      Maintenance::WallClock clock = {});
 
 /// Inspects every table of `spec` (catalog queries only: needs no privilege
 /// on the tables themselves). Throws DatabaseError when PostgreSQL fails.
-std::vector<TableCheck> check_schema(pqxx::connection& conn, const SchemaSpec& spec);
+IDEMKAFKA_API std::vector<TableCheck> check_schema(pqxx::connection& conn, const SchemaSpec& spec);
 
 /// The `idemkafka-admin migrate ...` command that creates or upgrades the
 /// tables of `spec` (the database from IDEMKAFKA_POSTGRES or --postgres, left
 /// out so that no password is ever printed). Never throws but std::bad_alloc.
-std::string migrate_command(const SchemaSpec& spec);
+IDEMKAFKA_API std::string migrate_command(const SchemaSpec& spec);
 
 /// check_schema(), and a ConfigError naming every table with a problem and
 /// the migrate_command() that fixes it unless all are usable. What a consumer
 /// with create_schema = false does at start-up. Returns the checks.
-std::vector<TableCheck> require_schema(pqxx::connection& conn, const SchemaSpec& spec);
+IDEMKAFKA_API std::vector<TableCheck> require_schema(pqxx::connection& conn, const SchemaSpec& spec);
 
 } // namespace idemkafka

@@ -9,6 +9,7 @@
 #include <pqxx/pqxx>
 
 #include "idemkafka/event_id.hpp"
+#include "idemkafka/export.hpp"
 
 namespace idemkafka {
 
@@ -16,11 +17,11 @@ namespace idemkafka {
 /// doubles any double quote inside, so `a"; drop table x; --` stays one
 /// (odd) name. Throws ConfigError for an empty name, a name with a NUL byte or
 /// one longer than PostgreSQL's 63-byte identifier limit.
-std::string quote_identifier(std::string_view name);
+IDEMKAFKA_API std::string quote_identifier(std::string_view name);
 
 /// The claims table `(event_id uuid, consumer_group text, processed_at
 /// timestamptz, PRIMARY KEY (event_id, consumer_group))`.
-class ProcessedEventStore {
+class IDEMKAFKA_API ProcessedEventStore {
 public:
     /// Names are quoted, never spliced into SQL as they are. Throws ConfigError
     /// for a name quote_identifier() refuses.
