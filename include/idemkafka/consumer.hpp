@@ -131,7 +131,7 @@ public:
     const Metrics& metrics() const noexcept;
 
 private:
-    struct Impl;
+    struct IDEMKAFKA_LOCAL Impl;
     std::unique_ptr<Impl> impl_;
 };
 

@@ -22,3 +22,11 @@
 #else
 #define IDEMKAFKA_API
 #endif
+
+/// IDEMKAFKA_LOCAL keeps a class nested in an exported one (a pimpl's Impl)
+/// hidden, with its members and the templates instantiated over it.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(_WIN32) && !defined(__CYGWIN__)
+#define IDEMKAFKA_LOCAL __attribute__((visibility("hidden")))
+#else
+#define IDEMKAFKA_LOCAL
+#endif

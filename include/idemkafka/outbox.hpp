@@ -179,7 +179,7 @@ public:
     const Outbox& outbox() const noexcept;
 
 private:
-    struct Impl; // the thread, the connection and the counters (src/outbox.cpp)
+    struct IDEMKAFKA_LOCAL Impl; // the thread, the connection and the counters (src/outbox.cpp)
     std::unique_ptr<Impl> impl_;
 };
 

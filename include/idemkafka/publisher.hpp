@@ -91,7 +91,7 @@ public:
     PublisherStats stats() const noexcept;
 
 private:
-    struct Impl;
+    struct IDEMKAFKA_LOCAL Impl;
     std::unique_ptr<Impl> impl_;
 };
 
