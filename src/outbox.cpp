@@ -12,7 +12,9 @@
 
 #include <fmt/format.h>
 
+#include "backoff.hpp"
 #include "idemkafka/error.hpp"
+#include "kafka/client.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
 #include "log_context.hpp"
@@ -353,10 +355,7 @@ struct Row {
 
 milliseconds backoff_after(int attempts, const OutboxRelayOptions& o)
 {
-    milliseconds d = o.retry_backoff;
-    for (int i = 1; i < attempts && d < o.retry_backoff_max; ++i)
-        d *= 2;
-    return std::min(d, o.retry_backoff_max);
+    return detail::Backoff{o.retry_backoff, o.retry_backoff_max}.after(attempts);
 }
 
 // First half of the relay's advisory lock key ("ikob"); the second is a hash of
@@ -394,7 +393,8 @@ struct OutboxRelay::Impl {
         std::string fetch_sql;
         std::string mark_sql;
         // Relay thread only.
-        milliseconds backoff{0};
+        milliseconds backoff{0};  // after failed cycles in a row; 0 after a good one
+        int failed_cycles = 0;
         bool was_active = false;
         bool purging = false;
         std::size_t purge_batches = 0;
@@ -490,10 +490,7 @@ std::unique_ptr<OutboxRelay> OutboxRelay::for_consumer(const OutboxConfig& confi
     PublisherConfig pc;
     pc.brokers = brokers;
     // The relay talks to the consumer's cluster, so it needs the same credentials.
-    for (const auto& [k, v] : consumer_kafka)
-        if (k.rfind("security.", 0) == 0 || k.rfind("sasl.", 0) == 0 || k.rfind("ssl.", 0) == 0 || k == "client.id" ||
-            k == "client.rack")
-            pc.kafka[k] = v;
+    pc.kafka = detail::kafka::connection_settings(consumer_kafka);
     for (const auto& [k, v] : config.kafka)
         pc.kafka[k] = v;
     pc.log = options.log;
@@ -851,8 +848,9 @@ void OutboxRelay::Impl::purge_step()
 void OutboxRelay::Impl::loop() noexcept
 {
     State& st = *state_;
-    auto next_backoff = [this](milliseconds current) {
-        return current.count() == 0 ? options_.retry_backoff : std::min(current * 2, options_.retry_backoff_max);
+    auto next_backoff = [this, &st] {
+        st.failed_cycles = std::min(st.failed_cycles + 1, 64); // past the cap long before: no overflow
+        return detail::Backoff{options_.retry_backoff, options_.retry_backoff_max}.after(st.failed_cycles);
     };
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
@@ -866,23 +864,24 @@ void OutboxRelay::Impl::loop() noexcept
                 cycle(out);
             }
             if (out.all_failed) {
-                st.backoff = next_backoff(st.backoff);
+                st.backoff = next_backoff();
                 wait = st.backoff;
             } else {
                 st.backoff = milliseconds(0);
+                st.failed_cycles = 0;
                 if (out.fetched >= options_.batch_size)
                     wait = milliseconds(0); // more rows are waiting
             }
             st.was_active = out.active;
         } catch (const std::exception& e) {
-            st.backoff = next_backoff(st.backoff);
+            st.backoff = next_backoff();
             wait = st.backoff;
             say(options_.log, LogLevel::error,
                 fmt::format("outbox relay of {}: cycle failed, nothing marked sent; retried in {} ms: {}",
                             outbox_.qualified_name(), wait.count(), e.what()),
                 error_field(e.what()));
         } catch (...) {
-            st.backoff = next_backoff(st.backoff);
+            st.backoff = next_backoff();
             wait = st.backoff;
             say(options_.log, LogLevel::error,
                 fmt::format("outbox relay of {}: cycle failed (non-standard exception), nothing marked sent; "
