@@ -10,6 +10,7 @@
 #include "idemkafka/event_id.hpp"
 #include "kafka/client.hpp"
 #include "ledger.hpp"
+#include "log_context.hpp"
 
 namespace idemkafka::detail {
 
@@ -43,6 +44,19 @@ struct Item {
         reason = why;
         error = std::move(what);
     }
+
+    /// The fields of a log line about this record: coordinates, event id
+    /// (when decoded) and `what` (when not empty).
+    LogFields log_fields(std::string_view what = {}) const
+    {
+        auto fields = coordinates(record.topic, record.partition, record.offset);
+        if (!id.is_nil())
+            fields.push_back({log_field::event_id, id.to_string()});
+        return what.empty() ? fields : error_field(what, std::move(fields));
+    }
+
+    /// "topic/partition@offset" of this record.
+    std::string where() const { return coords(record.topic, record.partition, record.offset); }
 
     /// Key and payload bytes, for the in-flight gauge.
     std::size_t bytes() const noexcept

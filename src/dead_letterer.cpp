@@ -130,32 +130,24 @@ void DeadLetterer::send(const std::vector<Item*>& items, Holds& holds)
     for (std::size_t k = 0; k < items.size(); ++k) {
         auto& it = *items[k];
         const auto& r = it.record;
-        const auto where = fmt::format("{}/{}@{}", r.topic, r.partition, r.offset);
-        auto fields = coordinates(r.topic, r.partition, r.offset);
-        if (!it.id.is_nil())
-            fields.push_back({log_field::event_id, it.id.to_string()});
         if (errors[k].empty()) {
             it.state = ItemState::done;
             ledger_.dead_lettered(*it.part, r.offset);
             metrics_.dead_lettered[static_cast<std::size_t>(it.reason)].add();
-            fields.push_back({log_field::error, it.error});
+            auto fields = it.log_fields(it.error);
             fields.push_back({"reason", std::string(to_string(it.reason))});
-            emit(log_, LogLevel::error,
-                 fmt::format("dead-lettered {} to {} (reason {}{}{}): {}", where, topic_, to_string(it.reason),
-                             it.id.is_nil() ? "" : ", event ", it.id.is_nil() ? std::string() : it.id.to_string(),
-                             it.error),
-                 "consumer", std::move(fields));
+            say(log_, LogLevel::error, std::move(fields), "dead-lettered {} to {} (reason {}{}{}): {}", it.where(),
+                topic_, to_string(it.reason), it.id.is_nil() ? "" : ", event ",
+                it.id.is_nil() ? std::string() : it.id.to_string(), it.error);
             continue;
         }
         const int refusals = ledger_.dead_letter_refused(*it.part, r.offset, it.reason, it.error, it.attempts);
         metrics_.dead_letter_failures.add();
-        fields.push_back({log_field::error, errors[k]});
+        auto fields = it.log_fields(errors[k]);
         fields.push_back({"refusals", std::to_string(refusals)});
-        emit(log_, LogLevel::error,
-             fmt::format("dead letter for {} not acknowledged ({}); its offset does not move, next try in {} ms "
-                         "(refusal {})",
-                         where, errors[k], ledger_.retry_backoff(refusals).count(), refusals),
-             "consumer", std::move(fields));
+        say(log_, LogLevel::error, std::move(fields),
+            "dead letter for {} not acknowledged ({}); its offset does not move, next try in {} ms (refusal {})",
+            it.where(), errors[k], ledger_.retry_backoff(refusals).count(), refusals);
         holds.add(it.part, r.offset, refusals);
     }
 }

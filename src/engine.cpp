@@ -154,21 +154,6 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         }
     }
 
-    template <class... Args>
-    void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
-    {
-        try {
-            emit(log, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
-        } catch (...) {
-        }
-    }
-
-    static LogFields error_field(std::string_view error, LogFields fields = {})
-    {
-        fields.push_back({log_field::error, std::string(error)});
-        return fields;
-    }
-
     // A second stop(), or a first one older than shutdown_timeout, abandons
     // the current transaction.
     bool forced() noexcept
@@ -220,10 +205,10 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             try {
                 connect(w, false);
                 metrics.db_reconnects.add();
-                say(LogLevel::info, {}, "reconnected to PostgreSQL (worker {})", i);
+                say(log, LogLevel::info, {}, "reconnected to PostgreSQL (worker {})", i);
             } catch (const std::exception& e) {
                 w.db.reset();
-                say(LogLevel::warning, error_field(e.what()), "PostgreSQL reconnect failed, next attempt in {} ms: {}",
+                say(log, LogLevel::warning, error_field(e.what()), "PostgreSQL reconnect failed, next attempt in {} ms: {}",
                     db_backoff.upcoming().count(), e.what());
                 db_hold();
                 return false;
@@ -325,7 +310,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         if (abandon_running.exchange(true))
             return;
         metrics.revoke_abandons.add();
-        say(LogLevel::warning, {},
+        say(log, LogLevel::warning, {},
             "a rebalance revoked {} partition(s) while a handler call of the running batch has run past the revoke "
             "wait ({} ms): the batch's transactions roll back when their calls return, and the new owners process "
             "those records (the claims keep their effects in PostgreSQL once; side effects outside it may happen "
@@ -391,7 +376,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 continue;
             kafka->pause(tp, true);
             auto* ps = ledger.find(tp.topic, tp.partition);
-            say(LogLevel::warning, coordinates(tp.topic, tp.partition, ps->processed_next),
+            say(log, LogLevel::warning, coordinates(tp.topic, tp.partition, ps->processed_next),
                 "{}/{} is owned by another member in the offset table; paused for {} ms, then taken over again "
                 "from the stored position unless a rebalance revokes it first",
                 tp.topic, tp.partition, wait->count());
@@ -466,11 +451,12 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                     return;
                 continue;
             }
+            auto* ps = ledger.find(kafka::Consumer::topic_of(*m), m->partition);
+            if (PartitionLedger::admit(ps, m->offset) != Admission::take)
+                continue; // not ours, or fetched before a rewind: it comes again
             Item it;
             kafka::Consumer::read(*m, it.record);
-            it.part = ledger.find(it.record.topic, it.record.partition);
-            if (PartitionLedger::admit(it.part, it.record.offset) != Admission::take)
-                continue; // not ours, or fetched before a rewind: it comes again
+            it.part = ps;
             it.msg = std::move(m);
             fill_bytes += it.bytes();
             if (batch.empty())
@@ -569,7 +555,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             return;
         const auto since = Clock::now();
         metrics.long_call_waits.add();
-        say(LogLevel::info, {},
+        say(log, LogLevel::info, {},
             "a handler call has run past the keep-alive point ({} ms after the last poll); the assignment is paused "
             "and polled until it returns, so this member stays in the group",
             keepalive_after.count());
@@ -577,7 +563,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         kafka->pause_assignment(true);
         while (!pool->wait_until(Clock::now())) {
             if (forced() && !abandon_running.exchange(true))
-                say(LogLevel::warning, {}, "stop forced during a long handler call: its transaction rolls back when "
+                say(log, LogLevel::warning, {}, "stop forced during a long handler call: its transaction rolls back when "
                                            "the call returns");
             auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
             last_polled = Clock::now();
@@ -585,11 +571,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 kafka->consumer_error(*m);
             } else if (m) {
                 // Fetched before the pause: it comes again after the resume.
-                Record r;
-                kafka::Consumer::read(*m, r);
-                auto* ps = ledger.find(r.topic, r.partition);
-                if (PartitionLedger::admit(ps, r.offset) == Admission::take)
-                    rewind(*ps, r.offset);
+                auto* ps = ledger.find(kafka::Consumer::topic_of(*m), m->partition);
+                if (PartitionLedger::admit(ps, m->offset) == Admission::take)
+                    rewind(*ps, m->offset);
             }
             if (uncommitted_since && Clock::now() >= next_commit_at)
                 flush_commits();
@@ -597,7 +581,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         keepalive_paused = false;
         if (!db_pause)
             set_db_pause(false); // resumes all but partitions waiting out a retry backoff
-        say(LogLevel::info, {}, "the long handler call returned after {} ms of polling; the assignment is resumed",
+        say(log, LogLevel::info, {}, "the long handler call returned after {} ms of polling; the assignment is resumed",
             std::chrono::duration_cast<milliseconds>(Clock::now() - since).count());
     }
 
@@ -790,7 +774,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         batch.clear();
         count_in_flight();
         kafka->commit(ledger.take_commits(nullptr), false, std::min(sync_commit_bound, cfg.shutdown_timeout));
-        say(LogLevel::info, {}, "closing consumer{}", forced() ? " (forced)" : "");
+        say(log, LogLevel::info, {}, "closing consumer{}", forced() ? " (forced)" : "");
         kafka->close(cfg.shutdown_timeout);
         kafka.reset();
         maintenance.reset();

@@ -95,12 +95,8 @@ void Intake::apply_horizon(Item& it)
     }
     if (d.beyond_horizon) {
         metrics_.horizon_processed.add();
-        auto fields = coordinates(it.record.topic, it.record.partition, it.record.offset);
-        fields.push_back({log_field::event_id, it.id.to_string()});
-        emit(log_, LogLevel::warning,
-             fmt::format("{}/{}@{} (event {}) is beyond the dedup horizon; processed by policy", it.record.topic,
-                         it.record.partition, it.record.offset, it.id.to_string()),
-             "consumer", std::move(fields));
+        say(log_, LogLevel::warning, it.log_fields(), "{} (event {}) is beyond the dedup horizon; processed by policy",
+            it.where(), it.id.to_string());
     }
 }
 

@@ -7,7 +7,7 @@
 namespace idemkafka::detail {
 namespace {
 
-constexpr std::int64_t offset_invalid = -1001; // RD_KAFKA_OFFSET_INVALID
+using kafka::offset_invalid;
 
 void learn_start_offsets(PartitionLedger& ledger, kafka::Consumer& consumer)
 {

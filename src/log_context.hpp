@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "idemkafka/log.hpp"
 #include "idemkafka/redact.hpp"
 
@@ -29,6 +31,30 @@ LogSink with_context(LogSink inner, LogFields defaults, Redactor secrets = {});
 /// first unless `fields` name one. Never throws.
 void emit(const LogSink& sink, LogLevel level, std::string message, const char* component,
           LogFields fields = {}) noexcept;
+
+/// Formats and sends one record of the consumer's (component "consumer"
+/// unless `fields` name one). Never throws.
+template <class... Args>
+void say(const LogSink& sink, LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
+{
+    try {
+        emit(sink, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
+    } catch (...) {
+    }
+}
+
+/// `fields` with an error field added.
+inline LogFields error_field(std::string_view error, LogFields fields = {})
+{
+    fields.push_back({log_field::error, std::string(error)});
+    return fields;
+}
+
+/// "topic/partition@offset", as log lines name a record.
+inline std::string coords(std::string_view topic, std::int32_t partition, std::int64_t offset)
+{
+    return fmt::format("{}/{}@{}", topic, partition, offset);
+}
 
 /// The fields of a line about one record.
 inline LogFields coordinates(std::string_view topic, std::int32_t partition, std::int64_t offset)

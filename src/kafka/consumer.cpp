@@ -15,17 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string coords(std::string_view topic, std::int32_t partition, std::int64_t offset)
-{
-    return fmt::format("{}/{}@{}", topic, partition, offset);
-}
-
-LogFields error_field(std::string_view error, LogFields fields = {})
-{
-    fields.push_back({log_field::error, std::string(error)});
-    return fields;
-}
-
 std::size_t bytes_of(const rd_kafka_message_t& m)
 {
     return m.len + m.key_len;
@@ -40,15 +29,6 @@ PartitionListPtr list_of(const std::vector<std::pair<TopicPartition, std::int64_
 }
 
 } // namespace
-
-template <class... Args>
-void Consumer::say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
-{
-    try {
-        emit(ClientOwner::log, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
-    } catch (...) {
-    }
-}
 
 // librdkafka's opaque is the ClientOwner base (see make_client).
 Consumer& Consumer::of(void* opaque)
@@ -147,7 +127,7 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
         rd_kafka_topic_partition_list_add(topics.get(), t.c_str(), RD_KAFKA_PARTITION_UA);
     if (auto e = rd_kafka_subscribe(rk_.get(), topics.get()))
         throw KafkaError(fmt::format("subscribe failed: {}", rd_kafka_err2str(e)));
-    say(LogLevel::info, {}, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
+    say(ClientOwner::log, LogLevel::info, {}, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
 }
 
 Consumer::~Consumer()
@@ -189,7 +169,7 @@ void Consumer::on_error(int err, const char* reason)
     metrics_.kafka_errors.add();
     const auto code = static_cast<rd_kafka_resp_err_t>(err);
     const bool fatal = code == RD_KAFKA_RESP_ERR__FATAL;
-    say(fatal ? LogLevel::error : LogLevel::warning,
+    say(ClientOwner::log, fatal ? LogLevel::error : LogLevel::warning,
         {{log_field::component, "librdkafka"}, {"code", rd_kafka_err2name(code)}, {log_field::error, reason}},
         "kafka: {}: {}", rd_kafka_err2name(code), reason);
 }
@@ -208,7 +188,7 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
         for (int i = 0; i < list->cnt; ++i)
             start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
         const char* mode = cooperative_ ? "cooperative" : "eager";
-        say(LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
+        say(ClientOwner::log, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
             consumer_protocol_ ? "consumer protocol" : mode);
         const bool paused = events_.assigned(start);
         for (int i = 0; i < list->cnt; ++i)
@@ -217,10 +197,10 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
         if (cooperative_) {
             ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
             if (e)
-                say(LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
+                say(ClientOwner::log, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
                     rd_kafka_error_string(e.get()));
         } else if (auto e = rd_kafka_assign(rk_.get(), list)) {
-            say(LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
+            say(ClientOwner::log, LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
         }
         // librdkafka keeps an application pause across revoke and assign: a
         // partition paused for a retry backoff before an eager rebalance
@@ -239,7 +219,7 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     for (int i = 0; i < list->cnt; ++i)
         revoked.insert({list->elems[i].topic, list->elems[i].partition});
     if (lost)
-        say(LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
+        say(ClientOwner::log, LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
     events_.revoked(revoked, lost);
     // Held records of revoked partitions go: their offsets were never
     // committed, so the next owner (or this member, reassigned) reads them.
@@ -253,11 +233,11 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     if (queues_.size() != before)
         next_queue_ = last_queue_ = 0;
     if (!lost)
-        say(LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
+        say(ClientOwner::log, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
     if (cooperative_) {
         ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
         if (e)
-            say(LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
+            say(ClientOwner::log, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
                 rd_kafka_error_string(e.get()));
     } else {
         rd_kafka_assign(rk_.get(), nullptr);
@@ -275,14 +255,14 @@ void Consumer::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_
             continue;
         failed = true;
         if (p.err)
-            say(LogLevel::warning, error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
+            say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
                 "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset), rd_kafka_err2str(p.err));
         events_.commit_failed({p.topic, p.partition}, p.offset);
     }
     if (failed) {
         metrics_.offset_commit_failures.add();
         if (err)
-            say(LogLevel::warning, error_field(rd_kafka_err2str(err)),
+            say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_err2str(err)),
                 "offset commit failed: {} (records already committed in PostgreSQL are deduplicated on redelivery; "
                 "the commit is retried)",
                 rd_kafka_err2str(err));
@@ -412,7 +392,7 @@ void Consumer::consumer_error(const rd_kafka_message_t& m)
 {
     metrics_.kafka_errors.add();
     const char* topic = m.rkt ? rd_kafka_topic_name(m.rkt) : "";
-    say(LogLevel::warning,
+    say(ClientOwner::log, LogLevel::warning,
         error_field(rd_kafka_message_errstr(&m), m.rkt ? coordinates(topic, m.partition, m.offset) : LogFields{}),
         "kafka consumer error{}{}: {}", m.rkt ? " on " : "", m.rkt ? coords(topic, m.partition, m.offset) : std::string(),
         rd_kafka_message_errstr(&m));
@@ -494,13 +474,13 @@ Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offse
         // is common). Calling again would only restart the fetch, and a
         // partition paused for a retry backoff, which resumes once the seek
         // is done, would stay paused while calls time out.
-        say(LogLevel::debug, coordinates(tp.topic, tp.partition, offset),
+        say(ClientOwner::log, LogLevel::debug, coordinates(tp.topic, tp.partition, offset),
             "seek to {} queued; its call timed out waiting for the reply", coords(tp.topic, tp.partition, offset));
         return SeekResult::queued;
     }
     if (e || list->elems[0].err) {
         const char* why = e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err);
-        say(LogLevel::warning, error_field(why, coordinates(tp.topic, tp.partition, offset)),
+        say(ClientOwner::log, LogLevel::warning, error_field(why, coordinates(tp.topic, tp.partition, offset)),
             "seek to {} failed, will retry: {}", coords(tp.topic, tp.partition, offset), why);
         return SeekResult::failed;
     }
@@ -548,7 +528,7 @@ void Consumer::commit(const std::vector<std::pair<TopicPartition, std::int64_t>>
     const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
         metrics_.offset_commit_failures.add();
-        say(LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}", rd_kafka_err2str(err));
+        say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}", rd_kafka_err2str(err));
         for (const auto& [tp, offset] : offsets)
             events_.commit_failed(tp, offset);
     }
@@ -569,7 +549,7 @@ rd_kafka_resp_err_t Consumer::commit_and_wait(rd_kafka_topic_partition_list_t* l
     for (;;) {
         const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
         if (left.count() <= 0) {
-            say(LogLevel::warning, {},
+            say(ClientOwner::log, LogLevel::warning, {},
                 "offset commit of {} partition(s) not confirmed within {} ms (is the group coordinator reachable?); "
                 "going on: records already committed in PostgreSQL are deduplicated on redelivery",
                 list->cnt, bound.count());
@@ -623,13 +603,13 @@ void Consumer::close(milliseconds bound)
     ErrorPtr e(rd_kafka_consumer_close_queue(rk_.get(), q.get()));
     bool closed = !e;
     if (e)
-        say(LogLevel::warning, error_field(rd_kafka_error_string(e.get())), "consumer close: {}",
+        say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_error_string(e.get())), "consumer close: {}",
             rd_kafka_error_string(e.get()));
     const auto until = Clock::now() + bound;
     while (closed && !rd_kafka_consumer_closed(rk_.get())) {
         const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
         if (left.count() <= 0) {
-            say(LogLevel::warning, {},
+            say(ClientOwner::log, LogLevel::warning, {},
                 "leaving the consumer group did not finish within shutdown_timeout ({} ms; is the group coordinator "
                 "reachable?); closing without it: the broker drops this member after its session timeout",
                 bound.count());

@@ -37,6 +37,8 @@
 
 namespace idemkafka::detail::kafka {
 
+/// No offset (librdkafka's RD_KAFKA_OFFSET_INVALID): no commit yet.
+inline constexpr std::int64_t offset_invalid = RD_KAFKA_OFFSET_INVALID;
 /// A committed offset the broker reported an error for.
 inline constexpr std::int64_t offset_unknown = INT64_MIN;
 
@@ -88,6 +90,8 @@ public:
     /// A poll waiting for records returns now (from any thread).
     void wake_poll() noexcept;
 
+    /// The topic of a message (not an error).
+    static const char* topic_of(const rd_kafka_message_t& m) { return rd_kafka_topic_name(m.rkt); }
     /// The record fields of a message (views into it: it must outlive them).
     static void read(const rd_kafka_message_t& m, Record& record);
 
@@ -154,9 +158,6 @@ private:
     void drop_held(Queue& l);
     void set_paused(std::string_view topic, std::int32_t partition, bool paused);
     void forget_queues();
-
-    template <class... Args>
-    void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept;
 
     ConsumerEvents& events_;
     Metrics& metrics_;

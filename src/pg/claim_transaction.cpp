@@ -17,27 +17,6 @@ constexpr const char* claim_statement = "idemkafka_claim";
 // Thrown inside the transaction to abandon it on a forced stop.
 struct Abandon {};
 
-std::string coords(const Record& r)
-{
-    return fmt::format("{}/{}@{}", r.topic, r.partition, r.offset);
-}
-
-// A line about one record: its coordinates, event id and error.
-LogFields about(const Item& it, std::string_view error = {})
-{
-    auto fields = coordinates(it.record.topic, it.record.partition, it.record.offset);
-    if (!it.id.is_nil())
-        fields.push_back({log_field::event_id, it.id.to_string()});
-    if (!error.empty())
-        fields.push_back({log_field::error, std::string(error)});
-    return fields;
-}
-
-LogFields error_field(std::string_view error)
-{
-    return {{log_field::error, std::string(error)}};
-}
-
 } // namespace
 
 void Worker::reset(const Holds& initial)
@@ -70,7 +49,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank
         if (out == Outcome::conflict) {
             s_.metrics.transaction_retries.add();
             if (++conflicts <= s_.cfg.transaction_retries) {
-                say(LogLevel::warning, error_field(failure.what),
+                say(s_.log, LogLevel::warning, error_field(failure.what),
                     "transaction conflict, running the batch again ({}/{}): {}", conflicts, s_.cfg.transaction_retries,
                     failure.what);
                 continue;
@@ -85,7 +64,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank
                 // Not any record's doing: the batch waits for a backoff and
                 // runs again; nobody is dead-lettered for it.
                 s_.metrics.db_failures.add();
-                say(LogLevel::error, error_field(failure.what),
+                say(s_.log, LogLevel::error, error_field(failure.what),
                     "transaction conflict persisted outside the handlers, batch rolled back and retried after a "
                     "backoff: {}",
                     failure.what);
@@ -108,18 +87,18 @@ void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
     auto& it = b.items[f.index];
     const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
     s_.metrics.handler_failures.add();
-    const auto where = coords(it.record);
-    auto fields = about(it, f.what);
+    const auto where = it.where();
+    auto fields = it.log_fields(f.what);
     fields.push_back({"attempt", std::to_string(failures)});
     if (!f.retryable || failures >= s_.cfg.max_attempts) {
-        say(LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}", where,
+        say(s_.log, LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}", where,
             it.id.to_string(), failures, s_.cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
         it.poison(f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable, f.what);
         s_.dead_letters.send({&it}, w.holds); // done when acknowledged, else held for another try
         return;
     }
     s_.metrics.retries.add();
-    say(LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}",
+    say(s_.log, LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}",
         where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(), f.what);
     w.holds.add(it.part, it.record.offset, failures);
 }
@@ -268,7 +247,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                 // Over the time budget: commit what ran, give the rest back so
                 // the consumer polls again long before max.poll.interval.ms.
                 const auto given_back = give_back(tx, w, b, first, k, claimed);
-                say(LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again",
+                say(s_.log, LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again",
                     handled, given_back);
                 active = 0;
                 for (std::size_t j : w.items)
@@ -317,7 +296,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                 return Outcome::handler_failed;
             if (!ok) {
                 s_.metrics.batch_splits.add();
-                say(LogLevel::warning, {},
+                say(s_.log, LogLevel::warning, {},
                     "batch handler failed on {} events; running them one at a time to find the failing record: {}",
                     handled, failure.what);
                 w.one_by_one = true;
@@ -363,7 +342,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
         if (!pg::is_lock_timeout(e))
             return db_error(w, e);
         s_.metrics.lock_timeouts.add();
-        say(LogLevel::warning, error_field(e.what()),
+        say(s_.log, LogLevel::warning, error_field(e.what()),
             "a statement waited for a lock longer than lock_timeout ({} ms){}; the batch is rolled back and runs "
             "again after a backoff: {}",
             s_.cfg.lock_timeout.count(),
@@ -380,7 +359,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
 ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::exception& e)
 {
     s_.metrics.db_failures.add();
-    say(LogLevel::error, error_field(e.what()),
+    say(s_.log, LogLevel::error, error_field(e.what()),
         "PostgreSQL error outside the handler, batch rolled back and retried after a backoff: {}", e.what());
     if (w.db && !w.db->is_open())
         lost_connection(w, e.what());
@@ -390,7 +369,7 @@ ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::excep
 void ClaimTransaction::lost_connection(Worker& w, const char* why)
 {
     s_.metrics.db_failures.add();
-    say(LogLevel::error, error_field(why),
+    say(s_.log, LogLevel::error, error_field(why),
         "PostgreSQL connection lost ({}); offsets of the batch are not committed, records will be redelivered", why);
     w.lost_connection = true;
 }
@@ -430,7 +409,7 @@ void ClaimTransaction::write_positions(pqxx::transaction_base& tx, const std::ve
             fenced_.push_back({p.topic, p.partition});
     }
     for (const auto& p : fenced)
-        say(LogLevel::error,
+        say(s_.log, LogLevel::error,
             {{log_field::topic, p.topic}, {log_field::partition, std::to_string(p.partition)}, {"epoch", std::to_string(p.epoch)}},
             "position write for {}/{} refused: epoch {} is stale, another member owns the partition now; rolling back "
             "this transaction",
@@ -446,7 +425,7 @@ std::vector<TopicPartition> ClaimTransaction::take_fenced()
 
 void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
 {
-    const auto where = coords(it.record);
+    const auto where = it.where();
     ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
     const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
     try {
@@ -462,14 +441,14 @@ void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
         const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
         s_.metrics.handler_failures.add();
         if (failures >= s_.cfg.max_attempts) {
-            say(LogLevel::error, about(it, e.what()), "reconcile hook failed on {} (attempt {} of {}): {}", where,
+            say(s_.log, LogLevel::error, it.log_fields(e.what()), "reconcile hook failed on {} (attempt {} of {}): {}", where,
                 failures, s_.cfg.max_attempts, e.what());
             it.poison(DeadLetterReason::beyond_dedup_horizon,
                       fmt::format("reconcile hook failed {} times: {}", failures, e.what()));
             return;
         }
         s_.metrics.retries.add();
-        say(LogLevel::warning, about(it, e.what()),
+        say(s_.log, LogLevel::warning, it.log_fields(e.what()),
             "reconcile hook failed on {} (attempt {} of {}): {}; the record comes again", where, failures,
             s_.cfg.max_attempts, e.what());
         it.retry_later = true;
@@ -477,7 +456,7 @@ void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
         return;
     }
     if (outcome == ReconcileOutcome::skip) {
-        say(LogLevel::info, about(it), "reconcile hook skipped {} (event {})", where, it.id.to_string());
+        say(s_.log, LogLevel::info, it.log_fields(), "reconcile hook skipped {} (event {})", where, it.id.to_string());
         it.state = ItemState::done;
         s_.metrics.duplicates.add();
     } else if (outcome == ReconcileOutcome::dead_letter) {

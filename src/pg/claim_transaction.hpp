@@ -129,15 +129,6 @@ private:
     Outcome db_error(Worker& w, const std::exception& e);
     void lost_connection(Worker& w, const char* why);
 
-    template <class... Args>
-    void say(LogLevel level, LogFields fields, fmt::format_string<Args...> f, Args&&... args) noexcept
-    {
-        try {
-            emit(s_.log, level, fmt::format(f, std::forward<Args>(args)...), "consumer", std::move(fields));
-        } catch (...) {
-        }
-    }
-
     Setup s_;
     std::mutex fenced_mu_;
     std::vector<TopicPartition> fenced_;
