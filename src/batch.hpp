@@ -65,4 +65,11 @@ struct Item {
     }
 };
 
+/// True when `holds` stop this record: a hold of its partition, or of its
+/// key (Ordering::key parking).
+inline bool held(const Holds& holds, const Item& it)
+{
+    return holds.covers(it.part, it.record.offset, it.record.key);
+}
+
 } // namespace idemkafka::detail

@@ -13,7 +13,10 @@
 //     positions, COMMIT; a failing record is held (retried) or dead-lettered.
 //  5. finish_running(): the workers' holds are merged; the ledger rewinds
 //     held partitions (seek, and a pause for a retry backoff) and moves the
-//     position past every finished record.
+//     position past every finished record. With Ordering::key a failed
+//     record parks only its key: its records wait in Parking, the
+//     partition's other keys go on, and the position stays at the first
+//     parked record; when the backoff is over fill_batch() takes them again.
 //  6. flush_commits(): the ledger's moved positions go to Kafka as an offset
 //     commit (kafka::Consumer::commit); a failed commit is sent again.
 // Rebalances arrive inside poll() through kafka::ConsumerEvents: the running
@@ -46,6 +49,7 @@
 #include "ledger.hpp"
 #include "log_context.hpp"
 #include "pg/claim_transaction.hpp"
+#include "parking.hpp"
 #include "pg/tx_guard.hpp"
 #include "stored_positions.hpp"
 
@@ -85,6 +89,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                                                     [this] { return abandon_running.load(); },
                                                     positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
+    // Ordering::key: records waiting behind a failed record of their key.
+    Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
+                    std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
     std::unique_ptr<kafka::Consumer> kafka;
 
     // The batch being polled and decoded, and the one the workers process
@@ -170,9 +177,10 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         return Clock::duration(now - seen) >= cfg.shutdown_timeout;
     }
 
-    // Per-key mode spreads a partition over several workers: no worker alone
-    // knows the partition's contiguous position, so it is written after the merge.
-    bool positions_after_merge() const { return cfg.ordering == Ordering::key && cfg.workers > 1; }
+    // Per-key mode spreads a partition over several workers and parks failed
+    // keys: no worker alone knows the partition's position, so it is written
+    // after the merge.
+    bool positions_after_merge() const { return cfg.ordering == Ordering::key; }
 
     // ---- PostgreSQL -------------------------------------------------------
 
@@ -302,7 +310,12 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         }
         if (!lost && !no_commit)
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
+        // Parked records go too: the position committed above stays before them.
+        for (const auto& tp : tps)
+            if (auto* ps = ledger.find(tp.topic, tp.partition))
+                parking.drop(ps);
         ledger.revoke(tps, !settled);
+        count_in_flight();
     }
 
     void abandon_for_revoke(std::size_t revoked)
@@ -342,6 +355,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     void rewind(PartitionState& ps, std::int64_t offset)
     {
         PartitionLedger::rewind(ps, offset);
+        parking.drop_from(&ps, offset); // they come again from Kafka
         seek(ps);
     }
 
@@ -356,6 +370,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     void apply_holds(const Holds& holds)
     {
         for (const auto& action : ledger.apply(holds, Clock::now())) {
+            parking.drop_from(action.ps, action.ps->resume_from); // they come again from Kafka
             seek(*action.ps);
             if (action.pause)
                 kafka->pause(action.ps->tp, true);
@@ -422,6 +437,18 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     {
         Clock::time_point deadline{};
         fill_bytes = 0;
+        // Parked keys whose backoff is over run first, in their order (not
+        // while PostgreSQL is away: they would only be rewound).
+        if (!parking.empty() && !db_pause) {
+            const auto before = batch.size();
+            parking.take_due(Clock::now(), batch);
+            for (auto i = before; i < batch.size(); ++i)
+                fill_bytes += batch[i].bytes();
+            if (batch.size() > before) {
+                deadline = Clock::now() + cfg.max_batch_wait;
+                count_parked();
+            }
+        }
         while (batch.size() < cfg.max_batch && fill_bytes < cfg.max_batch_bytes) {
             // The workers are done: hand them what there is rather than leave
             // PostgreSQL idle (and commit their positions when there is nothing).
@@ -458,11 +485,16 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             kafka::Consumer::read(*m, it.record);
             it.part = ps;
             it.msg = std::move(m);
+            metrics.in_flight_records.add(1);
+            metrics.in_flight_bytes.add(static_cast<std::int64_t>(it.bytes()));
+            if (!parking.empty() && parking.parked(ps, it.record.key)) {
+                park(std::move(it)); // behind a failed record of its key
+                count_parked();
+                continue;
+            }
             fill_bytes += it.bytes();
             if (batch.empty())
                 deadline = Clock::now() + cfg.max_batch_wait;
-            metrics.in_flight_records.add(1);
-            metrics.in_flight_bytes.add(static_cast<std::int64_t>(it.bytes()));
             batch.push_back(std::move(it));
             if (stop_requests.load())
                 return;
@@ -472,12 +504,76 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // The in-flight gauges after records left the batch.
     void count_in_flight()
     {
-        std::int64_t bytes = 0;
+        std::int64_t bytes = static_cast<std::int64_t>(parking.bytes());
         for (const auto* items : {&batch, &running})
             for (const auto& it : *items)
                 bytes += static_cast<std::int64_t>(it.bytes());
-        metrics.in_flight_records.set(static_cast<std::int64_t>(batch.size() + running.size()));
+        metrics.in_flight_records.set(static_cast<std::int64_t>(batch.size() + running.size() + parking.records()));
         metrics.in_flight_bytes.set(bytes);
+        count_parked();
+    }
+
+    void count_parked()
+    {
+        metrics.parked_records.set(static_cast<std::int64_t>(parking.records()));
+        metrics.parked_keys.set(static_cast<std::int64_t>(parking.keys()));
+    }
+
+    // ---- per-key parking (Ordering::key) ------------------------------------
+
+    void park(Item&& it)
+    {
+        metrics.parked.add();
+        parking.add(std::move(it));
+    }
+
+    // After a merge: each key a worker held waits out its retry backoff, and
+    // its records in the next batch wait with it (the running batch's are
+    // parked as the merge goes over them).
+    void park_keys(const Holds& holds)
+    {
+        if (holds.keys().empty())
+            return;
+        const auto now = Clock::now();
+        for (const auto& [key, h] : holds.keys())
+            if (ledger.owns(key.first))
+                parking.hold(key.first, key.second, now + ledger.retry_backoff(h.failures));
+        auto waits = [&](const Item& it) { return parking.parked(it.part, it.record.key); };
+        auto first = std::stable_partition(batch.begin(), batch.end(), [&](const Item& it) { return !waits(it); });
+        for (auto i = first; i != batch.end(); ++i)
+            park(std::move(*i));
+        batch.erase(first, batch.end());
+    }
+
+    // Past the parking bound, a partition is held as a whole, as without
+    // parking: rewound to its first parked record and paused for the retry
+    // backoff; its parked records come again from Kafka. Runs with no batch
+    // in the workers' hands (a rewind must not meet records still running).
+    void bound_parking()
+    {
+        if (!parking.over())
+            return;
+        while (parking.over()) {
+            PartitionState* fullest = parking.fullest();
+            if (!fullest)
+                break;
+            const auto first = *fullest->parked.begin();
+            const int failures = std::max(1, ledger.attempt_of(*fullest, first) - 1);
+            metrics.parking_overflows.add();
+            say(log, LogLevel::warning, coordinates(fullest->tp.topic, fullest->tp.partition, first),
+                "{} records are parked behind failed keys, more than fit (max_prefetch_records / 2 = {}, "
+                "max_prefetch_bytes / 2 = {}); {}/{} is held as a whole: rewound to {} and paused for the retry "
+                "backoff",
+                parking.records(), std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
+                std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2), fullest->tp.topic, fullest->tp.partition, first);
+            parking.drop(fullest);
+            Holds hold;
+            hold.add(fullest, first, failures);
+            apply_holds(hold);
+            batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return held(hold, it); }),
+                        batch.end());
+        }
+        count_in_flight();
     }
 
     std::size_t worker_of(const Item& it) const
@@ -631,8 +727,10 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         apply_holds(holds);
         pause_fenced();
         if (!holds.empty())
-            batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return holds.holds(it.part); }),
+            batch.erase(std::remove_if(batch.begin(), batch.end(),
+                                       [&](const Item& it) { return holds.covers(it.part, it.record.offset); }),
                         batch.end());
+        park_keys(holds);
         if (any_failed && !forced())
             db_hold();
         if (error) {
@@ -663,6 +761,10 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         for (auto& it : running) {
             if (holds.covers(it.part, it.record.offset) || !ledger.owns(it.part))
                 continue;
+            if (held(holds, it)) {
+                park(std::move(it)); // its key waits out the backoff
+                continue;
+            }
             it.state = ItemState::done;
             ledger.complete(*it.part, it.record.offset);
             moved.insert(it.part);
@@ -752,6 +854,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             if (!batch.empty())
                 intake.decode(batch, fill_bank);
             finish_running();
+            bound_parking();
             const bool db_ready = ensure_db();
             if (batch.empty())
                 continue;

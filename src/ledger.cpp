@@ -14,16 +14,37 @@ void Holds::add(PartitionState* ps, std::int64_t offset, int failures)
     }
 }
 
+void Holds::park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures)
+{
+    auto [it, fresh] = by_key_.emplace(std::make_pair(ps, key_id(key)), Hold{offset, failures});
+    if (!fresh) {
+        it->second.offset = std::min(it->second.offset, offset);
+        it->second.failures = std::max(it->second.failures, failures);
+    }
+}
+
 void Holds::merge(const Holds& other)
 {
     for (const auto& [ps, h] : other)
         add(ps, h.offset, h.failures);
+    for (const auto& [pk, h] : other.by_key_)
+        park(pk.first, pk.second, h.offset, h.failures);
 }
 
 bool Holds::covers(const PartitionState* ps, std::int64_t offset) const
 {
     auto h = by_partition_.find(ps);
     return h != by_partition_.end() && offset >= h->second.offset;
+}
+
+bool Holds::covers(PartitionState* ps, std::int64_t offset, std::optional<std::string_view> key) const
+{
+    if (covers(ps, offset))
+        return true;
+    if (by_key_.empty())
+        return false;
+    auto h = by_key_.find(std::make_pair(ps, key_id(key)));
+    return h != by_key_.end() && offset >= h->second.offset;
 }
 
 PartitionState& PartitionLedger::assign(const TopicPartition& tp)
@@ -78,6 +99,10 @@ void PartitionLedger::rewind(PartitionState& ps, std::int64_t offset) noexcept
 {
     ps.resume_from = offset;
     ps.needs_seek = true;
+    // What comes again is not finished: the position must not pass it.
+    ps.parked.erase(ps.parked.lower_bound(offset), ps.parked.end());
+    if (ps.processed_next > offset)
+        ps.processed_next = offset;
 }
 
 std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, Clock::time_point now)
@@ -100,6 +125,7 @@ std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, 
 void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
 {
     ps.processed_next = std::max(ps.processed_next, offset + 1);
+    ps.parked.erase(offset);
     ps.fenced = 0;
     if (!ps.failures.empty())
         forget_failures(ps, offset);
@@ -107,7 +133,7 @@ void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
 
 void PartitionLedger::trim(PartitionState& ps)
 {
-    ps.dead_lettered.erase(ps.dead_lettered.begin(), ps.dead_lettered.lower_bound(ps.processed_next));
+    ps.dead_lettered.erase(ps.dead_lettered.begin(), ps.dead_lettered.lower_bound(ps.position()));
 }
 
 PartitionLedger::Due PartitionLedger::due(Clock::time_point now)
@@ -148,10 +174,11 @@ std::vector<std::pair<TopicPartition, std::int64_t>> PartitionLedger::take_commi
     for (auto& [tp, ps] : parts_) {
         if (only && !only->count(tp))
             continue;
-        if (ps.processed_next < 0 || ps.processed_next == ps.committed_next)
+        const auto position = ps.position();
+        if (position < 0 || position == ps.committed_next)
             continue;
-        out.emplace_back(tp, ps.processed_next);
-        ps.committed_next = ps.processed_next;
+        out.emplace_back(tp, position);
+        ps.committed_next = position;
     }
     return out;
 }

@@ -5,6 +5,7 @@
 // engine carries the answers out through the Kafka adapter. Private to the
 // library.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -13,6 +14,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backoff.hpp"
@@ -62,6 +64,19 @@ struct PartitionState {
     bool retake = false;              // offsets_in_database: take the partition over again when the pause ends
     int fenced = 0;                   // offsets_in_database: position writes refused in a row
     Clock::time_point resume_at{};
+    // Ordering::key: offsets taken out of the partition's order (a parked
+    // key's records, also once handed back to a batch) and not finished
+    // yet. The committed position stays at the lowest of them.
+    std::set<std::int64_t> parked;
+
+    /// The position that may be committed: past every finished record, and
+    /// at or before every unfinished one (-1: nothing yet).
+    std::int64_t position() const noexcept
+    {
+        if (parked.empty() || processed_next < 0)
+            return processed_next;
+        return std::min(processed_next, *parked.begin());
+    }
 
     // Guarded by PartitionLedger's failures lock while workers run.
     std::map<std::int64_t, int> failures;         // handler failures by offset
@@ -77,23 +92,50 @@ struct Hold {
     int failures;
 };
 
-/// The holds of one batch (or of one worker's share of it).
+/// A record key as parking tells keys apart: a null key is a key of its own.
+using KeyId = std::optional<std::string>;
+
+inline KeyId key_id(std::optional<std::string_view> key)
+{
+    return key ? KeyId(std::in_place, *key) : KeyId();
+}
+
+/// The holds of one batch (or of one worker's share of it). A partition
+/// hold stops the whole partition; a key hold (Ordering::key, after a
+/// handler failure) stops only the records of one key of it: they are
+/// parked, and the partition's other keys go on.
 class Holds {
 public:
+    using KeyHolds = std::map<std::pair<PartitionState*, KeyId>, Hold>;
+
     /// Holds `ps` at `offset` or earlier; the larger failure count wins.
     void add(PartitionState* ps, std::int64_t offset, int failures);
+    /// Holds the records of `key` in `ps` from `offset` (or earlier) on.
+    void park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures);
     /// Every hold of `other` added to these.
     void merge(const Holds& other);
-    /// True when the record at `offset` of `ps` is held.
+    /// True when the record at `offset` of `ps` is held by a partition hold.
     bool covers(const PartitionState* ps, std::int64_t offset) const;
+    /// True when the record at `offset` of `ps` with `key` is held by a
+    /// partition hold or by a hold of its key.
+    bool covers(PartitionState* ps, std::int64_t offset, std::optional<std::string_view> key) const;
+    /// True when a partition hold stops `ps`.
     bool holds(const PartitionState* ps) const { return by_partition_.count(ps) > 0; }
-    bool empty() const noexcept { return by_partition_.empty(); }
-    void clear() noexcept { by_partition_.clear(); }
+    bool empty() const noexcept { return by_partition_.empty() && by_key_.empty(); }
+    void clear() noexcept
+    {
+        by_partition_.clear();
+        by_key_.clear();
+    }
+    /// The partition holds.
     auto begin() const { return by_partition_.begin(); }
     auto end() const { return by_partition_.end(); }
+    /// The key holds.
+    const KeyHolds& keys() const noexcept { return by_key_; }
 
 private:
     std::map<PartitionState*, Hold, std::less<>> by_partition_;
+    KeyHolds by_key_;
 };
 
 /// What a poll result is to the consumer.
@@ -140,8 +182,14 @@ public:
     /// a transaction marker or a deleted offset) shows the seek took effect.
     static Admission admit(PartitionState* ps, std::int64_t offset) noexcept;
     /// Records of `ps` from `offset` on come again: polled ones before the
-    /// seek are stale. The caller seeks and reports with seek_sent().
+    /// seek are stale, and parked ones from `offset` on are no longer
+    /// parked (they come again too). The caller seeks and reports with
+    /// seek_sent().
     static void rewind(PartitionState& ps, std::int64_t offset) noexcept;
+    /// The record at `offset` of `ps` was taken out of the partition's order
+    /// (Ordering::key parking): the position stays at or before it until it
+    /// is finished.
+    static void park(PartitionState& ps, std::int64_t offset) { ps.parked.insert(offset); }
     /// The seek of a rewind was sent (or queued): no need to send it again.
     static void seek_sent(PartitionState& ps) noexcept { ps.needs_seek = false; }
 

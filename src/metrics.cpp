@@ -55,6 +55,10 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::long_call_waits},
     {"revoke_abandons", "Running transactions abandoned because a rebalance took their partitions during a long call.",
      &MetricsSnapshot::revoke_abandons},
+    {"parked", "Records parked behind a failed record of their key (Ordering::key).", &MetricsSnapshot::parked},
+    {"parking_overflows",
+     "Partitions held as a whole because their parked records did not fit (Ordering::key).",
+     &MetricsSnapshot::parking_overflows},
 };
 
 template <class T>
@@ -122,6 +126,9 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "in_flight_records", "Records taken from Kafka and not yet committed or skipped.", label,
                  in_flight_records);
     render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, in_flight_bytes);
+    render_gauge(out, "parked_records", "Records parked now behind a failed record of their key.", label,
+                 parked_records);
+    render_gauge(out, "parked_keys", "Keys parked now after a failed record.", label, parked_keys);
     render_gauge(out, "oldest_claim_age_seconds", "Age of the group's oldest claim in the dedup table (-1: unknown).",
                  label, oldest_claim_age_seconds);
     render_gauge(out, "expired_partitions_kept",
@@ -191,6 +198,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.long_call_waits = long_call_waits.get();
     s.revoke_abandons = revoke_abandons.get();
+    s.parked = parked.get();
+    s.parking_overflows = parking_overflows.get();
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();
     s.horizon_processed = horizon_processed.get();
     s.key_window_closed = key_window_closed.get();
@@ -206,6 +215,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.partitions = partitions();
     s.in_flight_records = in_flight_records.get();
     s.in_flight_bytes = in_flight_bytes.get();
+    s.parked_records = parked_records.get();
+    s.parked_keys = parked_keys.get();
     s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();
     s.expired_partitions_kept = expired_partitions_kept.get();
     if (s.oldest_claim_unix_ms >= 0) {

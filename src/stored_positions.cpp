@@ -93,7 +93,8 @@ StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>
 {
     std::vector<OffsetStore::Position> positions;
     for (auto* ps : moved)
-        positions.push_back({ps->tp.topic, ps->tp.partition, ps->processed_next, ps->epoch});
+        if (ps->position() >= 0)
+            positions.push_back({ps->tp.topic, ps->tp.partition, ps->position(), ps->epoch});
     if (!db) {
         // Lost in this batch (by another worker, too): the engine reconnects;
         // the positions go with the partition's next batch.

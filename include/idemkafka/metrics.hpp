@@ -91,6 +91,14 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// returned) because a rebalance took their partitions while the call ran
     /// past the revoke wait.
     std::uint64_t revoke_abandons = 0;
+    /// Ordering::key: records parked behind a failed record of their key
+    /// (each time one is parked; a record parked again counts again).
+    std::uint64_t parked = 0;
+    /// Ordering::key: times a partition had more parked records than fit
+    /// (half of max_prefetch_records or max_prefetch_bytes) and was held as
+    /// a whole instead: rewound to its first parked record and paused for
+    /// the retry backoff.
+    std::uint64_t parking_overflows = 0;
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
     std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
     std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
@@ -126,6 +134,10 @@ struct IDEMKAFKA_API MetricsSnapshot {
     std::int64_t in_flight_records = 0;
     /// Key and payload bytes of those records (bounded by about 2 x max_batch_bytes).
     std::int64_t in_flight_bytes = 0;
+    /// Ordering::key: records parked now behind a failed record of their key
+    /// (also counted in in_flight_records), and the keys parked now.
+    std::int64_t parked_records = 0;
+    std::int64_t parked_keys = 0;
     /// Creation time (Unix ms) of this group's oldest claim in the dedup table:
     /// the UUIDv7 time of its smallest event id, or the oldest `processed_at`
     /// when that id is not a UUIDv7; -1 while unknown (no claim, not measured
@@ -164,7 +176,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
-        lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class IDEMKAFKA_API Histogram {
@@ -187,6 +199,8 @@ public:
     Gauge lag{{-1}};
     Gauge in_flight_records;
     Gauge in_flight_bytes;
+    Gauge parked_records;
+    Gauge parked_keys;
     Gauge oldest_claim_unix_ms{{-1}};
     Gauge expired_partitions_kept;
 

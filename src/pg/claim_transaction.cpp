@@ -98,9 +98,16 @@ void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
         return;
     }
     s_.metrics.retries.add();
-    say(s_.log, LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms: {}",
-        where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(), f.what);
-    w.holds.add(it.part, it.record.offset, failures);
+    const bool by_key = s_.cfg.ordering == Ordering::key;
+    say(s_.log, LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms{}: {}",
+        where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(),
+        by_key ? " (its key waits; the partition's other keys go on)" : "", f.what);
+    // Ordering::key: only the record's key waits behind it (parked);
+    // otherwise its whole partition does.
+    if (by_key)
+        w.holds.park(it.part, it.record.key, it.record.offset, failures);
+    else
+        w.holds.add(it.part, it.record.offset, failures);
 }
 
 bool ClaimTransaction::retryable(const std::exception& e) const
@@ -187,7 +194,7 @@ std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, B
                         s_.cfg.group_id, pg::uuid_array(release));
     std::size_t n = 0;
     for (std::size_t j : w.items)
-        if (w.holds.covers(b.items[j].part, b.items[j].record.offset))
+        if (held(w.holds, b.items[j]))
             ++n;
     return n;
 }
@@ -196,7 +203,7 @@ std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, B
 ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
 {
     auto& items = b.items;
-    auto held = [&](const Item& it) { return w.holds.covers(it.part, it.record.offset); };
+    auto held = [&](const Item& it) { return detail::held(w.holds, it); };
     std::vector<EventId> ids;
     std::vector<std::size_t> first; // index of the first pending item per id, in batch order
     std::unordered_set<EventId> seen;
@@ -381,7 +388,7 @@ std::vector<OffsetStore::Position> ClaimTransaction::positions_of(const Worker& 
     std::map<PartitionState*, OffsetStore::Position> by_part;
     for (std::size_t i : w.items) {
         const auto& it = b.items[i];
-        if (w.holds.covers(it.part, it.record.offset))
+        if (held(w.holds, it))
             continue;
         auto& p = by_part[it.part];
         if (p.topic.empty()) {

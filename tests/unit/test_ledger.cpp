@@ -202,6 +202,9 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
         std::map<int, std::int64_t> kafka_committed;    // the group's committed offset
         std::map<int, std::int64_t> fetch;              // next offset the broker hands out
         std::map<int, bool> paused, assigned;
+        // Ordering::key parking, as the engine keeps it: records of a held
+        // key by partition (offset -> key), out of the fetch order.
+        std::map<int, std::map<std::int64_t, int>> parked;
         auto now = Clock::now();
         auto tp_of = [](int p) { return TopicPartition{"t", p}; };
         auto key_of = [](std::int64_t offset) { return static_cast<int>(offset % keys); };
@@ -220,8 +223,10 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
                     continue;
                 }
                 REQUIRE(ps != nullptr);
-                for (std::int64_t o = 0; o < ps->processed_next; ++o)
+                for (std::int64_t o = 0; o < ps->position(); ++o)
                     REQUIRE(effected[p].count(o)); // nothing behind the position is unfinished
+                for (const auto& [o, key] : parked[p])
+                    REQUIRE(ps->parked.count(o)); // the position stays at or before every parked record
                 for (std::int64_t o = 0; o < kafka_committed[p]; ++o)
                     REQUIRE(effected[p].count(o));
             }
@@ -266,6 +271,36 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             std::stable_sort(batch.begin(), batch.end(), [](const Rec& a, const Rec& b) {
                 return a.p != b.p ? a.p < b.p : a.offset < b.offset;
             });
+            // Parked keys whose backoff is over run again, ahead of what was
+            // fetched (a fetched record of a parked key is parked with it).
+            std::set<std::pair<int, int>> due_keys;
+            for (auto& [p, recs] : parked)
+                for (const auto& [o, key] : recs)
+                    if (!failures || chance(40))
+                        due_keys.insert({p, key});
+            std::vector<Rec> again;
+            for (auto& [p, recs] : parked)
+                for (auto r = recs.begin(); r != recs.end();) {
+                    if (due_keys.count({p, r->second})) {
+                        again.push_back({ledger.find("t", p), p, r->first});
+                        r = recs.erase(r);
+                    } else {
+                        ++r;
+                    }
+                }
+            for (auto r = batch.begin(); r != batch.end();) {
+                const bool waits = parked[r->p].size() > 0 &&
+                                   std::any_of(parked[r->p].begin(), parked[r->p].end(),
+                                               [&](const auto& pk) { return pk.second == key_of(r->offset); });
+                if (waits) {
+                    parked[r->p][r->offset] = key_of(r->offset);
+                    PartitionLedger::park(*r->ps, r->offset);
+                    r = batch.erase(r);
+                } else {
+                    ++r;
+                }
+            }
+            batch.insert(batch.begin(), again.begin(), again.end());
             // Split over the workers as the engine does; each worker's
             // transaction either commits its records up to a hold, or fails.
             std::vector<std::vector<Rec>> share(workers);
@@ -275,29 +310,43 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             for (auto& mine : share) {
                 Holds holds;
                 const bool db_failed = failures && chance(8);
+                auto key_text = [&](const Rec& r) { return std::to_string(key_of(r.offset)); };
                 if (failures && !mine.empty() && chance(25)) {
                     // A handler failure (or a give-back at the time budget):
-                    // held from that record on, in its partition.
+                    // held from that record on, in its partition; with
+                    // per-key ordering a handler failure parks only its key.
                     const auto& r = mine[rng() % mine.size()];
-                    holds.add(r.ps, r.offset, chance(50) ? 1 + static_cast<int>(rng() % 3) : 0);
+                    if (by_key && chance(60))
+                        holds.park(r.ps, key_text(r), r.offset, 1 + static_cast<int>(rng() % 3));
+                    else
+                        holds.add(r.ps, r.offset, chance(50) ? 1 + static_cast<int>(rng() % 3) : 0);
                 }
                 for (const auto& r : mine) {
                     if (db_failed)
                         holds.add(r.ps, r.offset, 0); // nothing of it committed
-                    else if (!holds.covers(r.ps, r.offset))
+                    else if (!holds.covers(r.ps, r.offset, key_text(r)))
                         effected[r.p].insert(r.offset);
                 }
                 merged.merge(holds);
             }
             for (const auto& act : ledger.apply(merged, now)) {
+                auto& mine = parked[act.ps->tp.partition]; // what the rewind brings again
+                mine.erase(mine.lower_bound(act.ps->resume_from), mine.end());
                 fetch[act.ps->tp.partition] = act.ps->resume_from; // the seek
                 PartitionLedger::seek_sent(*act.ps);
                 if (act.pause)
                     paused[act.ps->tp.partition] = true;
             }
-            for (const auto& r : batch)
-                if (!merged.covers(r.ps, r.offset))
-                    ledger.complete(*r.ps, r.offset);
+            for (const auto& r : batch) {
+                if (merged.covers(r.ps, r.offset))
+                    continue;
+                if (merged.covers(r.ps, r.offset, std::to_string(key_of(r.offset)))) {
+                    parked[r.p][r.offset] = key_of(r.offset);
+                    PartitionLedger::park(*r.ps, r.offset);
+                    continue;
+                }
+                ledger.complete(*r.ps, r.offset);
+            }
             check_invariants();
         };
 
@@ -318,6 +367,7 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
                     if (chance(70)) // a revoke commits first; a lost assignment does not
                         commit(&revoked);
                     ledger.revoke(revoked);
+                    parked.erase(p);
                     assigned[p] = false;
                 }
             } else {
