@@ -26,13 +26,18 @@ namespace idemkafka {
 
 class Outbox; // outbox.hpp
 
-/// How records may be processed in parallel when `workers` > 1.
+/// How records may be processed in parallel, and what waits when a handler fails.
 enum class Ordering {
-    /// Each partition belongs to one worker: records are processed in partition order.
+    /// Each partition belongs to one worker: records are processed in
+    /// partition order, and a failed record holds back its whole partition
+    /// for the retry backoff.
     partition,
     /// Records of one partition with different keys may run on different workers;
-    /// records with the same key stay in order. Committed offsets never pass an
-    /// unfinished record. Lets a hot partition use more than one connection.
+    /// records with the same key stay in order. A failed record holds back only
+    /// its key: it and the key's later records are parked in memory for the
+    /// retry backoff while the partition's other keys go on. Committed offsets
+    /// never pass an unfinished (or parked) record. Lets a hot partition use
+    /// more than one connection.
     key,
 };
 

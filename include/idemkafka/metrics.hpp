@@ -128,9 +128,11 @@ struct IDEMKAFKA_API MetricsSnapshot {
     std::vector<PartitionLag> partitions;
     /// Records taken from the Kafka client and not finished yet (committed,
     /// skipped as duplicates, dead-lettered or given back for redelivery): the
-    /// running batch and, with the pipeline, the next one. Bounded by
-    /// 2 x max_batch; what librdkafka prefetched is not included (that is
-    /// bounded by max_prefetch_records and max_prefetch_bytes).
+    /// running batch and, with the pipeline, the next one, and with
+    /// Ordering::key the parked records. Bounded by 2 x max_batch, plus half
+    /// of max_prefetch_records for the parked ones; what librdkafka
+    /// prefetched is not included (that is bounded by max_prefetch_records
+    /// and max_prefetch_bytes).
     std::int64_t in_flight_records = 0;
     /// Key and payload bytes of those records (bounded by about 2 x max_batch_bytes).
     std::int64_t in_flight_bytes = 0;
