@@ -42,6 +42,7 @@ const char* usage = R"(usage: idemkafka-chaos-listener [options]
   --misbehave-seed N       seed of the rule choosing the misbehaving orders (default 0)
   --misbehave-per-mille N  orders per thousand misbehaving in each of the three ways
                            (default 10)
+  --ordering O             partition (default) or key: Ordering::key with 2 workers
 
 Prints one summary line on stdout when it stops (SIGINT/SIGTERM):
   consumed=N charged=C duplicates=D poison=P handler_failures=F handler_aborted=A retries=R
@@ -72,7 +73,8 @@ try {
                         {"dead-letter-topic", ""},
                         {"misbehave-seed", "0"},
                         {"misbehave-per-mille", "10"},
-                        {"group-protocol", "classic"}},
+                        {"group-protocol", "classic"},
+                        {"ordering", "partition"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -89,6 +91,13 @@ try {
     else
         cfg.kafka["session.timeout.ms"] = "6000";
     cfg.max_attempts = idemkafka::torture::max_attempts;
+    if (args.get("ordering") == "key") {
+        // A failing order parks only its key; two workers split each partition by key.
+        cfg.ordering = idemkafka::Ordering::key;
+        cfg.workers = 2;
+    } else if (args.get("ordering") != "partition") {
+        billing::Args::fail("--ordering: expected partition or key", usage);
+    }
     const auto progress = std::chrono::seconds(args.number("progress"));
     const auto seed = static_cast<std::uint64_t>(args.number("misbehave-seed"));
     const auto per_mille = static_cast<int>(args.number("misbehave-per-mille"));

@@ -94,6 +94,9 @@ const char* const usage = R"(usage: idemkafka-torture --listener PATH --producer
   --misbehaving N     the listener is the chaos listener, N orders per thousand
                       misbehave in each of its three ways (default 0: billing-listener)
   --oversize N        also publish N records of 1.5 MB (default 0)
+  --ordering O        with --misbehaving: the chaos listener's ordering, partition or
+                      key (key: 2 workers, and a failing order parks only its key)
+                      (default partition)
   --log-dir DIR       keep listener logs and the timeline there (default: a temp dir,
                       removed when the test passes)
   --group-protocol P  the listeners' group protocol: classic or consumer (KIP-848; the
@@ -491,6 +494,7 @@ struct Options {
     int oversize = 0;
     std::string log_dir;
     std::string group_protocol;
+    std::string ordering = "partition";
 };
 
 Options parse_options(int argc, char** argv)
@@ -527,9 +531,15 @@ Options parse_options(int argc, char** argv)
             o.log_dir = v;
         else if (a == "--group-protocol")
             o.group_protocol = v;
+        else if (a == "--ordering")
+            o.ordering = v;
         else
             throw std::invalid_argument(fmt::format("unknown argument {}\n{}", a, usage));
     }
+    if (o.ordering != "partition" && o.ordering != "key")
+        throw std::invalid_argument("--ordering: expected partition or key, got " + o.ordering);
+    if (o.ordering != "partition" && o.misbehaving == 0)
+        throw std::invalid_argument("--ordering is an option of the chaos listener: it needs --misbehaving");
     if (o.group_protocol.empty())
         o.group_protocol = idemkafka::test::consumer_protocol() ? "consumer" : "classic";
     if (o.group_protocol != "classic" && o.group_protocol != "consumer")
@@ -699,7 +709,7 @@ private:
                                       "--progress", "1", "--group-protocol", opt_.group_protocol};
         if (opt_.misbehaving > 0)
             argv.insert(argv.end(), {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
-                                     std::to_string(opt_.misbehaving)});
+                                     std::to_string(opt_.misbehaving), "--ordering", opt_.ordering});
         return std::make_unique<Child>(argv, opt_.log_dir + "/" + name + ".out",
                                        opt_.log_dir + "/" + name + ".log");
     }
