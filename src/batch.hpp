@@ -11,6 +11,7 @@
 #include "kafka/client.hpp"
 #include "ledger.hpp"
 #include "log_context.hpp"
+#include "trace.hpp"
 
 namespace idemkafka::detail {
 
@@ -52,6 +53,8 @@ struct Item {
         auto fields = coordinates(record.topic, record.partition, record.offset);
         if (!id.is_nil())
             fields.push_back({log_field::event_id, id.to_string()});
+        if (auto parent = trace_parent_of(record.headers))
+            fields.push_back({log_field::trace_id, std::string(trace_id_of(*parent))});
         return what.empty() ? fields : error_field(what, std::move(fields));
     }
 

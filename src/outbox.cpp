@@ -22,6 +22,7 @@
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
 #include "schema_ddl.hpp"
+#include "trace.hpp"
 
 namespace idemkafka {
 namespace {
@@ -224,9 +225,11 @@ EventId Outbox::enqueue(pqxx::transaction_base& tx, std::string_view topic, std:
     if (event_id && event_id->is_nil())
         throw InvalidEventId("enqueue: the event id is the nil UUID");
     const EventId id = event_id ? *event_id : new_event_id();
+    std::vector<Header> traced;
+    const auto& all = detail::with_trace(headers, traced); // inside a handler: the record's trace context
     detail::pg::exec_params(tx, insert_sql_, id.to_string(), std::string(topic), key.has_value(),
-                            key ? to_hex(*key) : std::string(), to_hex(payload), !headers.empty(),
-                            to_hex(encode_headers(headers)));
+                            key ? to_hex(*key) : std::string(), to_hex(payload), !all.empty(),
+                            to_hex(encode_headers(all)));
     return id;
 }
 

@@ -8,6 +8,7 @@
 #include "idemkafka/error.hpp"
 #include "kafka/client.hpp"
 #include "log_context.hpp"
+#include "trace.hpp"
 
 namespace idemkafka {
 namespace {
@@ -76,8 +77,10 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
     }
 
     void produce(std::string_view topic, std::optional<std::string_view> key, std::optional<std::string_view> payload,
-                 const std::vector<Header>& headers, Waiter* waiter)
+                 const std::vector<Header>& given, Waiter* waiter)
     {
+        std::vector<Header> traced;
+        const auto& headers = detail::with_trace(given, traced); // inside a handler: the record's trace context
         rd_kafka_headers_t* hdrs = nullptr;
         if (!headers.empty()) {
             hdrs = rd_kafka_headers_new(headers.size());

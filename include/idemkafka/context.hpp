@@ -65,6 +65,23 @@ public:
     /// 1 on the first delivery to the handler in this process, 2 on the first
     /// retry after the handler threw, and so on.
     int attempt() const noexcept { return attempt_; }
+
+    /// The record's W3C trace context (https://www.w3.org/TR/trace-context/):
+    /// the value of its `traceparent` header when that is well formed
+    /// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, ids not all
+    /// zero; a later version's longer form is taken too), else nothing. Start a
+    /// span from it with your tracing library; idemkafka itself has no
+    /// tracing dependency.
+    std::optional<std::string_view> trace_parent() const noexcept;
+    /// The record's `tracestate` header, only when trace_parent() is there.
+    std::optional<std::string_view> trace_state() const noexcept;
+    /// The 32 hex digits of the trace id of trace_parent(); empty without one.
+    std::string_view trace_id() const noexcept;
+    /// `traceparent` (and `tracestate`, when present) to put on a record this
+    /// handler publishes. Outbox::enqueue() and Publisher add them by
+    /// themselves inside a handler call for one record; a batch handler
+    /// passes each event's own.
+    std::vector<Header> trace_headers() const;
     /// The whole record.
     const Record& record() const noexcept { return *record_; }
 

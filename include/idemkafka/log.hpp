@@ -41,6 +41,9 @@ inline constexpr const char* offset = "offset";
 inline constexpr const char* event_id = "event_id";
 /// The error text, also part of the message.
 inline constexpr const char* error = "error";
+/// The W3C trace id of the record a line is about (from its `traceparent`
+/// header), when it has one.
+inline constexpr const char* trace_id = "trace_id";
 } // namespace log_field
 
 /// One log line: level, message and fields, in the order they were attached

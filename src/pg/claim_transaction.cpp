@@ -8,6 +8,7 @@
 #include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
+#include "trace.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -278,6 +279,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             const bool ok = call_handler(i, failure, [&] {
                 const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
                                   it.key_window_open);
+                const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
                 if (batched)
                     s_.stage.handle_batch(b.bank, tx, &it.slot, &ctx, 1);
                 else
@@ -294,6 +296,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             handled = w.call_items.size();
             current = w.call_items.front();
             bool ok = call_handler(current, failure, [&] {
+                // One record: what the handler publishes carries its trace; several: each passes its own.
+                const TraceScope trace(handled == 1 ? &items[current].record : nullptr);
                 s_.stage.handle_batch(b.bank, tx, w.call_slots.data(), w.call_contexts.data(), handled);
             });
             if (s_.revoked())
