@@ -642,9 +642,13 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // the last poll (a handler call that runs long) the member must poll to
     // stay in the group: the assignment is paused (librdkafka drops what it
     // prefetched and fetches it again from the position after the resume)
-    // and polled every 100 ms, which serves rebalances; positions finished
-    // before are committed meanwhile. A stop that becomes forced abandons
-    // the batch (rolled back when its calls return).
+    // and polled every 100 ms, which serves rebalances (a revoke commits
+    // what was finished of the revoked partitions). Nothing else is committed
+    // meanwhile: a member joining starts a rebalance whose JoinGroup this
+    // loop cannot see, and a commit still carrying the old generation is
+    // refused with ILLEGAL_GENERATION, which costs the whole assignment
+    // (librdkafka treats it as lost). A stop that becomes forced abandons the
+    // batch (rolled back when its calls return).
     void await_workers()
     {
         if (pool->wait_until(last_polled + keepalive_after))
@@ -671,8 +675,6 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 if (PartitionLedger::admit(ps, m->offset) == Admission::take)
                     rewind(*ps, m->offset);
             }
-            if (uncommitted_since && Clock::now() >= next_commit_at)
-                flush_commits();
         }
         keepalive_paused = false;
         if (!db_pause)
