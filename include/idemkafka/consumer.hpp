@@ -114,6 +114,81 @@ public:
                               std::size_t n) = 0;
 };
 
+/// The Stage of an Event type: the user's decoder, id function and handler
+/// (per-record or batch), as IdempotentConsumer and HandlerHarness take them.
+template <class Event>
+class TypedStage final : public Stage {
+public:
+    using Decoder = std::function<Event(const Record&)>;
+    using EventIdOf = std::function<EventId(const Event&)>;
+    using Handler = std::function<void(pqxx::work& tx, const Event& event, const Context& ctx)>;
+    using BatchHandler = std::function<void(pqxx::work& tx, const Batch<Event>& batch)>;
+
+    template <class Decode, class Handle>
+    TypedStage(Decode&& decode, EventIdOf event_id_of, Handle&& handle)
+        : decode_(wrap_decoder(std::forward<Decode>(decode))), id_of_(std::move(event_id_of))
+    {
+        wrap_handler(std::forward<Handle>(handle));
+    }
+    void prepare(std::size_t bank, std::size_t n) override
+    {
+        slots_[bank].clear();
+        slots_[bank].resize(n);
+    }
+    EventId decode(std::size_t bank, std::size_t i, const Record& record) override
+    {
+        auto& slot = slots_[bank][i];
+        slot.emplace(decode_(record));
+        return id_of_(*slot);
+    }
+    void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) override
+    {
+        handle_(tx, *slots_[bank][i], ctx);
+    }
+    bool batched() const noexcept override { return static_cast<bool>(handle_batch_); }
+    void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
+                      std::size_t n) override
+    {
+        handle_batch_(tx, Batch<Event>(slots_[bank].data(), index, contexts, n));
+    }
+
+private:
+    template <class Decode>
+    static Decoder wrap_decoder(Decode&& decode)
+    {
+        if constexpr (std::is_invocable_v<Decode&, const Record&>) {
+            return Decoder(std::forward<Decode>(decode));
+        } else {
+            static_assert(std::is_invocable_v<Decode&, std::string_view>,
+                          "decoder must be callable with const idemkafka::Record& or std::string_view");
+            return [d = std::forward<Decode>(decode)](const Record& r) mutable -> Event {
+                if (!r.value)
+                    throw DecodeError("record has a null payload");
+                return d(*r.value);
+            };
+        }
+    }
+
+    template <class Handle>
+    void wrap_handler(Handle&& handle)
+    {
+        if constexpr (std::is_invocable_v<Handle&, pqxx::work&, const Event&, const Context&>) {
+            handle_ = Handler(std::forward<Handle>(handle));
+        } else {
+            static_assert(std::is_invocable_v<Handle&, pqxx::work&, const Batch<Event>&>,
+                          "handler must be callable with (pqxx::work&, const Event&, const idemkafka::Context&) "
+                          "or (pqxx::work&, const idemkafka::Batch<Event>&)");
+            handle_batch_ = BatchHandler(std::forward<Handle>(handle));
+        }
+    }
+
+    Decoder decode_;
+    EventIdOf id_of_;
+    Handler handle_;
+    BatchHandler handle_batch_;
+    std::vector<std::optional<Event>> slots_[Stage::banks];
+};
+
 /// Polls, claims, runs the Stage and commits: everything but the types.
 class IDEMKAFKA_API Engine {
 public:
@@ -160,14 +235,14 @@ class IdempotentConsumer {
 public:
     /// Turns a record's payload into an Event; throw (DecodeError or anything)
     /// for a record that cannot be decoded.
-    using Decoder = std::function<Event(const Record&)>;
+    using Decoder = typename detail::TypedStage<Event>::Decoder;
     /// Returns the event id carried in the event's payload.
-    using EventIdOf = std::function<EventId(const Event&)>;
+    using EventIdOf = typename detail::TypedStage<Event>::EventIdOf;
     /// Applies the event's business effect inside `tx`. Throwing rolls back.
-    using Handler = std::function<void(pqxx::work& tx, const Event& event, const Context& ctx)>;
+    using Handler = typename detail::TypedStage<Event>::Handler;
     /// Applies the effects of all newly claimed events of a transaction inside
     /// `tx`. Throwing rolls back (see the class comment for what follows).
-    using BatchHandler = std::function<void(pqxx::work& tx, const Batch<Event>& batch)>;
+    using BatchHandler = typename detail::TypedStage<Event>::BatchHandler;
 
     /// `decode` may take `const Record&` or just the payload (`std::string_view`;
     /// a null payload is then a decode error). `handle` is a per-record Handler
@@ -175,8 +250,7 @@ public:
     /// ConfigError for invalid configuration. Nothing connects until run().
     template <class Decode, class Handle>
     IdempotentConsumer(ConsumerConfig config, Decode&& decode, EventIdOf event_id_of, Handle&& handle)
-        : stage_(wrap_decoder(std::forward<Decode>(decode)), std::move(event_id_of),
-                 wrap_handler(std::forward<Handle>(handle))),
+        : stage_(std::forward<Decode>(decode), std::move(event_id_of), std::forward<Handle>(handle)),
           engine_(std::move(config), stage_)
     {
     }
@@ -200,78 +274,7 @@ public:
     const Metrics& metrics() const noexcept { return engine_.metrics(); }
 
 private:
-    struct Handlers {
-        Handler one;
-        BatchHandler batch;
-    };
-
-    class TypedStage final : public detail::Stage {
-    public:
-        TypedStage(Decoder d, EventIdOf id, Handlers h)
-            : decode_(std::move(d)), id_of_(std::move(id)), handle_(std::move(h.one)),
-              handle_batch_(std::move(h.batch))
-        {
-        }
-        void prepare(std::size_t bank, std::size_t n) override
-        {
-            slots_[bank].clear();
-            slots_[bank].resize(n);
-        }
-        EventId decode(std::size_t bank, std::size_t i, const Record& record) override
-        {
-            auto& slot = slots_[bank][i];
-            slot.emplace(decode_(record));
-            return id_of_(*slot);
-        }
-        void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) override
-        {
-            handle_(tx, *slots_[bank][i], ctx);
-        }
-        bool batched() const noexcept override { return static_cast<bool>(handle_batch_); }
-        void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
-                          std::size_t n) override
-        {
-            handle_batch_(tx, Batch<Event>(slots_[bank].data(), index, contexts, n));
-        }
-
-    private:
-        Decoder decode_;
-        EventIdOf id_of_;
-        Handler handle_;
-        BatchHandler handle_batch_;
-        std::vector<std::optional<Event>> slots_[detail::Stage::banks];
-    };
-
-    template <class Decode>
-    static Decoder wrap_decoder(Decode&& decode)
-    {
-        if constexpr (std::is_invocable_v<Decode&, const Record&>) {
-            return Decoder(std::forward<Decode>(decode));
-        } else {
-            static_assert(std::is_invocable_v<Decode&, std::string_view>,
-                          "decoder must be callable with const idemkafka::Record& or std::string_view");
-            return [d = std::forward<Decode>(decode)](const Record& r) mutable -> Event {
-                if (!r.value)
-                    throw DecodeError("record has a null payload");
-                return d(*r.value);
-            };
-        }
-    }
-
-    template <class Handle>
-    static Handlers wrap_handler(Handle&& handle)
-    {
-        if constexpr (std::is_invocable_v<Handle&, pqxx::work&, const Event&, const Context&>) {
-            return Handlers{Handler(std::forward<Handle>(handle)), nullptr};
-        } else {
-            static_assert(std::is_invocable_v<Handle&, pqxx::work&, const Batch<Event>&>,
-                          "handler must be callable with (pqxx::work&, const Event&, const idemkafka::Context&) "
-                          "or (pqxx::work&, const idemkafka::Batch<Event>&)");
-            return Handlers{nullptr, BatchHandler(std::forward<Handle>(handle))};
-        }
-    }
-
-    TypedStage stage_;
+    detail::TypedStage<Event> stage_;
     detail::Engine engine_;
 };
 
