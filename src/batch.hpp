@@ -29,7 +29,7 @@ struct Item {
     ItemState state = ItemState::pending;
     PartitionState* part = nullptr;
     DeadLetterReason reason = DeadLetterReason::decode_error;
-    std::string error;
+    std::string error;        // why it is poison; after a handler failure, that failure
     bool key_window_open = true;
     bool reconcile = false;   // beyond the dedup horizon: the reconcile hook decides
     bool retry_later = false; // held for another try before any transaction

@@ -1,5 +1,7 @@
 #include "dead_letterer.hpp"
 
+#include <stdexcept>
+
 #include <fmt/format.h>
 
 #include "kafka/client.hpp"
@@ -17,8 +19,10 @@ std::size_t header_bytes(const std::vector<Header>& headers)
 
 } // namespace
 
-DeadLetterer::DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log)
-    : cfg_(cfg), ledger_(ledger), metrics_(metrics), log_(std::move(log)), topic_(cfg.effective_dead_letter_topic())
+DeadLetterer::DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log,
+                           Transport transport)
+    : cfg_(cfg), ledger_(ledger), metrics_(metrics), log_(std::move(log)), topic_(cfg.effective_dead_letter_topic()),
+      transport_(std::move(transport))
 {
 }
 
@@ -123,7 +127,10 @@ void DeadLetterer::send(const std::vector<Item*>& items, Holds& holds)
     }
     std::vector<std::string> errors;
     try {
-        errors = producer().publish_all(records, cfg_.dead_letter_timeout);
+        errors = transport_ ? transport_(records, cfg_.dead_letter_timeout)
+                            : producer().publish_all(records, cfg_.dead_letter_timeout);
+        if (errors.size() != records.size())
+            throw std::logic_error("dead-letter transport answered for a different number of records");
     } catch (const std::exception& e) {
         errors.assign(items.size(), e.what());
     }

@@ -3,6 +3,8 @@
 // produces it, waits for the broker's acknowledgement, and records the
 // outcome in the partition ledger. Private to the library.
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,7 +21,16 @@ namespace idemkafka::detail {
 
 class DeadLetterer {
 public:
-    DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log);
+    /// Where dead letters go: produces the records and returns, per record, an
+    /// empty string when it was acknowledged and the error otherwise (as
+    /// Publisher::publish_all). HandlerHarness keeps them instead of producing.
+    using Transport =
+        std::function<std::vector<std::string>(const std::vector<OutgoingRecord>&, std::chrono::milliseconds)>;
+
+    /// Dead letters go to the dead-letter topic through a Publisher created on
+    /// the first one, or to `transport` when one is given.
+    DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log,
+                 Transport transport = nullptr);
     ~DeadLetterer();
 
     /// Produces the items to the dead-letter topic and waits for the
@@ -45,6 +56,7 @@ private:
     Metrics& metrics_;
     LogSink log_;
     std::string topic_;
+    Transport transport_;
     std::mutex mu_;
     std::unique_ptr<Publisher> producer_; // created on the first dead letter
 };

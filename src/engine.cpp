@@ -6,9 +6,10 @@
 //     PartitionLedger admits it (records fetched before a rewind are stale).
 //  2. Intake::decode(): the Stage decodes it into the free bank; a record
 //     that cannot run is marked for the dead letter.
-//  3. launch(): Intake::screen() (settled dead letters, the dedup-horizon
-//     guard) and the reconcile hook; poison records go to the DeadLetterer;
-//     the rest is spread over the workers (by partition, or by key).
+//  3. launch() -> ClaimTransaction::screen(): Intake::screen() (settled
+//     dead letters, the dedup-horizon guard) and the reconcile hook; poison
+//     records go to the DeadLetterer. The rest is spread over the workers
+//     (by partition, or by key).
 //  4. ClaimTransaction::run() on each worker: claim, handler calls, stored
 //     positions, COMMIT; a failing record is held (retried) or dead-lettered.
 //  5. finish_running(): the workers' holds are merged; the ledger rewinds
@@ -596,21 +597,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         fill_bank = (fill_bank + 1) % Stage::banks;
         metrics.consumed.add(running.size());
         batch_deadline = Clock::now() + batch_budget;
-        Holds holds;
-        for (auto& it : running) {
-            intake.screen(it);
-            if (it.reconcile)
-                claims.reconcile(*workers.front().db, it);
-            if (it.retry_later)
-                holds.add(it.part, it.record.offset, it.retry_failures);
-        }
-        {
-            std::vector<Item*> poisoned;
-            for (auto& it : running)
-                if (it.state == ItemState::poison && !holds.covers(it.part, it.record.offset))
-                    poisoned.push_back(&it);
-            dead_letters.send(poisoned, holds);
-        }
+        const Holds holds = claims.screen(intake, *workers.front().db, running);
         for (auto& w : workers)
             w.reset(holds);
         for (std::size_t i = 0; i < running.size(); ++i)

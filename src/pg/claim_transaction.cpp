@@ -36,6 +36,24 @@ void ClaimTransaction::prepare(pqxx::connection& db) const
     pg::guard_session(db);
 }
 
+Holds ClaimTransaction::screen(Intake& intake, pqxx::connection& db, std::vector<Item>& items)
+{
+    Holds holds;
+    for (auto& it : items) {
+        intake.screen(it);
+        if (it.reconcile)
+            reconcile(db, it);
+        if (it.retry_later)
+            holds.add(it.part, it.record.offset, it.retry_failures);
+    }
+    std::vector<Item*> poisoned;
+    for (auto& it : items)
+        if (it.state == ItemState::poison && !holds.covers(it.part, it.record.offset))
+            poisoned.push_back(&it);
+    s_.dead_letters.send(poisoned, holds);
+    return holds;
+}
+
 void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline)
 {
     Batch b{items, bank, deadline};
@@ -99,6 +117,7 @@ void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
         return;
     }
     s_.metrics.retries.add();
+    it.error = f.what; // the record's last error (HandlerHarness reports it)
     const bool by_key = s_.cfg.ordering == Ordering::key;
     say(s_.log, LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms{}: {}",
         where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(),

@@ -26,6 +26,7 @@
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
+#include "intake.hpp"
 #include "ledger.hpp"
 #include "log_context.hpp"
 
@@ -81,6 +82,13 @@ public:
     /// Prepares a worker's new connection: the claim statement, lock_timeout,
     /// and (libpqxx 6) read-only by default.
     void prepare(pqxx::connection& db) const;
+
+    /// Before a decoded batch goes to the workers (none of them running): each
+    /// record is screened by `intake`, the reconcile hook runs on `db` for
+    /// those that need it, and poison records go to the dead letter. Returns
+    /// the holds every worker starts from (records to retry later, dead
+    /// letters not acknowledged).
+    Holds screen(Intake& intake, pqxx::connection& db, std::vector<Item>& items);
 
     /// Runs the worker's transactions over its records of `items` (decoded in
     /// Stage bank `bank`) until one commits, the worker's database fails, or
