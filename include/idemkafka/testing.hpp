@@ -207,9 +207,8 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// HandlerHarness<Event> (deliver / deliver_twice / crash after the database
-// commit, without Kafka) will be declared here once the engine's claim
-// transaction is a component of its own it can drive. Until then, test a
-// handler through a real IdempotentConsumer on a TestBroker and a TestDatabase.
+// HandlerHarness<Event> (deliver, deliver twice, crash after the database
+// commit, until the dead letter; without Kafka) is in
+// idemkafka/handler_harness.hpp, which brings libpqxx.
 
 } // namespace idemkafka
