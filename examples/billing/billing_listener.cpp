@@ -16,6 +16,7 @@
 #include <idemkafka/consumer.hpp>
 #include <idemkafka/store.hpp>
 
+#include "charge.hpp"
 #include "cli.hpp"
 #include "order_confirmed.hpp"
 #include "payment_client.hpp"
@@ -149,35 +150,11 @@ try {
 
     {
         pqxx::connection c(cfg.postgres);
-        pqxx::work tx(c);
-        tx.exec("CREATE TABLE IF NOT EXISTS " + charge_table + " ("
-                " id bigserial PRIMARY KEY,"
-                " order_id text NOT NULL,"
-                " customer_id text NOT NULL,"
-                " amount_cents bigint NOT NULL,"
-                " currency text NOT NULL,"
-                " payment_id text NOT NULL,"
-                " idempotency_key uuid NOT NULL,"
-                " charged_at timestamptz NOT NULL DEFAULT now())");
-        tx.commit();
+        billing::create_charge_table(c, charge_table);
     }
 
     billing::SimulatedPaymentProvider payments;
-    Consumer consumer(cfg, billing::decode, billing::event_id_of,
-                      [&payments, insert = "INSERT INTO " + charge_table +
-                                           " (order_id, customer_id, amount_cents, currency, payment_id,"
-                                           " idempotency_key) VALUES ($1, $2, $3, $4, $5, $6::uuid)"](
-                          pqxx::work& tx, const billing::OrderConfirmed& e, const idemkafka::Context& ctx) {
-                          const auto key = ctx.idempotency_key();
-                          const auto payment_id = payments.charge(e.order_id, e.amount_cents, e.currency, key);
-#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
-                          tx.exec(insert, pqxx::params{e.order_id, e.customer_id, e.amount_cents, e.currency,
-                                                       payment_id, key});
-#else // libpqxx before 7.10 has no exec(sql, params)
-                          tx.exec_params(insert, e.order_id, e.customer_id, e.amount_cents, e.currency, payment_id,
-                                         key);
-#endif
-                      });
+    Consumer consumer(cfg, billing::decode, billing::event_id_of, billing::ChargeHandler(payments, charge_table));
 #ifdef BILLING_METRICS_HTTP
     std::optional<MetricsEndpoint> metrics_endpoint;
     if (metrics_port != 0) {
