@@ -5,10 +5,12 @@
 #                     minimum only, the consumer's standard reaches the compiler (checked in main.cpp)
 #   readme            the README's <!-- example:minimal --> block compiles and links against the prefix
 #   testing           tests/package/testing: find_package(idemkafka CONFIG REQUIRED COMPONENTS testing),
-#                     a kit-based handler test (TestBroker, TestDatabase) built and run; and
+#                     a kit-based handler test (TestBroker, TestDatabase) and the README's
+#                     <!-- example:harness --> block (HandlerHarness) built and run; and
 #                     tests/package/unknown_component: an unknown component fails find_package by name
 #   billing           examples/billing built on its own against the prefix (with and without
-#                     the /metrics endpoint), --help of both programs runs
+#                     the /metrics endpoint), --help of both programs runs, its kit-based
+#                     tests (examples/billing/tests) run
 #   add_subdirectory  tests/package/subproject: idemkafka from source creates only its library
 #                     target, a program linked to idemkafka::idemkafka runs
 #   fetchcontent      the same through FetchContent from the local source tree
@@ -81,6 +83,30 @@ function(expect_from_prefix name)
   endif()
 endfunction()
 
+# Writes the ```cpp block between <!-- example:NAME --> and <!-- /example:NAME --> in
+# README.md to OUT: readme_example(<name> <out>).
+function(readme_example name out)
+  set(begin_marker "<!-- example:${name} -->")
+  set(end_marker "<!-- /example:${name} -->")
+  file(READ ${SOURCE_DIR}/README.md readme)
+  string(FIND "${readme}" "${begin_marker}" b)
+  string(FIND "${readme}" "${end_marker}" e)
+  if(b EQUAL -1 OR e EQUAL -1 OR e LESS b)
+    fail("README.md has no '${begin_marker}' ... '${end_marker}' pair around the ${name} example")
+  endif()
+  math(EXPR len "${e} - ${b}")
+  string(SUBSTRING "${readme}" ${b} ${len} block)
+  string(FIND "${block}" "```cpp\n" open)
+  string(FIND "${block}" "\n```" close REVERSE)
+  if(open EQUAL -1 OR close EQUAL -1 OR close LESS open)
+    fail("README.md: no ```cpp block between '${begin_marker}' and '${end_marker}'")
+  endif()
+  math(EXPR from "${open} + 7")
+  math(EXPR len "${close} - ${from} + 1")
+  string(SUBSTRING "${block}" ${from} ${len} code)
+  file(WRITE ${out} "${code}")
+endfunction()
+
 function(begin_check name)
   set(current_check ${name} PARENT_SCOPE)
   set(step_number 0 PARENT_SCOPE)
@@ -151,25 +177,7 @@ endif()
 wanted(readme w)
 if(w)
   begin_check(readme)
-  set(begin_marker "<!-- example:minimal -->")
-  set(end_marker "<!-- /example:minimal -->")
-  file(READ ${SOURCE_DIR}/README.md readme)
-  string(FIND "${readme}" "${begin_marker}" b)
-  string(FIND "${readme}" "${end_marker}" e)
-  if(b EQUAL -1 OR e EQUAL -1 OR e LESS b)
-    fail("README.md has no '${begin_marker}' ... '${end_marker}' pair around the minimal example")
-  endif()
-  math(EXPR len "${e} - ${b}")
-  string(SUBSTRING "${readme}" ${b} ${len} block)
-  string(FIND "${block}" "```cpp\n" open)
-  string(FIND "${block}" "\n```" close REVERSE)
-  if(open EQUAL -1 OR close EQUAL -1 OR close LESS open)
-    fail("README.md: no ```cpp block between '${begin_marker}' and '${end_marker}'")
-  endif()
-  math(EXPR from "${open} + 7")
-  math(EXPR len "${close} - ${from} + 1")
-  string(SUBSTRING "${block}" ${from} ${len} code)
-  file(WRITE ${WORK_DIR}/readme-src/minimal.cpp "${code}")
+  readme_example(minimal ${WORK_DIR}/readme-src/minimal.cpp)
   build_project(readme ${SOURCE_DIR}/tests/package/readme
                 -DCMAKE_PREFIX_PATH=${prefix} -DEXAMPLE_SOURCE=${WORK_DIR}/readme-src/minimal.cpp)
   expect_from_prefix(readme)
@@ -180,9 +188,12 @@ wanted(testing w)
 if(w)
   begin_check(testing)
   # IDEMKAFKA_TEST_PG from the environment when set (CI), else the kit starts its own cluster.
-  build_project(testing ${SOURCE_DIR}/tests/package/testing -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+  readme_example(harness ${WORK_DIR}/readme-src/harness.cpp)
+  build_project(testing ${SOURCE_DIR}/tests/package/testing -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
+                -DHARNESS_EXAMPLE=${WORK_DIR}/readme-src/harness.cpp)
   expect_from_prefix(testing)
   step(${WORK_DIR}/testing/kit_smoke)
+  step(${WORK_DIR}/testing/readme_harness)
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/unknown_component
                           -B ${WORK_DIR}/unknown_component ${configure_args} -DCMAKE_PREFIX_PATH=${prefix}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -199,6 +210,11 @@ if(w)
   expect_from_prefix(billing)
   step(${WORK_DIR}/billing/billing-listener --help)
   step(${WORK_DIR}/billing/billing-producer --help)
+  # Its tests, written with the installed kit (IDEMKAFKA_TEST_PG, else a throwaway cluster).
+  if(NOT EXISTS ${WORK_DIR}/billing/tests/billing-tests)
+    fail("examples/billing built against the prefix did not build its tests (idemkafka::testing or Catch2 not found)")
+  endif()
+  step(${WORK_DIR}/billing/tests/billing-tests)
   # Without cpp-httplib the listener still builds and refuses --metrics-port with a reason.
   build_project(billing ${SOURCE_DIR}/examples/billing -DIDEMKAFKA_BILLING_METRICS=OFF)
   execute_process(COMMAND ${WORK_DIR}/billing/billing-listener --metrics-port 9100
