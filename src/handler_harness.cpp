@@ -78,14 +78,13 @@ struct HarnessCore::Impl {
                            Backoff{milliseconds(1000), milliseconds(30000)}};
     Intake intake{cfg, stage, metrics, log};
     std::vector<TestRecord> dead_letters;
-    DeadLetterer dead_letterer{cfg, ledger, metrics, log,
-                               [this](const std::vector<OutgoingRecord>& records, milliseconds) {
-                                   for (const auto& r : records)
-                                       dead_letters.push_back(TestRecord{
-                                           r.topic, 0, static_cast<std::int64_t>(dead_letters.size()), r.key,
-                                           r.value, r.headers});
-                                   return std::vector<std::string>(records.size()); // all acknowledged
-                               }};
+    DeadLetterer dead_letterer{
+        cfg, ledger, metrics, log, [this](const std::vector<OutgoingRecord>& records, milliseconds) {
+            for (const auto& r : records)
+                dead_letters.push_back(
+                    TestRecord{r.topic, 0, static_cast<std::int64_t>(dead_letters.size()), r.key, r.value, r.headers});
+            return std::vector<std::string>(records.size()); // all acknowledged
+        }};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, no_offsets, ledger, dead_letterer, log,
                                                     [] { return false; }, [] { return false; }, false}};
     Worker worker;
@@ -117,10 +116,10 @@ struct HarnessCore::Impl {
     {
         worker.db = std::make_unique<pqxx::connection>(cfg.postgres);
         if (first) {
-            const auto layout = cfg.create_schema
-                                    ? migrate_schema(*worker.db, SchemaSpec::of(cfg), Maintenance::Existing::keep, log)
-                                          .claims.mode
-                                    : require_schema(*worker.db, SchemaSpec::of(cfg)).front().mode;
+            const auto layout =
+                cfg.create_schema
+                    ? migrate_schema(*worker.db, SchemaSpec::of(cfg), Maintenance::Existing::keep, log).claims.mode
+                    : require_schema(*worker.db, SchemaSpec::of(cfg)).front().mode;
             intake.set_layout(layout);
         }
         claims.prepare(*worker.db);
@@ -235,8 +234,7 @@ struct HarnessCore::Impl {
     }
 };
 
-HarnessCore::HarnessCore(ConsumerConfig config, Stage& stage)
-    : impl_(std::make_unique<Impl>(std::move(config), stage))
+HarnessCore::HarnessCore(ConsumerConfig config, Stage& stage) : impl_(std::make_unique<Impl>(std::move(config), stage))
 {
 }
 

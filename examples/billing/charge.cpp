@@ -5,7 +5,8 @@ namespace billing {
 void create_charge_table(pqxx::connection& db, const std::string& table)
 {
     pqxx::work tx(db);
-    tx.exec("CREATE TABLE IF NOT EXISTS " + table + " ("
+    tx.exec("CREATE TABLE IF NOT EXISTS " + table +
+            " ("
             " id bigserial PRIMARY KEY,"
             " order_id text NOT NULL,"
             " customer_id text NOT NULL,"
@@ -18,10 +19,9 @@ void create_charge_table(pqxx::connection& db, const std::string& table)
 }
 
 ChargeHandler::ChargeHandler(PaymentClient& payments, const std::string& table)
-    : payments_(&payments),
-      insert_("INSERT INTO " + table +
-              " (order_id, customer_id, amount_cents, currency, payment_id, idempotency_key)"
-              " VALUES ($1, $2, $3, $4, $5, $6::uuid)")
+    : payments_(&payments), insert_("INSERT INTO " + table +
+                                    " (order_id, customer_id, amount_cents, currency, payment_id, idempotency_key)"
+                                    " VALUES ($1, $2, $3, $4, $5, $6::uuid)")
 {
 }
 

@@ -56,11 +56,10 @@ IDEMKAFKA_API std::string_view to_string(DeliveryOutcome outcome) noexcept;
 
 /// The outcome of one delivery of one record.
 struct Delivery {
-    DeliveryOutcome outcome = DeliveryOutcome::processed;
-    /// The record's coordinates in the harness.
-    std::string topic;
-    std::int32_t partition = 0;
-    std::int64_t offset = 0;
+    DeliveryOutcome outcome = DeliveryOutcome::processed; ///< how it ended
+    std::string topic;                                    ///< the record's topic in the harness
+    std::int32_t partition = 0;                           ///< its partition
+    std::int64_t offset = 0; ///< its offset: a new one per record, the same one on a redelivery
     /// The event id the decoder returned; nil when it returned none (decode
     /// error, missing or invalid id, empty payload).
     EventId event_id;
@@ -80,8 +79,8 @@ struct Delivery {
 
 /// The two deliveries of deliver_twice() and deliver_with_crash_after_commit().
 struct DeliveryPair {
-    Delivery first;
-    Delivery second;
+    Delivery first;  ///< the first delivery
+    Delivery second; ///< the second: the re-sent record, or the redelivery after the crash
 };
 
 namespace detail {
@@ -99,13 +98,21 @@ public:
     HarnessCore(const HarnessCore&) = delete;
     HarnessCore& operator=(const HarnessCore&) = delete;
 
+    /// HandlerHarness::deliver().
     Delivery deliver(const TestMessage& message);
+    /// HandlerHarness::redeliver().
     Delivery redeliver();
+    /// HandlerHarness::deliver_twice().
     DeliveryPair deliver_twice(const TestMessage& message);
+    /// HandlerHarness::deliver_with_crash_after_commit().
     DeliveryPair deliver_with_crash_after_commit(const TestMessage& message);
+    /// HandlerHarness::deliver_until_dead_letter().
     std::vector<Delivery> deliver_until_dead_letter(const TestMessage& message);
+    /// HandlerHarness::dead_letters().
     const std::vector<TestRecord>& dead_letters() const noexcept;
+    /// HandlerHarness::metrics().
     const Metrics& metrics() const noexcept;
+    /// HandlerHarness::config().
     const ConsumerConfig& config() const noexcept;
 
 private:
@@ -137,10 +144,11 @@ private:
 /// dead_letter_topic, log. brokers and topics may be left empty; the
 /// maintenance thread, the outbox relay, hooks and offsets_in_database
 /// are not used (there are no Kafka positions to keep).
-template <class Event>
-class HandlerHarness {
+template <class Event> class HandlerHarness {
 public:
+    /// As IdempotentConsumer<Event>::Decoder.
     using Decoder = typename IdempotentConsumer<Event>::Decoder;
+    /// As IdempotentConsumer<Event>::EventIdOf.
     using EventIdOf = typename IdempotentConsumer<Event>::EventIdOf;
 
     /// Takes the decoder, id function and handler exactly as
@@ -158,6 +166,8 @@ public:
 
     HandlerHarness(const HandlerHarness&) = delete;
     HandlerHarness& operator=(const HandlerHarness&) = delete;
+    /// Closes its PostgreSQL connection; the rows it committed stay.
+    ~HandlerHarness() = default;
 
     /// Delivers `message` once, as a new record (the next offset of its
     /// partition): decode, screening, claim, handler, COMMIT; returns the

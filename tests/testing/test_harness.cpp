@@ -73,7 +73,10 @@ struct Fixture {
     TestDatabase db;
     std::vector<int> attempts; // Context::attempt() of each handler call
 
-    Fixture() { db.exec("CREATE TABLE charge (seq bigserial PRIMARY KEY, event_id uuid NOT NULL, amount bigint NOT NULL)"); }
+    Fixture()
+    {
+        db.exec("CREATE TABLE charge (seq bigserial PRIMARY KEY, event_id uuid NOT NULL, amount bigint NOT NULL)");
+    }
 
     ConsumerConfig config(int max_attempts = 5) const
     {
@@ -103,9 +106,9 @@ struct Fixture {
     }
     std::int64_t claims_of(const EventId& id) const
     {
-        return db.scalar(fmt::format(
-            "SELECT count(*) FROM processed_event WHERE consumer_group = 'billing' AND event_id = '{}'",
-            id.to_string()));
+        return db.scalar(
+            fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = 'billing' AND event_id = '{}'",
+                        id.to_string()));
     }
 };
 
@@ -158,8 +161,8 @@ TEST_CASE("HandlerHarness: a NonRetryableError is dead-lettered at once with non
 {
     Fixture f;
     HandlerHarness<Charge> h(f.config(), decode, event_id_of, f.handler([](const Charge&, const Context&) {
-                                 throw idemkafka::NonRetryableError("card declined for good");
-                             }));
+        throw idemkafka::NonRetryableError("card declined for good");
+    }));
     const auto payload = charge_payload(500);
 
     const auto d = h.deliver(payload);
@@ -237,8 +240,8 @@ TEST_CASE("HandlerHarness: a retryable failure counts attempts and is dead-lette
 {
     Fixture f;
     HandlerHarness<Charge> h(f.config(3), decode, event_id_of, f.handler([](const Charge&, const Context& ctx) {
-                                 throw std::runtime_error(fmt::format("provider timeout {}", ctx.attempt()));
-                             }));
+        throw std::runtime_error(fmt::format("provider timeout {}", ctx.attempt()));
+    }));
     const auto payload = charge_payload(700);
 
     const auto ds = h.deliver_until_dead_letter(payload);
@@ -272,9 +275,9 @@ TEST_CASE("HandlerHarness: a handler that fails once succeeds on redelivery, wit
 {
     Fixture f;
     HandlerHarness<Charge> h(f.config(), decode, event_id_of, f.handler([](const Charge&, const Context& ctx) {
-                                 if (ctx.attempt() == 1)
-                                     throw std::runtime_error("connection reset by the provider");
-                             }));
+        if (ctx.attempt() == 1)
+            throw std::runtime_error("connection reset by the provider");
+    }));
     const auto payload = charge_payload(900);
 
     const auto first = h.deliver(payload);
@@ -339,16 +342,15 @@ TEST_CASE("HandlerHarness: a batch handler, a record's headers and key reach the
 {
     Fixture f;
     std::vector<std::string> seen;
-    HandlerHarness<Charge> h(f.config(), decode, event_id_of,
-                             [&](pqxx::work& tx, const idemkafka::Batch<Charge>& batch) {
-                                 for (const auto& [c, ctx] : batch) {
-                                     seen.push_back(std::string(ctx.key().value_or("<null>")) + "/" +
-                                                    std::string(ctx.header("tenant").value_or("<none>")) + "/" +
-                                                    std::string(ctx.topic()));
-                                     tx.exec(fmt::format("INSERT INTO charge (event_id, amount) VALUES ('{}', {})",
-                                                         c.id.to_string(), c.amount));
-                                 }
-                             });
+    HandlerHarness<Charge> h(
+        f.config(), decode, event_id_of, [&](pqxx::work& tx, const idemkafka::Batch<Charge>& batch) {
+            for (const auto& [c, ctx] : batch) {
+                seen.push_back(std::string(ctx.key().value_or("<null>")) + "/" +
+                               std::string(ctx.header("tenant").value_or("<none>")) + "/" + std::string(ctx.topic()));
+                tx.exec(
+                    fmt::format("INSERT INTO charge (event_id, amount) VALUES ('{}', {})", c.id.to_string(), c.amount));
+            }
+        });
     TestMessage m;
     m.value = charge_payload(10);
     m.key = "account-7";

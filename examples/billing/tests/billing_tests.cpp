@@ -225,7 +225,7 @@ TEST_CASE("a full run through TestBroker: 1,000 orders, 10% re-sent, each charge
     cfg.topics = {topic};
     broker.configure(cfg);
     idemkafka::IdempotentConsumer<billing::OrderConfirmed> consumer(cfg, billing::decode, billing::event_id_of,
-                                                                     billing::ChargeHandler(b.payments, "charge"));
+                                                                    billing::ChargeHandler(b.payments, "charge"));
     std::exception_ptr failed;
     std::thread run([&] {
         try {
@@ -235,7 +235,9 @@ TEST_CASE("a full run through TestBroker: 1,000 orders, 10% re-sent, each charge
         }
     });
     const bool drained = wait_until(
-        [&] { return failed || consumer.metrics().snapshot().consumed >= static_cast<std::uint64_t>(orders + resends); },
+        [&] {
+            return failed || consumer.metrics().snapshot().consumed >= static_cast<std::uint64_t>(orders + resends);
+        },
         60s);
     consumer.stop();
     run.join();
