@@ -201,7 +201,7 @@ struct HarnessCore::Impl {
             d.error = it.error;
             d.attempt = it.attempts;
             d.dead_letter = dead_letters.back();
-        } else if (worker.holds.covers(ps, offset)) {
+        } else if (worker.holds.covers(ps, offset, it.record.key)) { // held, or its key parked (Ordering::key)
             d.outcome = DeliveryOutcome::failed;
             d.error = it.error;
             return d; // not completed: the record comes again

@@ -393,3 +393,24 @@ TEST_CASE("HandlerHarness: configuration and database errors are exceptions", "[
     cfg.group_id = "billing";
     CHECK_THROWS_AS(HandlerHarness<Charge>(cfg, decode, id, noop), idemkafka::DatabaseError);
 }
+
+TEST_CASE("HandlerHarness: with Ordering::key a failing record is failed too (its key parked)", "[testing][harness]")
+{
+    Fixture f;
+    auto cfg = f.config(2);
+    cfg.ordering = idemkafka::Ordering::key;
+    HandlerHarness<Charge> h(cfg, decode, event_id_of, f.handler([](const Charge&, const Context& ctx) {
+        if (ctx.attempt() == 1)
+            throw std::runtime_error("busy");
+    }));
+    TestMessage m;
+    m.value = charge_payload(8);
+    m.key = "account-8";
+    const auto ds = h.deliver_until_dead_letter(m);
+    REQUIRE(ds.size() == 2);
+    CHECK(ds[0].outcome == DeliveryOutcome::failed);
+    CHECK(ds[0].error == "busy");
+    CHECK(ds[1].outcome == DeliveryOutcome::processed);
+    CHECK(ds[1].attempt == 2);
+    CHECK(f.effects() == 1);
+}
