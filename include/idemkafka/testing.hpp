@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -206,6 +207,11 @@ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
+
+/// Calls `done` every 20 ms until it returns true or `timeout` has passed;
+/// returns its last answer. For awaiting what a consumer running on another
+/// thread does (a count of effects, a metric), instead of sleeping.
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
 // HandlerHarness<Event> (deliver, deliver twice, crash after the database
 // commit, until the dead letter; without Kafka) is in

@@ -21,6 +21,7 @@
 #include <idemkafka/testing.hpp>
 
 #include "catch_compat.hpp"
+#include "charge_event.hpp"
 
 namespace {
 
@@ -34,33 +35,10 @@ using idemkafka::HandlerHarness;
 using idemkafka::TestDatabase;
 using idemkafka::TestMessage;
 
-// "charge:<event id>:<amount>"
-struct Charge {
-    EventId id;
-    std::int64_t amount = 0;
-};
-
-std::string encode(const Charge& c)
-{
-    return fmt::format("charge:{}:{}", c.id.to_string(), c.amount);
-}
-
-Charge decode(std::string_view payload)
-{
-    constexpr std::string_view prefix = "charge:";
-    const auto colon = payload.rfind(':');
-    if (payload.substr(0, prefix.size()) != prefix || colon == std::string_view::npos || colon < prefix.size())
-        throw idemkafka::DecodeError("not a charge");
-    Charge c;
-    c.id = EventId::parse(payload.substr(prefix.size(), colon - prefix.size()));
-    c.amount = std::stoll(std::string(payload.substr(colon + 1)));
-    return c;
-}
-
-EventId event_id_of(const Charge& c)
-{
-    return c.id;
-}
+using kit_test::Charge;
+using kit_test::decode;
+using kit_test::encode;
+using kit_test::event_id_of;
 
 std::string charge_payload(std::int64_t amount)
 {

@@ -28,6 +28,7 @@
 #include <idemkafka/testing.hpp>
 
 #include "catch_compat.hpp"
+#include "charge_event.hpp"
 
 using namespace std::chrono_literals;
 
@@ -38,50 +39,17 @@ using idemkafka::Context;
 using idemkafka::EventId;
 using idemkafka::TestBroker;
 using idemkafka::TestDatabase;
+using idemkafka::wait_until;
 
-// The event under test: "charge:<event id>:<amount>".
-struct Charge {
-    EventId id;
-    std::int64_t amount = 0;
-};
-
-std::string encode(const Charge& c)
-{
-    return fmt::format("charge:{}:{}", c.id.to_string(), c.amount);
-}
-
-Charge decode(std::string_view payload)
-{
-    constexpr std::string_view prefix = "charge:";
-    const auto colon = payload.rfind(':');
-    if (payload.substr(0, prefix.size()) != prefix || colon < prefix.size())
-        throw idemkafka::DecodeError("not a charge");
-    Charge c;
-    c.id = EventId::parse(payload.substr(prefix.size(), colon - prefix.size()));
-    c.amount = std::stoll(std::string(payload.substr(colon + 1)));
-    return c;
-}
-
-EventId event_id_of(const Charge& c)
-{
-    return c.id;
-}
+using kit_test::Charge;
+using kit_test::decode;
+using kit_test::encode;
+using kit_test::event_id_of;
 
 std::string unique(std::string_view prefix)
 {
     static std::atomic<int> counter{0};
     return fmt::format("{}_{}_{}", prefix, static_cast<long>(getpid()), counter++);
-}
-
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout)
-{
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!done()) {
-        if (std::chrono::steady_clock::now() >= deadline)
-            return done();
-        std::this_thread::sleep_for(20ms);
-    }
-    return true;
 }
 
 using Consumer = idemkafka::IdempotentConsumer<Charge>;

@@ -37,6 +37,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using idemkafka::DeadLetterReason;
+using idemkafka::wait_until;
 using idemkafka::DeliveryOutcome;
 
 billing::OrderConfirmed order(int n)
@@ -102,17 +103,6 @@ private:
     billing::PaymentClient& inner_;
     bool lost_ = false;
 };
-
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout)
-{
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!done()) {
-        if (std::chrono::steady_clock::now() >= deadline)
-            return done();
-        std::this_thread::sleep_for(20ms);
-    }
-    return true;
-}
 
 } // namespace
 
