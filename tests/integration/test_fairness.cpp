@@ -116,13 +116,16 @@ void check_mixed(BatchPartitions& seen, std::size_t max_batch, int partitions, s
     CHECK(counted == total); // every handler call belongs to exactly one committed transaction
     REQUIRE(full > 0);
     // One partition at a time, a batch of 100 would hold 1 or 2 partitions
-    // (runs are longer than a batch); round-robin across the ones held, it
-    // takes most of them. The first batches may come before a fetch brought
-    // every partition, so: on average, and in 3 of 4 full batches.
+    // (runs are longer than a batch: a mean of about 1.7, and next to no
+    // batch with half of them); round-robin across the ones held, it takes
+    // most of them. Which partitions a fetch brings, and when, is the
+    // client's choice (under load some come a fetch later), so the bounds
+    // leave room for that and stay far from the one-at-a-time figures: a
+    // mean of 3 of the 8, and half of them in half of the full batches.
     const double mean = static_cast<double>(parts_in_full) / static_cast<double>(full);
     CAPTURE(full, mixed, mean);
-    CHECK(mean >= partitions / 2.0);
-    CHECK(mixed * 4 >= full * 3);
+    CHECK(mean >= partitions * 3 / 8.0);
+    CHECK(mixed * 2 >= full);
 }
 
 } // namespace
