@@ -41,7 +41,6 @@
 #include "idemkafka/outbox.hpp"
 #include "idemkafka/redact.hpp"
 #include "idemkafka/retention.hpp"
-#include "idemkafka/schema.hpp"
 #include "idemkafka/store.hpp"
 #include "intake.hpp"
 #include "kafka/consumer.hpp"
@@ -189,14 +188,10 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     void connect(Worker& w, bool first)
     {
         w.db = std::make_unique<pqxx::connection>(cfg.postgres);
-        // The one schema definition (idemkafka/schema.hpp): created here, or,
-        // when a DBA manages it, checked so that a missing table fails now.
-        if (first && cfg.create_schema)
-            layout = migrate_schema(*w.db, SchemaSpec::of(cfg), Maintenance::Existing::keep, log).claims.mode;
-        else if (first)
-            layout = require_schema(*w.db, SchemaSpec::of(cfg)).front().mode;
-        if (first)
+        if (first) {
+            layout = claims.settle_schema(*w.db);
             intake.set_layout(layout);
+        }
         claims.prepare(*w.db);
     }
 

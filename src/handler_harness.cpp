@@ -17,7 +17,6 @@
 #include "dead_letterer.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
-#include "idemkafka/schema.hpp"
 #include "idemkafka/store.hpp"
 #include "intake.hpp"
 #include "ledger.hpp"
@@ -115,13 +114,8 @@ struct HarnessCore::Impl {
     void connect(bool first)
     {
         worker.db = std::make_unique<pqxx::connection>(cfg.postgres);
-        if (first) {
-            const auto layout =
-                cfg.create_schema
-                    ? migrate_schema(*worker.db, SchemaSpec::of(cfg), Maintenance::Existing::keep, log).claims.mode
-                    : require_schema(*worker.db, SchemaSpec::of(cfg)).front().mode;
-            intake.set_layout(layout);
-        }
+        if (first)
+            intake.set_layout(claims.settle_schema(*worker.db));
         claims.prepare(*worker.db);
     }
 

@@ -7,8 +7,9 @@ namespace idemkafka::detail {
 
 void Parking::hold(PartitionState* ps, const KeyId& key, Clock::time_point until)
 {
-    auto& k = by_partition_[ps][key];
-    k.until = std::max(k.until, until);
+    auto [k, fresh] = by_partition_[ps].try_emplace(key);
+    keys_ += fresh ? 1 : 0;
+    k->second.until = std::max(k->second.until, until);
 }
 
 bool Parking::parked(PartitionState* ps, std::optional<std::string_view> key) const
@@ -19,7 +20,9 @@ bool Parking::parked(PartitionState* ps, std::optional<std::string_view> key) co
 
 void Parking::add(Item&& it)
 {
-    auto& k = by_partition_[it.part][key_id(it.record.key)];
+    auto [slot, new_key] = by_partition_[it.part].try_emplace(key_id(it.record.key));
+    keys_ += new_key ? 1 : 0; // parked() said so already; counted all the same
+    auto& k = slot->second;
     PartitionLedger::park(*it.part, it.record.offset);
     records_ += 1;
     bytes_ += it.bytes();
@@ -57,6 +60,7 @@ void Parking::take_due(Clock::time_point now, std::vector<Item>& out)
                 out.push_back(std::move(it));
             }
             k = keys.erase(k);
+            --keys_;
         }
         p = keys.empty() ? by_partition_.erase(p) : std::next(p);
     }
@@ -83,6 +87,7 @@ void Parking::drop(PartitionState* ps)
     for (auto& [key, k] : p->second)
         for (auto& [offset, it] : k.records)
             forget(it);
+    keys_ -= p->second.size();
     by_partition_.erase(p);
 }
 
@@ -112,12 +117,5 @@ PartitionState* Parking::fullest() const
     return out;
 }
 
-std::size_t Parking::keys() const noexcept
-{
-    std::size_t n = 0;
-    for (const auto& [ps, keys] : by_partition_)
-        n += keys.size();
-    return n;
-}
 
 } // namespace idemkafka::detail

@@ -50,7 +50,7 @@ public:
     std::size_t records() const noexcept { return records_; }
     std::size_t bytes() const noexcept { return bytes_; }
     /// Keys parked now, over every partition.
-    std::size_t keys() const noexcept;
+    std::size_t keys() const noexcept { return keys_; }
     bool empty() const noexcept { return by_partition_.empty(); }
 
 private:
@@ -66,6 +66,7 @@ private:
     std::size_t max_bytes_;
     std::size_t records_ = 0;
     std::size_t bytes_ = 0;
+    std::size_t keys_ = 0;
     std::map<PartitionState*, Keys> by_partition_;
 };
 

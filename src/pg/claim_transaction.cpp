@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "idemkafka/error.hpp"
+#include "idemkafka/schema.hpp"
 #include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
@@ -27,6 +28,14 @@ void Worker::reset(const Holds& initial)
     info = BatchInfo{};
     failed = lost_connection = abandoned = one_by_one = false;
     error = nullptr;
+}
+
+RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
+{
+    const auto spec = SchemaSpec::of(s_.cfg);
+    if (s_.cfg.create_schema)
+        return migrate_schema(db, spec, Maintenance::Existing::keep, s_.log).claims.mode;
+    return require_schema(db, spec).front().mode;
 }
 
 void ClaimTransaction::prepare(pqxx::connection& db) const

@@ -79,6 +79,12 @@ public:
 
     explicit ClaimTransaction(Setup setup) : s_(std::move(setup)) {}
 
+    /// On the first connection: the one schema definition
+    /// (idemkafka/schema.hpp) is created (ConsumerConfig::create_schema) or,
+    /// when a DBA manages it, checked so that a missing table fails now.
+    /// Returns the claims table's layout as found.
+    RetentionMode settle_schema(pqxx::connection& db) const;
+
     /// Prepares a worker's new connection: the claim statement, lock_timeout,
     /// and (libpqxx 6) read-only by default.
     void prepare(pqxx::connection& db) const;
