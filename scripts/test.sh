@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds idemkafka, starts a throwaway PostgreSQL and the mock Kafka cluster, runs the tests.
+# Builds idemkafka, starts a throwaway PostgreSQL, runs the tests side by side (each test that
+# needs Kafka starts its own mock cluster: tests/support/run_isolated.sh), and prints the
+# slowest ten tests and the lane's test time.
 #
 #   scripts/test.sh                 all labels, Debian lane
 #   scripts/test.sh -L unit         extra arguments go to ctest
@@ -12,7 +14,8 @@
 #
 # Environment: BUILD_DIR (overrides the lane's build dir), IDEMKAFKA_CMAKE_ARGS (extra configure
 # arguments, split on spaces), IDEMKAFKA_TEST_PG / IDEMKAFKA_TEST_BROKERS to use existing
-# services instead of starting them, IDEMKAFKA_MOCK_BROKERS (mock cluster size, default 1).
+# services instead of starting them, IDEMKAFKA_MOCK_BROKERS (mock cluster size, default 1),
+# IDEMKAFKA_TEST_JOBS (tests at a time, default 6; a -j among the ctest arguments wins).
 set -euo pipefail
 
 lane=debian
@@ -60,14 +63,27 @@ ik_log "lane $lane: ${versions:-versions unknown}"
 ik_log "starting PostgreSQL"
 ik_start_postgres
 
-ik_log "starting the mock Kafka cluster"
-ik_start_broker --brokers "${IDEMKAFKA_MOCK_BROKERS:-1}"
+# No lane-wide broker: each test that needs Kafka runs through tests/support/run_isolated.sh,
+# which starts a mock cluster of its own (and a database of its own), so tests run side by
+# side. IDEMKAFKA_TEST_BROKERS, when set, names a broker every test then shares.
+export IDEMKAFKA_MOCK_BROKER_BIN="$BUILD_DIR/tools/idemkafka-mock-broker"
 
-ik_log "running tests (lane $lane)"
+# Most tests wait on timers, rebalances and the broker, so more of them run at once than
+# there are cores; the CPU-heavy ones (package, fuzz, bench) claim more slots (PROCESSORS).
+jobs="${IDEMKAFKA_TEST_JOBS:-6}"
+ik_log "running tests (lane $lane, $jobs at a time)"
+log="$BUILD_DIR/ctest-$lane.log"
 status=0
-(cd "$BUILD_DIR" && ctest --output-on-failure --no-tests=error "$@") || status=$?
+started=$(date +%s)
+(cd "$BUILD_DIR" && ctest --output-on-failure --no-tests=error -j "$jobs" "$@") 2>&1 | tee "$log" ||
+    status=${PIPESTATUS[0]}
+ended=$(date +%s)
 if [ "$status" -ne 0 ]; then
     ik_show_logs
 fi
-ik_log "lane $lane: ctest exited with $status"
+# The budget in every log: the slowest ten tests of this run, and the lane's test time.
+printf '==> slowest tests (lane %s):\n' "$lane"
+sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" |
+    sort -rn | head -n 10 | awk '{ printf "    %8.1f s  %s\n", $1, $2 }'
+ik_log "lane $lane: tests took $((ended - started)) s; ctest exited with $status"
 exit "$status"

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Runs one test program with services of its own, so that CTest can run tests side by side
+# (ctest -j) without one test's broker faults, tables or server restart reaching another:
+#
+#   - a mock Kafka cluster of its own (idemkafka-mock-broker), unless IDEMKAFKA_TEST_BROKERS
+#     names a broker (a real one: then the tests share it, as they would share any cluster);
+#   - a database of its own on the PostgreSQL server IDEMKAFKA_TEST_PG names, created here and
+#     dropped afterwards; with --own-postgres, or when IDEMKAFKA_TEST_PG is not set, a throwaway
+#     server of its own (IDEMKAFKA_TEST_PG_RESTART then restarts that server only; a test on
+#     the shared server never gets IDEMKAFKA_TEST_PG_RESTART).
+#
+#   run_isolated.sh --name NAME --broker-bin PATH [--own-postgres] -- PROGRAM [ARG...]
+#
+# The program's exit status is this script's. On a failure the tails of the services' logs
+# follow the program's output. Environment: IDEMKAFKA_MOCK_BROKERS (mock cluster size,
+# default 1), as for scripts/test.sh.
+set -euo pipefail
+
+name=""
+broker_bin=""
+own_postgres=0
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --name)
+            name="${2:?--name needs a value}"
+            shift 2
+            ;;
+        --broker-bin)
+            broker_bin="${2:?--broker-bin needs a path}"
+            shift 2
+            ;;
+        --own-postgres)
+            own_postgres=1
+            shift
+            ;;
+        --)
+            shift
+            break
+            ;;
+        *)
+            printf 'run_isolated.sh: unknown argument "%s"\n' "$1" >&2
+            exit 2
+            ;;
+    esac
+done
+[ "$#" -gt 0 ] || {
+    printf 'run_isolated.sh: no program to run (after --)\n' >&2
+    exit 2
+}
+[ -n "$name" ] || {
+    printf 'run_isolated.sh: --name is required\n' >&2
+    exit 2
+}
+
+IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=scripts/lib.sh
+source "$IK_ROOT/scripts/lib.sh"
+
+# PostgreSQL: a server of our own, or a database of our own on the shared one.
+isolated_db=""
+shared_pg=""
+if [ "$own_postgres" -eq 1 ] || [ -z "${IDEMKAFKA_TEST_PG:-}" ]; then
+    unset IDEMKAFKA_TEST_PG IDEMKAFKA_TEST_PG_RESTART
+    ik_start_postgres >/dev/null
+else
+    unset IDEMKAFKA_TEST_PG_RESTART
+    shared_pg="$IDEMKAFKA_TEST_PG"
+    # A name PostgreSQL keeps whole (63 bytes), unique on this machine for this run.
+    isolated_db="$(printf 'ik_%s' "$name" | tr -c 'a-zA-Z0-9_' '_' | cut -c1-40)_$$_$RANDOM"
+    "$(ik_pg_bin)/psql" -X -q -v ON_ERROR_STOP=1 -d "$shared_pg" -c "CREATE DATABASE \"$isolated_db\"" ||
+        ik_die "could not create database $isolated_db on '$shared_pg'"
+    case "$shared_pg" in
+        postgres://* | postgresql://*)
+            # Query parameters come after the path, so this dbname wins.
+            case "$shared_pg" in
+                *\?*) IDEMKAFKA_TEST_PG="$shared_pg&dbname=$isolated_db" ;;
+                *) IDEMKAFKA_TEST_PG="$shared_pg?dbname=$isolated_db" ;;
+            esac
+            ;;
+        *) IDEMKAFKA_TEST_PG="$shared_pg dbname=$isolated_db" ;; # the last dbname wins
+    esac
+    export IDEMKAFKA_TEST_PG
+fi
+
+drop_isolated_db() {
+    if [ -n "$isolated_db" ]; then
+        "$(ik_pg_bin)/psql" -X -q -d "$shared_pg" -c "DROP DATABASE IF EXISTS \"$isolated_db\" WITH (FORCE)" ||
+            ik_warn "could not drop database $isolated_db"
+        isolated_db=""
+    fi
+}
+
+# Also when a timeout or a signal ends this script (lib.sh's trap turns INT/TERM into an exit).
+on_exit() {
+    local status=$?
+    drop_isolated_db || true
+    ik_cleanup || true
+    exit "$status"
+}
+trap on_exit EXIT
+
+# Kafka: a mock cluster of our own, unless a broker is named.
+if [ -z "${IDEMKAFKA_TEST_BROKERS:-}" ]; then
+    [ -n "$broker_bin" ] && export IDEMKAFKA_MOCK_BROKER_BIN="$broker_bin"
+    unset IDEMKAFKA_MOCK_CONTROL
+    ik_start_broker --brokers "${IDEMKAFKA_MOCK_BROKERS:-1}" >/dev/null
+fi
+
+status=0
+"$@" || status=$?
+if [ "$status" -ne 0 ]; then
+    ik_show_logs
+fi
+exit "$status"
