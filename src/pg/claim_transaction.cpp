@@ -19,6 +19,9 @@ constexpr const char* claim_statement = "idemkafka_claim";
 // Thrown inside the transaction to abandon it on a forced stop.
 struct Abandon {};
 
+// Thrown before COMMIT when the transaction is not the one the claim began.
+struct Replaced {};
+
 } // namespace
 
 void Worker::reset(const Holds& initial)
@@ -40,7 +43,8 @@ RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
 
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
-    db.prepare(claim_statement, pg::claim_sql(s_.store));
+    pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
+    db.prepare(claim_statement, pg::commit_guard_cte() + pg::claim_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
 }
@@ -184,21 +188,40 @@ bool ClaimTransaction::call_handler(std::size_t blame, Failure& failure, Call&& 
 }
 
 // After a handler call that returned normally: a transaction it left aborted
-// or ended (it caught a database error and went on) is that record's
-// failure. Its writes go with the rollback; none of them was committed (see
-// pg::guard_session for libpqxx 6).
+// (it caught a database error and went on), ended (ROLLBACK, or a COMMIT the
+// commit guard refused) or replaced (ROLLBACK; BEGIN) is that record's
+// failure. Its writes go with the rollback; none of them was committed (the
+// commit guard, and read-only outside the library's transactions: see
+// pg::guard_session).
 bool ClaimTransaction::left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame,
                                    Failure& failure)
 {
     const auto state = pg::state_of(tx);
-    if (state == pg::TxState::open)
+    if (state == pg::TxState::open && !pg::replaced(tx))
         return true;
     if (state == pg::TxState::unknown && !w.db->is_open())
         throw pqxx::broken_connection("connection lost inside the handler");
     s_.metrics.handler_aborted_transactions.add();
-    failure = {blame,
-               "transaction aborted inside the handler: it returned normally with the " + pg::left_unusable(tx, state),
-               true};
+    const auto last = pg::last_error(tx);
+    std::string what;
+    if (state == pg::TxState::open)
+        what = fmt::format("{}: it ended the transaction and began another (ROLLBACK; BEGIN, ROLLBACK AND CHAIN or "
+                           "the like) and returned normally; both are rolled back",
+                           pg::transaction_ended);
+    else if (last.find(pg::transaction_ended) != std::string::npos)
+        what = last + " (the handler caught the error and returned normally)";
+    else if (state == pg::TxState::ended && last.empty() && pg::rollback_on_failed_statement)
+        // libpqxx 6 rolls back on the first failed statement: a caught error looks the same.
+        what = "transaction aborted or ended inside the handler: it caught a database error (libpqxx 6 then rolls "
+               "the transaction back), or ran ROLLBACK, ABORT or a COMMIT the library refused, and returned normally; "
+               "everything of the transaction is rolled back";
+    else if (state == pg::TxState::ended && last.empty())
+        what = fmt::format("{}: it ran ROLLBACK or ABORT (or a COMMIT the library refused, and caught the error) and "
+                           "returned normally; everything of the transaction is rolled back",
+                           pg::transaction_ended);
+    else
+        what = "transaction aborted inside the handler: it returned normally with the " + pg::left_unusable(tx, state);
+    failure = {blame, std::move(what), true};
     return false;
 }
 
@@ -347,6 +370,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             write_positions(tx, positions_of(w, b));
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
+        if (!pg::arm_commit(tx))
+            throw Replaced{};
         if (s_.revoked())
             throw Abandon{};
         tx.commit();
@@ -355,6 +380,17 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
         return Outcome::committed;
     } catch (const Abandon&) {
         return Outcome::abandoned;
+    } catch (const Replaced&) {
+        // A handler ended the transaction and began another, on a server that
+        // does not report it at once (before PostgreSQL 14): which handler is
+        // unknown. Nothing commits; the batch runs again after a backoff.
+        s_.metrics.handler_aborted_transactions.add();
+        s_.metrics.db_failures.add();
+        say(s_.log, LogLevel::error, {},
+            "{}: a handler of this batch ended the transaction and began another (ROLLBACK; BEGIN?); both are rolled "
+            "back and the batch runs again after a backoff. PostgreSQL 14 or later names the record",
+            pg::transaction_ended);
+        return Outcome::db_failed;
     } catch (const Fenced&) {
         w.fenced = true;
         return Outcome::abandoned;
@@ -378,6 +414,16 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
         failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
         return Outcome::conflict;
     } catch (const pqxx::sql_error& e) {
+        if (current == nobody && (e.sqlstate() == "42P01" || e.sqlstate() == "26000")) {
+            // The session lost what prepare() gave it (the guard table, the
+            // claim statement): libpqxx 6 reconnected by itself, or a handler
+            // ran DISCARD. A new connection gets them again.
+            s_.metrics.db_failures.add();
+            say(s_.log, LogLevel::error, error_field(e.what()),
+                "the PostgreSQL session lost the library's setup; reconnecting: {}", e.what());
+            w.lost_connection = true;
+            return Outcome::db_failed;
+        }
         if (!pg::is_lock_timeout(e))
             return db_error(w, e);
         s_.metrics.lock_timeouts.add();
@@ -470,11 +516,18 @@ void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
     try {
         pqxx::work tx(db);
         pg::open_for_writes(tx);
+        pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
         outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
+        if (pg::replaced(tx))
+            throw std::runtime_error(fmt::format("{}: the hook ended the transaction and began another",
+                                                 pg::transaction_ended));
         if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
             pg::exec_prepared(tx, claim_statement, pg::uuid_array({it.id}), s_.cfg.group_id);
+        if (!pg::arm_commit(tx))
+            throw std::runtime_error(fmt::format("{}: the hook ended the transaction and began another",
+                                                 pg::transaction_ended));
         tx.commit();
     } catch (const std::exception& e) {
         const int failures = s_.ledger.count_failure(*it.part, it.record.offset);

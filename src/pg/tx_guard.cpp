@@ -1,5 +1,9 @@
 #include "pg/tx_guard.hpp"
 
+#include "pg/exec.hpp"
+
+#include <cstring>
+
 #include <libpq-fe.h>
 
 #include <fmt/format.h>
@@ -84,6 +88,14 @@ void set_session(pqxx::connection& conn, const std::string& name, const std::str
     // Kept by libpqxx 6 across its automatic reconnects.
     conn.set_variable(name, value);
 }
+#else
+void set_session(pqxx::connection& conn, const std::string& name, const std::string& value)
+{
+    pqxx::nontransaction tx(conn);
+    tx.exec("SET " + tx.quote_name(name) + " = " + tx.quote(value));
+    tx.commit();
+}
+#endif
 
 void guard_session(pqxx::connection& conn)
 {
@@ -94,16 +106,69 @@ void open_for_writes(pqxx::dbtransaction& tx)
 {
     tx.exec("SET TRANSACTION READ WRITE");
 }
-#else
-void set_session(pqxx::connection& conn, const std::string& name, const std::string& value)
+
+namespace {
+
+constexpr const char* guard_table = "pg_temp.idemkafka_commit_guard";
+constexpr const char* commit_setting = "idemkafka.commit";
+constexpr const char* arm_statement = "idemkafka_arm_commit"; // prepared: it runs in every claim transaction
+
+} // namespace
+
+void install_commit_guard(pqxx::connection& conn)
 {
+    // Session objects: nothing in the database's schemas, nothing to migrate,
+    // gone with the session. One row, updated once per guarded transaction
+    // with its id (a heap-only update: the table stays one page, nothing is
+    // truncated at COMMIT); the trigger fires once per such transaction, at
+    // COMMIT or PREPARE TRANSACTION. arm_commit() sets the transaction-local
+    // setting it asks for.
     pqxx::nontransaction tx(conn);
-    tx.exec("SET " + tx.quote_name(name) + " = " + tx.quote(value));
+    tx.exec(fmt::format(R"(CREATE OR REPLACE FUNCTION pg_temp.idemkafka_commit_guard() RETURNS trigger
+LANGUAGE plpgsql AS $guard$
+BEGIN
+  IF current_setting('{setting}', true) IS DISTINCT FROM 'on' THEN
+    RAISE EXCEPTION '{ended}: COMMIT, END, COMMIT AND CHAIN, PREPARE TRANSACTION and tx.commit() are refused in the transaction of a handler call, which idemkafka commits itself with the claims; the whole transaction is rolled back';
+  END IF;
+  RETURN NULL;
+END
+$guard$;
+CREATE TEMPORARY TABLE IF NOT EXISTS idemkafka_commit_guard (xid bigint NOT NULL);
+INSERT INTO {table} SELECT 0 WHERE NOT EXISTS (SELECT FROM {table});
+DROP TRIGGER IF EXISTS idemkafka_commit_guard ON {table};
+CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE ON {table}
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.idemkafka_commit_guard())",
+                        fmt::arg("setting", commit_setting), fmt::arg("ended", transaction_ended),
+                        fmt::arg("table", guard_table)));
     tx.commit();
+    conn.prepare(arm_statement,
+                 fmt::format("SELECT set_config('{}', 'on', true) FROM {} WHERE xid = txid_current_if_assigned()",
+                             commit_setting, guard_table));
 }
 
-void guard_session(pqxx::connection&) {}
-void open_for_writes(pqxx::dbtransaction&) {}
-#endif
+std::string commit_guard_cte()
+{
+    return fmt::format("WITH idemkafka_guard AS (UPDATE {} SET xid = txid_current() "
+                       "WHERE set_config('default_transaction_read_only', 'off', true) = 'off') ",
+                       guard_table);
+}
+
+void guard_transaction(pqxx::dbtransaction& tx)
+{
+    tx.exec(commit_guard_cte() + "SELECT 1");
+}
+
+bool arm_commit(pqxx::dbtransaction& tx)
+{
+    // No row: the guard's update went with the transaction that made it.
+    return !exec_prepared(tx, arm_statement).empty();
+}
+
+bool replaced(const pqxx::dbtransaction& tx) noexcept
+{
+    PGconn* conn = RawConnection::of(tx);
+    const char* reported = conn ? PQparameterStatus(conn, "default_transaction_read_only") : nullptr;
+    return reported && std::strcmp(reported, "off") != 0;
+}
 
 } // namespace idemkafka::detail::pg

@@ -38,10 +38,12 @@ std::string left_unusable(const pqxx::dbtransaction& tx, TxState state);
 /// libpqxx before 7 ends the transaction with ROLLBACK on the first failed
 /// statement, and runs the next parameterized or prepared statement of the
 /// same transaction object in autocommit mode: a handler that caught the
-/// error would commit its later writes outside the claim transaction. With
-/// that libpqxx, library connections default to read-only transactions
-/// (guard_session) and each library transaction declares itself read-write
-/// (open_for_writes): such a write then fails instead of committing.
+/// error would commit its later writes outside the claim transaction. On any
+/// libpqxx, a handler that ran ROLLBACK (or whose COMMIT the commit guard
+/// refused) would do the same with its next statement. So library connections
+/// default to read-only transactions (guard_session) and each library
+/// transaction declares itself read-write (open_for_writes): such a write
+/// then fails instead of committing.
 constexpr bool rollback_on_failed_statement = PQXX_VERSION_MAJOR < 7;
 
 /// Sets a session setting of `conn` (kept across libpqxx 6's reconnects).
@@ -50,10 +52,49 @@ void set_session(pqxx::connection& conn, const std::string& name, const std::str
 /// 55P03: a statement waited for a lock longer than lock_timeout.
 bool is_lock_timeout(const pqxx::sql_error& e);
 
-/// Makes read-only the default of `conn`'s transactions (libpqxx < 7 only).
+/// Makes read-only the default of `conn`'s transactions.
 void guard_session(pqxx::connection& conn);
 
-/// Declares `tx` read-write; its first statement (libpqxx < 7 only).
+/// Declares `tx` read-write; its first statement.
 void open_for_writes(pqxx::dbtransaction& tx);
+
+/// The commit guard. The claims of a transaction are taken before its first
+/// handler call, so a COMMIT run by a handler (COMMIT, END, COMMIT AND CHAIN,
+/// PREPARE TRANSACTION, tx.commit()) would commit the claims of records whose
+/// handlers never ran. install_commit_guard() gives `conn`'s session a
+/// one-row temporary table whose deferred constraint trigger refuses any
+/// COMMIT that arm_commit() did not allow: the claim statement (prefixed with
+/// commit_guard_cte()) updates the row, so such a COMMIT fails and the whole
+/// transaction rolls back. Run before guard_session (it creates objects);
+/// again on a new session.
+void install_commit_guard(pqxx::connection& conn);
+
+/// The start of the claim statement: the guard row updated with the
+/// transaction's id, and
+/// default_transaction_read_only set to "off" for the transaction only (the
+/// session's is "on"), which PostgreSQL 14 and later report to the client when
+/// it changes back (see replaced()).
+std::string commit_guard_cte();
+
+/// Arms the guard, and the marker replaced() reads, in a transaction that does
+/// not run the claim statement first (the reconcile hook's): one statement.
+void guard_transaction(pqxx::dbtransaction& tx);
+
+/// Lets the library's own COMMIT of `tx` through the guard: run after the last
+/// handler call. False when `tx`'s transaction is not the one the claim
+/// statement began (a handler ran ROLLBACK; BEGIN or ROLLBACK AND CHAIN): it
+/// must be rolled back, not committed.
+bool arm_commit(pqxx::dbtransaction& tx);
+
+/// True when the transaction the claim statement began has ended since, as
+/// the server last reported (no round trip): the transaction-local
+/// default_transaction_read_only of commit_guard_cte() went back to the
+/// session's value. False also when the server does not report the setting
+/// (before PostgreSQL 14); arm_commit() still catches the case there.
+bool replaced(const pqxx::dbtransaction& tx) noexcept;
+
+/// The text of the guard's refusal, which the failure of such a handler
+/// call carries.
+inline constexpr const char* transaction_ended = "transaction ended inside the handler";
 
 } // namespace idemkafka::detail::pg

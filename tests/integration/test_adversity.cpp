@@ -73,14 +73,6 @@ struct Swallower {
     }
 };
 
-std::int64_t committed_total(const Fixture& f, int partitions)
-{
-    std::int64_t total = 0;
-    for (int p = 0; p < partitions; ++p)
-        total += std::max<std::int64_t>(0, committed_offset(f.group, f.topic, p));
-    return total;
-}
-
 } // namespace
 
 TEST_CASE("a handler that swallows an SQL error: nothing escapes, that record is dead-lettered, the rest commit",
@@ -130,7 +122,7 @@ TEST_CASE("a handler that swallows an SQL error: nothing escapes, that record is
         CHECK(m.handler_failures == static_cast<std::uint64_t>(bad * cfg.max_attempts));
         // A batch handler's call for many records counts too, before the split finds the record.
         CHECK(m.handler_aborted_transactions >= static_cast<std::uint64_t>(bad * cfg.max_attempts));
-        CHECK(committed_total(f, partitions) == events);
+        CHECK(f.committed_total(partitions) == events);
         const auto dlq = read_topic(f.group + ".dlq", static_cast<std::size_t>(bad), 30s);
         REQUIRE(dlq.size() == static_cast<std::size_t>(bad));
         std::set<std::string> ids;

@@ -2,6 +2,7 @@
 // A topic, a consumer group and an effects table for tests that count effects:
 // every event once, nothing else. Shared by the fault-label programs.
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <string>
@@ -59,6 +60,15 @@ struct Fixture {
     std::int64_t claims() const
     {
         return scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", group));
+    }
+
+    // The group's committed offsets in Kafka over partitions 0..partitions-1.
+    std::int64_t committed_total(int partitions) const
+    {
+        std::int64_t total = 0;
+        for (int p = 0; p < partitions; ++p)
+            total += std::max<std::int64_t>(0, committed_offset(group, topic, p));
+        return total;
     }
 
     // Exact effect counts: every event once, nothing else.

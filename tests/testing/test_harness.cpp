@@ -355,7 +355,9 @@ TEST_CASE("HandlerHarness: a handler that swallows an SQL error fails that recor
     const auto ds = h.deliver_until_dead_letter(charge_payload(3));
     REQUIRE(ds.size() == 2);
     CHECK(ds[0].outcome == DeliveryOutcome::failed);
-    CHECK(ds[0].error.find("transaction aborted inside the handler") != std::string::npos);
+    // libpqxx 6 has rolled the transaction back itself: aborted or ended, it says.
+    CHECK(ds[0].error.find("transaction aborted") != std::string::npos);
+    CHECK(ds[0].error.find("inside the handler") != std::string::npos);
     CHECK(ds[1].outcome == DeliveryOutcome::dead_lettered);
     CHECK(ds[1].reason == DeadLetterReason::handler_failed);
     CHECK(f.claims() == 0);
