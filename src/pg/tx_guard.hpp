@@ -70,10 +70,9 @@ void open_for_writes(pqxx::dbtransaction& tx);
 void install_commit_guard(pqxx::connection& conn);
 
 /// The start of the claim statement: the guard row updated with the
-/// transaction's id, and
-/// default_transaction_read_only set to "off" for the transaction only (the
-/// session's is "on"), which PostgreSQL 14 and later report to the client when
-/// it changes back (see replaced()).
+/// transaction's id, and default_transaction_read_only set to "off" for the
+/// transaction only (the session's is "on"), which PostgreSQL 14 and later
+/// report to the client when it changes back (see replaced()).
 std::string commit_guard_cte();
 
 /// Arms the guard, and the marker replaced() reads, in a transaction that does
