@@ -64,9 +64,9 @@ ik_log "starting PostgreSQL"
 ik_start_postgres
 
 # No lane-wide broker: each test that needs Kafka runs through tests/support/run_isolated.sh,
-# which starts a mock cluster of its own (and a database of its own), so tests run side by
-# side. IDEMKAFKA_TEST_BROKERS, when set, names a broker every test then shares.
-export IDEMKAFKA_MOCK_BROKER_BIN="$BUILD_DIR/tools/idemkafka-mock-broker"
+# which starts a mock cluster of its own (its binary comes from CMake) and a database of its
+# own, so tests run side by side. IDEMKAFKA_TEST_BROKERS, when set, names a broker every test
+# then shares.
 
 # Most tests wait on timers, rebalances and the broker, so more of them run at once than
 # there are cores; the CPU-heavy ones (package, fuzz, bench) claim more slots (PROCESSORS).

@@ -520,14 +520,17 @@ void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
         outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
+        // Seen before the skip claim (which would arm a transaction the hook began) and at the arm.
+        const auto replaced_by_hook = [] {
+            return std::runtime_error(
+                fmt::format("{}: the hook ended the transaction and began another", pg::transaction_ended));
+        };
         if (pg::replaced(tx))
-            throw std::runtime_error(fmt::format("{}: the hook ended the transaction and began another",
-                                                 pg::transaction_ended));
+            throw replaced_by_hook();
         if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
             pg::exec_prepared(tx, claim_statement, pg::uuid_array({it.id}), s_.cfg.group_id);
         if (!pg::arm_commit(tx))
-            throw std::runtime_error(fmt::format("{}: the hook ended the transaction and began another",
-                                                 pg::transaction_ended));
+            throw replaced_by_hook();
         tx.commit();
     } catch (const std::exception& e) {
         const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
