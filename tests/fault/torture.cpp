@@ -725,7 +725,7 @@ private:
             if (!oversize_publisher_)
                 oversize_publisher_ = std::make_unique<idemkafka::Publisher>(
                     idemkafka::PublisherConfig{brokers_, {{"message.max.bytes", "2000000"}},
-                                               idemkafka::stderr_sink(idemkafka::LogLevel::warning)});
+                                               idemkafka::test::log_sink()});
             while (oversize_published_ < due) {
                 ++oversize_published_;
                 std::string value(oversize_bytes, 'x');

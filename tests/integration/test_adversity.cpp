@@ -190,7 +190,7 @@ TEST_CASE("a record too large to dead-letter goes without its payload, once; the
     {
         // The broker takes records up to its own limit; the consumer's max_payload_bytes (1 MiB) and the
         // dead-letter producer's message.max.bytes (1,000,000) are smaller.
-        Publisher pub(PublisherConfig{brokers(), {{"message.max.bytes", "2000000"}}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {{"message.max.bytes", "2000000"}}, log_sink()});
         auto valid = [&](int n) {
             for (int i = 0; i < n; ++i) {
                 TestEvent e{new_event_id(), fmt::format("entity-{}", i % 7), i};
@@ -241,7 +241,7 @@ TEST_CASE("a dead-letter topic that refuses a record: the partition waits with a
     Fixture f(2);
     f.publish(20);
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         pub.publish(f.topic, "entity-1", "garbage"); // same key as some events: one partition
     }
     f.publish(20, "later");
@@ -262,7 +262,7 @@ TEST_CASE("a dead-letter topic that refuses a record: the partition waits with a
     cfg.retry_backoff = 100ms;
     std::mutex mu;
     std::vector<std::chrono::steady_clock::time_point> refusals;
-    auto sink = stderr_sink(LogLevel::warning);
+    auto sink = log_sink();
     cfg.log = [&](const LogRecord& r) {
         if (r.message.find("not acknowledged") != std::string::npos) {
             std::lock_guard<std::mutex> lock(mu);
@@ -434,7 +434,7 @@ TEST_CASE("a reconcile hook that keeps failing: retried max_attempts times, then
     f.publish(10);
     const TestEvent old{old_v7(30, 1), "entity-old", 1};
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         pub.publish(f.topic, old.entity, encode(old));
     }
     f.publish(10);
@@ -467,7 +467,7 @@ TEST_CASE("a reconcile hook's skip claims the event with what the hook wrote", "
     Fixture f(1);
     const TestEvent old{old_v7(30, 2), "entity-old", 1};
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         pub.publish(f.topic, old.entity, encode(old));
     }
     f.publish(5);
@@ -548,7 +548,7 @@ TEST_CASE("the first record the non_v7 default dead-letters logs once which sett
     Fixture f(1);
     f.publish(5);
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < 3; ++i) {
             // UUIDv4, as most existing producers send.
             const TestEvent e{EventId::parse(fmt::format("6f1c2a3b-4d5e-4f60-8a7b-{:012x}", 0xabc000 + i)),
@@ -561,7 +561,7 @@ TEST_CASE("the first record the non_v7 default dead-letters logs once which sett
     cfg.retention.maintenance = false;
     std::mutex mu;
     std::vector<LogRecord> errors;
-    auto sink = stderr_sink(LogLevel::warning);
+    auto sink = log_sink();
     cfg.log = [&](const LogRecord& r) {
         if (r.level == LogLevel::error) {
             std::lock_guard<std::mutex> lock(mu);

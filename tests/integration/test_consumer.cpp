@@ -53,7 +53,7 @@ std::int64_t claims(const std::string& group)
 // payload, so the same event id arrives again at a new offset).
 std::vector<TestEvent> publish_events(const std::string& topic, int unique, int resends, unsigned seed = 7)
 {
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     std::vector<TestEvent> events;
     std::mt19937 rng(seed);
     for (int i = 0; i < unique; ++i) {
@@ -261,7 +261,7 @@ TEST_CASE("poison records go to the dead-letter topic with their reason, and the
         {too_large, "payload_too_large"},
     };
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < 10; ++i)
             pub.publish_async(topic, "k", encode(TestEvent{new_event_id(), "good", i}));
         for (const auto& p : poison)

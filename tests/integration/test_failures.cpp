@@ -104,7 +104,7 @@ TEST_CASE("dead-letter topic unavailable: the offset does not move until the dea
     Fixture f(1);
     f.publish(5);
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         pub.publish(f.topic, "k", "garbage");
     }
     f.publish(5);
@@ -374,7 +374,7 @@ TEST_CASE("events beyond the dedup horizon go to the dead letter, never to the h
     const TestEvent hours_old{EventId::from_v7_parts(now_ms - 2ULL * 3600 * 1000, 1, 43), "mid", 2};
     const TestEvent fresh{new_event_id(), "new", 3};
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (const auto* e : {&ancient, &hours_old, &fresh})
             pub.publish_async(f.topic, e->entity, encode(*e));
         pub.flush();

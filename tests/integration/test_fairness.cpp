@@ -65,7 +65,7 @@ struct KeyedEffects {
 // `keys` keys, record i of a key has amount i (its number within the key).
 void publish_keyed(const std::string& topic, int count, int keys)
 {
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     std::map<int, std::int64_t> next;
     for (int i = 0; i < count; ++i) {
         const int k = i % keys;

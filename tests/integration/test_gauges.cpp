@@ -57,7 +57,7 @@ struct Plan {
 Plan publish_and_plan(const std::string& topic, int n, std::int64_t first_ms)
 {
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < n; ++i) {
             const TestEvent e{EventId::from_v7_parts(static_cast<std::uint64_t>(first_ms + i), 0,
                                                      0x5a5a5a5a5a5aULL + static_cast<std::uint64_t>(i)),

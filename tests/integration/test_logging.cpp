@@ -162,7 +162,7 @@ TEST_CASE("a consumer whose configuration holds passwords never logs or throws t
     create_topic(topic, 2);
     std::vector<TestEvent> events;
     auto publish = [&](int n) {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < n; ++i) {
             TestEvent e{new_event_id(), fmt::format("order-{}", events.size()), 100};
             events.push_back(e);
@@ -172,7 +172,7 @@ TEST_CASE("a consumer whose configuration holds passwords never logs or throws t
     };
     publish(20);
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         pub.publish(topic, std::string("poison"), "not an event");
     }
     const EventId fails_once = events[3].id;

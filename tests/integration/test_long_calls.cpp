@@ -34,7 +34,7 @@ struct DropWatch {
 
     LogSink sink()
     {
-        return [this, fallback = stderr_sink(LogLevel::warning)](const LogRecord& r) {
+        return [this, fallback = log_sink()](const LogRecord& r) {
             if (r.message.find("maximum poll interval") != std::string::npos)
                 ++max_poll_exceeded;
             if (r.message.find("lost; committing nothing") != std::string::npos)

@@ -42,7 +42,7 @@ struct OffsetsSetup {
 
     void publish(int n)
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < n; ++i) {
             TestEvent e{new_event_id(), fmt::format("e-{}", i % 40), i};
             events.push_back(e);

@@ -56,7 +56,7 @@ struct ParkingFixture {
                          " kafka_offset bigint NOT NULL, attempt int NOT NULL,"
                          " at timestamptz NOT NULL DEFAULT clock_timestamp())",
                          effects));
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < 995; ++i) {
             const bool bad = i % 100 == 10 && bad_offsets.size() < 5;
             TestEvent e{new_event_id(), bad ? bad_key : fmt::format("key-{}", i % 99), i};

@@ -35,7 +35,7 @@ std::string make_effects()
 
 std::vector<TestEvent> publish(const std::string& topic, int n)
 {
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     std::vector<TestEvent> sent;
     for (int i = 0; i < n; ++i) {
         sent.push_back(TestEvent{new_event_id(), fmt::format("order-{}", i), i});

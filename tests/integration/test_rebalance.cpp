@@ -27,7 +27,7 @@ TEST_CASE("an assignment lost to a fenced membership commits nothing for it; the
     auto cfg = f.config();
     cfg.max_batch = 20;
     std::atomic<int> lost_lines{0};
-    cfg.log = [&, fallback = stderr_sink(LogLevel::warning)](const LogRecord& r) {
+    cfg.log = [&, fallback = log_sink()](const LogRecord& r) {
         if (r.message.find("lost; committing nothing") != std::string::npos)
             ++lost_lines;
         fallback(r);

@@ -62,7 +62,7 @@ struct Setup {
 // plus `resends` re-sends of earlier events (same payload and key).
 std::int64_t publish_keyed(const std::string& topic, int unique, int keys, int resends)
 {
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     std::vector<TestEvent> sent;
     std::map<std::string, int> next_seq;
     for (int i = 0; i < unique; ++i) {

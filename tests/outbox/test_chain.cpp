@@ -32,7 +32,7 @@ struct SimulatedCrash {};
 // the same event id at a new offset), interleaved.
 int publish_orders(const std::string& topic, int unique, int resends)
 {
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     std::vector<TestEvent> events;
     std::mt19937 rng(11);
     int published = 0;
@@ -92,7 +92,7 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
         ro.log = [](LogLevel level, std::string_view line) {
             // The simulated relay crashes are expected; anything else is shown.
             if (level >= LogLevel::warning && line.find("non-standard exception") == std::string_view::npos)
-                stderr_sink(LogLevel::warning)(level, line);
+                log_sink()(level, line);
         };
     auto crashing = ro;
     crashing.hooks.after_publish = [&](std::size_t acknowledged) {
@@ -102,7 +102,7 @@ TEST_CASE("chain: order.confirmed -> charge + payment.charged through the outbox
             throw SimulatedCrash{};
         }
     };
-    PublisherConfig pc{brokers(), {}, stderr_sink(LogLevel::warning)};
+    PublisherConfig pc{brokers(), {}, log_sink()};
     OutboxRelay relay1(pg(), outbox, pc, crashing);
     OutboxRelay relay2(pg(), outbox, pc, ro);
     relay1.start();

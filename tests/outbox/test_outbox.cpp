@@ -43,7 +43,7 @@ OutboxRelayOptions relay_options()
     o.retry_backoff_max = 200ms;
     o.publish_timeout = 20s;
     if (!std::getenv("IDEMKAFKA_TEST_VERBOSE"))
-        o.log = stderr_sink(LogLevel::error);
+        o.log = log_sink(LogLevel::error);
     return o;
 }
 
@@ -60,7 +60,7 @@ PublisherConfig publisher_config()
 {
     PublisherConfig pc;
     pc.brokers = brokers();
-    pc.log = stderr_sink(LogLevel::warning);
+    pc.log = log_sink();
     return pc;
 }
 
@@ -270,7 +270,7 @@ TEST_CASE("outbox: options and config are validated", "[integration][outbox]")
     CHECK(message.find("outbox.relay_options.poll_interval") != std::string::npos);
     // A consumer's relay takes the consumer's brokers; nothing connects yet.
     auto relay = OutboxRelay::for_consumer(OutboxConfig{}, pg(), brokers(), {{"client.id", "billing"}},
-                                           stderr_sink(LogLevel::error));
+                                           log_sink(LogLevel::error));
     CHECK(relay->outbox().qualified_name() == "\"public\".\"outbox\"");
     CHECK(relay->stats().cycles == 0);
 }

@@ -20,7 +20,7 @@ TEST_CASE("wiring: a consumer with an outbox runs its relay", "[integration][out
     const auto out = unique_name("w_out");
     create_topic(in, 2);
     create_topic(out, 2);
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     for (int i = 0; i < 100; ++i) {
         TestEvent e{new_event_id(), fmt::format("o{}", i % 7), i};
         pub.publish_async(in, e.entity, encode(e));
@@ -70,7 +70,7 @@ TEST_CASE("trace context: a record's traceparent reaches its handler, its log li
     auto trace_id = [](int i) { return fmt::format("{:032x}", i + 1); };
     auto traceparent = [&](int i) { return fmt::format("00-{}-00f067aa0ba902b7-01", trace_id(i)); };
     constexpr int n = 50;
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     std::vector<TestEvent> events;
     for (int i = 0; i < n; ++i) {
         TestEvent e{new_event_id(), fmt::format("o{}", i % 7), i};
@@ -86,7 +86,7 @@ TEST_CASE("trace context: a record's traceparent reaches its handler, its log li
     cfg.retry_backoff = std::chrono::milliseconds(20);
     std::mutex mu;
     std::vector<LogRecord> lines;
-    cfg.log = [&, fallback = stderr_sink(LogLevel::warning)](const LogRecord& r) {
+    cfg.log = [&, fallback = log_sink()](const LogRecord& r) {
         {
             std::lock_guard<std::mutex> lock(mu);
             lines.push_back(r);

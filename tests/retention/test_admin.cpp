@@ -362,7 +362,7 @@ TEST_CASE("admin: dead-letters list and replay", "[retention][admin]")
         {"decode_error", "", "k5", "orphan", ""},
     };
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         int offset = 100;
         for (const auto& l : letters) {
             std::vector<Header> h = {{"trace-id", "t-" + l.key}, {"empty", std::nullopt}};

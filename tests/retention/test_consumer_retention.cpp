@@ -30,7 +30,7 @@ std::string make_effect_table()
 
 void publish(const std::string& topic, const std::vector<TestEvent>& events)
 {
-    Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+    Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
     for (const auto& e : events)
         pub.publish_async(topic, e.entity, encode(e));
     pub.flush();

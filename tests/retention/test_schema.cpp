@@ -161,7 +161,7 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
     for (int i = 0; i < unique_events; ++i)
         events.push_back({new_event_id(), fmt::format("e{}", i % 17), i + 1});
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (const auto& e : events)
             pub.publish_async(topic, e.entity, encode(e));
         for (int i = 0; i < resent; ++i)

@@ -37,7 +37,7 @@ struct Fixture {
 
     void publish(int n, const std::string& key_prefix = "entity")
     {
-        Publisher pub(PublisherConfig{brokers(), {}, stderr_sink(LogLevel::warning)});
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < n; ++i) {
             TestEvent e{new_event_id(), fmt::format("{}-{}", key_prefix, i % 50), i};
             events.push_back(e);

@@ -1,5 +1,7 @@
 #include "test_env.hpp"
 
+#include "recent_log.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -366,9 +368,17 @@ ConsumerConfig consumer_config(const std::string& group, const std::string& topi
         cfg.kafka["heartbeat.interval.ms"] = "500";
     }
     cfg.retry_backoff = std::chrono::milliseconds(50);
-    if (!std::getenv("IDEMKAFKA_TEST_VERBOSE"))
-        cfg.log = stderr_sink(LogLevel::warning);
+    cfg.log = log_sink();
     return cfg;
+}
+
+LogSink log_sink(LogLevel shown)
+{
+    const bool verbose = std::getenv("IDEMKAFKA_TEST_VERBOSE") != nullptr;
+    return [print = stderr_sink(verbose ? LogLevel::debug : shown)](const LogRecord& r) {
+        remember_log_line(fmt::format("{} {}", to_string(r.level), format_text(r)));
+        print(r);
+    };
 }
 
 std::string encode(const TestEvent& e)

@@ -78,6 +78,11 @@ bool consumer_protocol();
 /// the others become uniform).
 void set_assignment_strategy(ConsumerConfig& cfg, const std::string& strategy);
 
+/// The sink tests give the library: every record is kept for the test
+/// case's failure report (recent_log.hpp), and those at `shown` or above go
+/// to stderr as stderr_sink() writes them. IDEMKAFKA_TEST_VERBOSE shows all.
+LogSink log_sink(LogLevel shown = LogLevel::warning);
+
 /// The test event: payload "event-id,entity,amount".
 struct TestEvent {
     EventId id;
