@@ -45,13 +45,13 @@
 #include "intake.hpp"
 #include "kafka/consumer.hpp"
 #include "lag.hpp"
-#include "worker_pool.hpp"
 #include "ledger.hpp"
 #include "log_context.hpp"
-#include "pg/claim_transaction.hpp"
 #include "parking.hpp"
+#include "pg/claim_transaction.hpp"
 #include "pg/tx_guard.hpp"
 #include "stored_positions.hpp"
+#include "worker_pool.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -84,10 +84,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // A rebalance took partitions of the running batch while a handler call
     // ran past revoke_wait: its transactions roll back at the next chance.
     std::atomic<bool> abandon_running{false};
-    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, offset_store, ledger, dead_letters,
-                                                    log, [this] { return forced(); },
-                                                    [this] { return abandon_running.load(); },
-                                                    positions_after_merge()}};
+    ClaimTransaction claims{ClaimTransaction::Setup{
+        cfg, stage, metrics, store, offset_store, ledger, dead_letters, log, [this] { return forced(); },
+        [this] { return abandon_running.load(); }, positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
@@ -103,9 +102,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     std::size_t fill_bytes = 0; // payload and key bytes taken by the last fill_batch()
     bool pipelined = false;     // ConsumerConfig::pipeline, when it applies
     std::atomic<bool> running_done{false};
-    std::atomic<bool> polling{false}; // the poll thread is in (or about to enter) a poll
-    std::size_t fill_bank = 0;        // Stage bank `batch` decodes into
-    std::size_t run_bank = 0;         // Stage bank of `running`
+    std::atomic<bool> polling{false};  // the poll thread is in (or about to enter) a poll
+    std::size_t fill_bank = 0;         // Stage bank `batch` decodes into
+    std::size_t run_bank = 0;          // Stage bank of `running`
     std::exception_ptr deferred_error; // thrown in a rebalance callback, rethrown after the poll
     bool no_commit = false;            // run() left by an exception: commit nothing more
 
@@ -212,8 +211,8 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 say(log, LogLevel::info, {}, "reconnected to PostgreSQL (worker {})", i);
             } catch (const std::exception& e) {
                 w.db.reset();
-                say(log, LogLevel::warning, error_field(e.what()), "PostgreSQL reconnect failed, next attempt in {} ms: {}",
-                    db_backoff.upcoming().count(), e.what());
+                say(log, LogLevel::warning, error_field(e.what()),
+                    "PostgreSQL reconnect failed, next attempt in {} ms: {}", db_backoff.upcoming().count(), e.what());
                 db_hold();
                 return false;
             }
@@ -285,9 +284,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     {
         // Records polled for revoked partitions but not processed yet are
         // dropped: their offsets were never committed, so the new owner reads them.
-        batch.erase(std::remove_if(batch.begin(), batch.end(),
-                                   [&](const Item& it) { return tps.count(it.part->tp) > 0; }),
-                    batch.end());
+        batch.erase(
+            std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; }),
+            batch.end());
         count_in_flight();
         // The running batch first: its positions belong to what is revoked.
         // It is waited for (at most revoke_wait) only when it has records of
@@ -296,8 +295,15 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         // points to stay in memory until it ends.
         bool settled = true;
         if (!running.empty()) {
-            const bool touched = std::any_of(running.begin(), running.end(),
-                                             [&](const Item& it) { return tps.count(it.part->tp) > 0; });
+            const bool touched =
+                std::any_of(running.begin(), running.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; });
+            // What PostgreSQL holds already is committed before the wait: sent
+            // after a wait the group did not sit out, it would carry a
+            // generation the coordinator has left (ILLEGAL_GENERATION), which
+            // librdkafka answers by dropping the whole assignment, the
+            // partitions this member keeps included.
+            if (touched && !lost && !no_commit)
+                kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
             if (pool->wait_until(Clock::now() + (touched ? revoke_wait : milliseconds(0))))
                 finish_running_in_callback();
             else if (touched)
@@ -645,8 +651,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         kafka->pause_assignment(true);
         while (!pool->wait_until(Clock::now())) {
             if (forced() && !abandon_running.exchange(true))
-                say(log, LogLevel::warning, {}, "stop forced during a long handler call: its transaction rolls back when "
-                                           "the call returns");
+                say(log, LogLevel::warning, {},
+                    "stop forced during a long handler call: its transaction rolls back when "
+                    "the call returns");
             auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
             last_polled = Clock::now();
             if (m && m->err) {

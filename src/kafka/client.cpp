@@ -48,8 +48,15 @@ namespace {
 // set) go to the owner's sink rather than straight to stderr.
 void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf)
 {
-    const auto* owner = static_cast<const ClientOwner*>(rd_kafka_opaque(rk));
-    emit(owner->log, log_level(level), fmt::format("rdkafka {}: {}", fac, buf), "librdkafka", {{"facility", fac}});
+    auto* owner = static_cast<ClientOwner*>(rd_kafka_opaque(rk));
+    std::lock_guard<std::mutex> lock(owner->log_mu);
+    if (!owner->log)
+        return; // silenced
+    try {
+        emit(owner->log, log_level(level), fmt::format("rdkafka {}: {}", fac, buf), "librdkafka", {{"facility", fac}});
+    } catch (...) {
+        // out of memory: the line is lost, librdkafka's thread goes on
+    }
 }
 
 } // namespace
@@ -65,8 +72,8 @@ HandlePtr make_client(rd_kafka_type_t type, const std::map<std::string, std::str
     char err[512];
     HandlePtr rk(rd_kafka_new(type, conf.get(), err, sizeof err));
     if (!rk)
-        throw KafkaError(secrets(fmt::format("cannot create Kafka {}: {}",
-                                             type == RD_KAFKA_CONSUMER ? "consumer" : "producer", err)));
+        throw KafkaError(secrets(
+            fmt::format("cannot create Kafka {}: {}", type == RD_KAFKA_CONSUMER ? "consumer" : "producer", err)));
     conf.release(); // owned by the client now
     return rk;
 }

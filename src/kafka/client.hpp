@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <librdkafka/rdkafka.h>
@@ -56,9 +57,19 @@ inline PartitionListPtr make_list(int capacity)
 }
 
 /// Whoever owns a client: librdkafka's opaque points to it, and the client's
-/// own log lines (component "librdkafka") go to its sink.
+/// own log lines (component "librdkafka", from librdkafka's threads) go to
+/// its sink, read under `log_mu`.
 struct ClientOwner {
     LogSink log;
+    std::mutex log_mu;
+
+    /// Drops the client's later lines: for a client destroyed in the
+    /// background, past the life of the sink its owner was given.
+    void silence() noexcept
+    {
+        std::lock_guard<std::mutex> lock(log_mu);
+        log = LogSink();
+    }
 };
 
 /// librdkafka's syslog level as a LogLevel.

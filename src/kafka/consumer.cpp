@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <future>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -30,17 +32,21 @@ PartitionListPtr list_of(const std::vector<std::pair<TopicPartition, std::int64_
 
 } // namespace
 
-// librdkafka's opaque is the ClientOwner base (see make_client).
+// librdkafka's opaque is the Relay's ClientOwner base (see make_client). The
+// callbacks other than the log's are served by the thread that polls, while
+// the Consumer lives.
 Consumer& Consumer::of(void* opaque)
 {
-    return *static_cast<Consumer*>(static_cast<ClientOwner*>(opaque));
+    return *static_cast<Relay*>(static_cast<ClientOwner*>(opaque))->consumer;
 }
 
 Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& metrics, LogSink sink,
                    const Redactor& secrets)
-    : events_(events), metrics_(metrics), secrets_(secrets)
+    : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
+      shutdown_timeout_(cfg.shutdown_timeout)
 {
-    ClientOwner::log = std::move(sink);
+    relay_->log = log_;
+    relay_->consumer = this;
     // Every queued record keeps its whole fetch response alive, so the
     // responses in memory are about (queued records / records per response)
     // x fetch.max.bytes: small responses keep that near the queue itself, and
@@ -104,7 +110,7 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
     auto si = props.find("statistics.interval.ms");
     stats_enabled_ = si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0;
     rk_ = make_client(
-        RD_KAFKA_CONSUMER, props, static_cast<ClientOwner&>(*this),
+        RD_KAFKA_CONSUMER, props, *relay_,
         [this](rd_kafka_conf_t* conf) {
             rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
             rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
@@ -127,28 +133,56 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
         rd_kafka_topic_partition_list_add(topics.get(), t.c_str(), RD_KAFKA_PARTITION_UA);
     if (auto e = rd_kafka_subscribe(rk_.get(), topics.get()))
         throw KafkaError(fmt::format("subscribe failed: {}", rd_kafka_err2str(e)));
-    say(ClientOwner::log, LogLevel::info, {}, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
+    say(log_, LogLevel::info, {}, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
 }
 
 Consumer::~Consumer()
 {
-    forget_queues();        // messages go before their handle
+    forget_queues();       // messages go before their handle
     fetch_wakeup_.reset(); // uses the handle
     consumer_queue_.reset();
     if (rk_) // not closed: the handle must not try the close on its way out
-        rd_kafka_destroy_flags(rk_.release(), RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+        destroy(RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE, shutdown_timeout_);
+}
+
+void Consumer::destroy(int flags, milliseconds bound) noexcept
+{
+    rd_kafka_t* rk = rk_.release();
+    std::thread t;
+    try {
+        auto done = std::make_shared<std::promise<void>>();
+        auto destroyed = done->get_future();
+        t = std::thread([rk, flags, done, relay = relay_] {
+            rd_kafka_destroy_flags(rk, flags);
+            done->set_value();
+        });
+        if (destroyed.wait_for(bound) == std::future_status::ready) {
+            t.join();
+            return;
+        }
+        say(log_, LogLevel::warning, {},
+            "the Kafka client's destruction did not finish within {} ms (what shutdown_timeout left, at least a "
+            "second): librdkafka holds the client for an offset commit waiting for the group coordinator (up to "
+            "session.timeout.ms); it goes on in the background, and the client's log lines end here",
+            bound.count());
+        relay_->silence();
+        t.detach();
+    } catch (...) {
+        if (t.joinable())
+            t.join();
+        else // no thread to be had: destroyed here, however long it takes
+            rd_kafka_destroy_flags(rk, flags);
+    }
 }
 
 // ---- callbacks --------------------------------------------------------------
 
-void Consumer::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
-                            void* opaque)
+void Consumer::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts, void* opaque)
 {
     of(opaque).on_rebalance(err, parts);
 }
 
-void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
-                         void* opaque)
+void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets, void* opaque)
 {
     of(opaque).on_commit(err, offsets);
 }
@@ -169,7 +203,7 @@ void Consumer::on_error(int err, const char* reason)
     metrics_.kafka_errors.add();
     const auto code = static_cast<rd_kafka_resp_err_t>(err);
     const bool fatal = code == RD_KAFKA_RESP_ERR__FATAL;
-    say(ClientOwner::log, fatal ? LogLevel::error : LogLevel::warning,
+    say(log_, fatal ? LogLevel::error : LogLevel::warning,
         {{log_field::component, "librdkafka"}, {"code", rd_kafka_err2name(code)}, {log_field::error, reason}},
         "kafka: {}: {}", rd_kafka_err2name(code), reason);
 }
@@ -188,7 +222,7 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
         for (int i = 0; i < list->cnt; ++i)
             start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
         const char* mode = cooperative_ ? "cooperative" : "eager";
-        say(ClientOwner::log, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
+        say(log_, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
             consumer_protocol_ ? "consumer protocol" : mode);
         const bool paused = events_.assigned(start);
         for (int i = 0; i < list->cnt; ++i)
@@ -197,10 +231,10 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
         if (cooperative_) {
             ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
             if (e)
-                say(ClientOwner::log, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
+                say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
                     rd_kafka_error_string(e.get()));
         } else if (auto e = rd_kafka_assign(rk_.get(), list)) {
-            say(ClientOwner::log, LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
+            say(log_, LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
         }
         // librdkafka keeps an application pause across revoke and assign: a
         // partition paused for a retry backoff before an eager rebalance
@@ -219,7 +253,7 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     for (int i = 0; i < list->cnt; ++i)
         revoked.insert({list->elems[i].topic, list->elems[i].partition});
     if (lost)
-        say(ClientOwner::log, LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
+        say(log_, LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
     events_.revoked(revoked, lost);
     // Held records of revoked partitions go: their offsets were never
     // committed, so the next owner (or this member, reassigned) reads them.
@@ -228,16 +262,18 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
         if (revoked.count({l.topic, l.partition}))
             drop_held(l);
     queues_.erase(std::remove_if(queues_.begin(), queues_.end(),
-                                [&](const Queue& l) { return revoked.count({l.topic, l.partition}) > 0; }),
-                 queues_.end());
+                                 [&](const Queue& l) {
+                                     return revoked.count({l.topic, l.partition}) > 0;
+                                 }),
+                  queues_.end());
     if (queues_.size() != before)
         next_queue_ = last_queue_ = 0;
     if (!lost)
-        say(ClientOwner::log, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
+        say(log_, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
     if (cooperative_) {
         ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
         if (e)
-            say(ClientOwner::log, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
+            say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
                 rd_kafka_error_string(e.get()));
     } else {
         rd_kafka_assign(rk_.get(), nullptr);
@@ -255,14 +291,15 @@ void Consumer::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_
             continue;
         failed = true;
         if (p.err)
-            say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
+            say(log_, LogLevel::warning,
+                error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
                 "offset commit failed for {}: {}", coords(p.topic, p.partition, p.offset), rd_kafka_err2str(p.err));
         events_.commit_failed({p.topic, p.partition}, p.offset);
     }
     if (failed) {
         metrics_.offset_commit_failures.add();
         if (err)
-            say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_err2str(err)),
+            say(log_, LogLevel::warning, error_field(rd_kafka_err2str(err)),
                 "offset commit failed: {} (records already committed in PostgreSQL are deduplicated on redelivery; "
                 "the commit is retried)",
                 rd_kafka_err2str(err));
@@ -392,10 +429,10 @@ void Consumer::consumer_error(const rd_kafka_message_t& m)
 {
     metrics_.kafka_errors.add();
     const char* topic = m.rkt ? rd_kafka_topic_name(m.rkt) : "";
-    say(ClientOwner::log, LogLevel::warning,
+    say(log_, LogLevel::warning,
         error_field(rd_kafka_message_errstr(&m), m.rkt ? coordinates(topic, m.partition, m.offset) : LogFields{}),
-        "kafka consumer error{}{}: {}", m.rkt ? " on " : "", m.rkt ? coords(topic, m.partition, m.offset) : std::string(),
-        rd_kafka_message_errstr(&m));
+        "kafka consumer error{}{}: {}", m.rkt ? " on " : "",
+        m.rkt ? coords(topic, m.partition, m.offset) : std::string(), rd_kafka_message_errstr(&m));
     char reason[512];
     if (rd_kafka_fatal_error(rk_.get(), reason, sizeof reason))
         throw KafkaError(secrets_(fmt::format("fatal Kafka error: {}", reason)));
@@ -474,13 +511,13 @@ Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offse
         // is common). Calling again would only restart the fetch, and a
         // partition paused for a retry backoff, which resumes once the seek
         // is done, would stay paused while calls time out.
-        say(ClientOwner::log, LogLevel::debug, coordinates(tp.topic, tp.partition, offset),
+        say(log_, LogLevel::debug, coordinates(tp.topic, tp.partition, offset),
             "seek to {} queued; its call timed out waiting for the reply", coords(tp.topic, tp.partition, offset));
         return SeekResult::queued;
     }
     if (e || list->elems[0].err) {
         const char* why = e ? rd_kafka_error_string(e.get()) : rd_kafka_err2str(list->elems[0].err);
-        say(ClientOwner::log, LogLevel::warning, error_field(why, coordinates(tp.topic, tp.partition, offset)),
+        say(log_, LogLevel::warning, error_field(why, coordinates(tp.topic, tp.partition, offset)),
             "seek to {} failed, will retry: {}", coords(tp.topic, tp.partition, offset), why);
         return SeekResult::failed;
     }
@@ -528,7 +565,8 @@ void Consumer::commit(const std::vector<std::pair<TopicPartition, std::int64_t>>
     const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
         metrics_.offset_commit_failures.add();
-        say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}", rd_kafka_err2str(err));
+        say(log_, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
+            rd_kafka_err2str(err));
         for (const auto& [tp, offset] : offsets)
             events_.commit_failed(tp, offset);
     }
@@ -549,7 +587,7 @@ rd_kafka_resp_err_t Consumer::commit_and_wait(rd_kafka_topic_partition_list_t* l
     for (;;) {
         const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
         if (left.count() <= 0) {
-            say(ClientOwner::log, LogLevel::warning, {},
+            say(log_, LogLevel::warning, {},
                 "offset commit of {} partition(s) not confirmed within {} ms (is the group coordinator reachable?); "
                 "going on: records already committed in PostgreSQL are deduplicated on redelivery",
                 list->cnt, bound.count());
@@ -598,18 +636,18 @@ void Consumer::close(milliseconds bound)
         return;
     fetch_wakeup_.reset();   // uses the handle
     consumer_queue_.reset(); // before the close
-    forget_queues();          // held records are not processed: not committed, they come again
+    forget_queues();         // held records are not processed: not committed, they come again
     QueuePtr q(rd_kafka_queue_new(rk_.get()));
     ErrorPtr e(rd_kafka_consumer_close_queue(rk_.get(), q.get()));
     bool closed = !e;
     if (e)
-        say(ClientOwner::log, LogLevel::warning, error_field(rd_kafka_error_string(e.get())), "consumer close: {}",
+        say(log_, LogLevel::warning, error_field(rd_kafka_error_string(e.get())), "consumer close: {}",
             rd_kafka_error_string(e.get()));
     const auto until = Clock::now() + bound;
     while (closed && !rd_kafka_consumer_closed(rk_.get())) {
         const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
         if (left.count() <= 0) {
-            say(ClientOwner::log, LogLevel::warning, {},
+            say(log_, LogLevel::warning, {},
                 "leaving the consumer group did not finish within shutdown_timeout ({} ms; is the group coordinator "
                 "reachable?); closing without it: the broker drops this member after its session timeout",
                 bound.count());
@@ -630,10 +668,9 @@ void Consumer::close(milliseconds bound)
             on_error(rd_kafka_event_error(ev.get()), rd_kafka_event_error_string(ev.get()));
     }
     q.reset();
-    if (closed)
-        rk_.reset();
-    else // the handle must not try the close again on its way out
-        rd_kafka_destroy_flags(rk_.release(), RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+    // Without a close the handle must not try it again on its way out.
+    destroy(closed ? 0 : RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE,
+            std::max(milliseconds(1000), std::chrono::duration_cast<milliseconds>(until - Clock::now())));
 }
 
 } // namespace idemkafka::detail::kafka

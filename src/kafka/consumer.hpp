@@ -12,8 +12,8 @@
 // order; what is held counts against the prefetch caps.
 
 #include <chrono>
-#include <cstdint>
 #include <climits>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
@@ -66,7 +66,7 @@ struct StatsEntry {
     std::chrono::steady_clock::time_point at;
 };
 
-class Consumer : private ClientOwner {
+class Consumer {
 public:
     /// Creates the client with the consumer's settings and subscribes.
     /// Throws ConfigError for a refused property, KafkaError otherwise.
@@ -132,7 +132,16 @@ public:
     std::chrono::milliseconds max_poll_interval() const noexcept { return max_poll_interval_; }
 
 private:
+    // What librdkafka's opaque points to. Shared with a handle destroyed in
+    // the background (see destroy()), which may log after the Consumer is gone.
+    struct Relay : ClientOwner {
+        Consumer* consumer = nullptr;
+    };
     static Consumer& of(void* opaque);
+    // Destroys the handle with `flags`; past `bound` the destruction goes on
+    // in the background, silenced (librdkafka waits there for commits that
+    // wait for a coordinator, up to session.timeout.ms).
+    void destroy(int flags, std::chrono::milliseconds bound) noexcept;
     static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                              void* opaque);
     static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
@@ -162,6 +171,9 @@ private:
     ConsumerEvents& events_;
     Metrics& metrics_;
     Redactor secrets_;
+    LogSink log_; // this thread's lines
+    std::chrono::milliseconds shutdown_timeout_;
+    std::shared_ptr<Relay> relay_ = std::make_shared<Relay>();
     HandlePtr rk_;
     QueuePtr consumer_queue_; // to wake a poll
     bool cooperative_ = false;
@@ -182,9 +194,9 @@ private:
     std::chrono::steady_clock::time_point next_wake_{};
 
     // The round-robin (see poll()). Queues of revoked partitions are removed.
-    std::deque<Queue> queues_;        // a deque: a Queue (holding a deque) would be copied on a vector's growth
-    std::size_t next_queue_ = 0;     // where the round-robin goes on
-    std::size_t last_queue_ = 0;     // queue of the last held record (runs of one partition)
+    std::deque<Queue> queues_;      // a deque: a Queue (holding a deque) would be copied on a vector's growth
+    std::size_t next_queue_ = 0;    // where the round-robin goes on
+    std::size_t last_queue_ = 0;    // queue of the last held record (runs of one partition)
     std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
     std::size_t held_records_ = 0;
     std::size_t held_bytes_ = 0;
