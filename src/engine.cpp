@@ -141,7 +141,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                                                : std::nullopt)
     {
         if (offset_store)
-            positions.emplace(cfg, *offset_store, ledger, claims, log);
+            positions.emplace(cfg, *offset_store, ledger, claims, metrics, log);
     }
 
     ~Impl() override
@@ -262,8 +262,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             tps.push_back(tp);
         }
         if (positions) {
-            // Each partition starts at max(stored position, Kafka's committed
-            // offset). Without PostgreSQL it stays unverified and paused until
+            // Each partition starts at its stored position when it has one
+            // (see StoredPositions::acquire()), else at Kafka's committed
+            // offset. Without PostgreSQL it stays unverified and paused until
             // a reconnect verifies it (see ensure_db).
             if (auto target = positions->acquire(*kafka, tps)) {
                 for (auto& [tp, offset] : start)
@@ -714,6 +715,8 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             info.records += w.info.records;
             info.claimed += w.info.claimed;
             info.duplicates += w.info.duplicates;
+            for (const auto& [ps, next] : w.stored)
+                ps->stored_next = std::max(ps->stored_next, next);
         }
         apply_holds(holds);
         pause_fenced();
@@ -764,7 +767,16 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             PartitionLedger::trim(*ps);
         running.clear();
         count_in_flight();
-        if (positions && positions_after_merge() && !moved.empty()) {
+        if (positions && !positions_after_merge()) {
+            // Progress no claim transaction stored (records settled before
+            // the handlers: dead letters, reconcile skips, the dedup-horizon
+            // guard) is stored on its own before Kafka hears of it, so that a
+            // stored position behind Kafka's committed offset only means
+            // commits PostgreSQL lost (see StoredPositions::acquire()).
+            for (auto it = moved.begin(); it != moved.end();)
+                it = (*it)->position() > (*it)->stored_next ? std::next(it) : moved.erase(it);
+        }
+        if (positions && !moved.empty()) {
             const auto stored = positions->store(workers.front().db, moved);
             if (stored == StoredPositions::Stored::fenced)
                 pause_fenced();

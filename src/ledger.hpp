@@ -59,6 +59,7 @@ struct PartitionState {
     std::size_t worker = 0;           // runs this partition's transactions (partition ordering)
     std::int64_t epoch = 0;           // offsets_in_database: our ownership epoch
     bool position_verified = true;    // offsets_in_database: stored position applied
+    std::int64_t stored_next = -1;    // offsets_in_database: the position last stored (or read) in PostgreSQL
     bool needs_seek = false;          // a rewind whose seek has not been sent yet
     bool retry_paused = false;        // waiting out a retry backoff (or a fence)
     bool retake = false;              // offsets_in_database: take the partition over again when the pause ends

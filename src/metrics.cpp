@@ -46,6 +46,11 @@ constexpr CounterDesc counters[] = {
     {"outbox_failures", "Outbox rows the broker did not acknowledge.", &MetricsSnapshot::outbox_failures},
     {"fenced_writes", "Position writes refused because another member owns the partition.",
      &MetricsSnapshot::fenced_writes},
+    {"positions_behind_kafka",
+     "Assignments whose stored position was behind Kafka's committed offset (offsets_in_database; lost commits).",
+     &MetricsSnapshot::positions_behind_kafka},
+    {"records_behind_kafka", "Records between such stored positions and Kafka's committed offsets, processed again.",
+     &MetricsSnapshot::records_behind_kafka},
     {"lock_timeouts", "Transactions that waited for a lock longer than lock_timeout (retried after a backoff).",
      &MetricsSnapshot::lock_timeouts},
     {"handler_aborted_transactions",
@@ -194,6 +199,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.batch_splits = batch_splits.get();
     s.dead_letter_failures = dead_letter_failures.get();
     s.fenced_writes = fenced_writes.get();
+    s.positions_behind_kafka = positions_behind_kafka.get();
+    s.records_behind_kafka = records_behind_kafka.get();
     s.lock_timeouts = lock_timeouts.get();
     s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.long_call_waits = long_call_waits.get();

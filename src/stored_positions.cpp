@@ -1,5 +1,7 @@
 #include "stored_positions.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "pg/tx_guard.hpp"
@@ -48,24 +50,47 @@ StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicParti
         if (ps) {
             ps->epoch = st.epoch;
             ps->position_verified = true;
+            ps->stored_next = st.next_offset.value_or(-1);
         }
         if (!st.next_offset)
-            continue;
+            continue; // never stored: Kafka's committed offset decides
         std::int64_t kafka_offset = offset_invalid;
         for (const auto& [tp, offset] : committed)
             if (tp.topic == st.topic && tp.partition == st.partition && offset != kafka::offset_unknown)
                 kafka_offset = offset;
-        if (*st.next_offset <= kafka_offset)
+        if (*st.next_offset == kafka_offset)
             continue;
+        // The database decides, also when it is behind Kafka: every kind of
+        // progress is stored before Kafka hears of it, so behind means
+        // commits PostgreSQL lost (a failover to a standby without them, a
+        // restored backup) or an offset reset in Kafka. The records in
+        // between come again; those whose claims survived are duplicates.
         target[{st.topic, st.partition}] = *st.next_offset;
         if (ps) {
             ps->start_offset = *st.next_offset; // for the lag gauge
             ps->start_known = true;
         }
-        emit(log_, LogLevel::info,
-             fmt::format("{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition,
-                         *st.next_offset, kafka_offset),
-             "consumer", coordinates(st.topic, st.partition, *st.next_offset));
+        if (kafka_offset >= 0 && *st.next_offset < kafka_offset) {
+            metrics_.positions_behind_kafka.add();
+            metrics_.records_behind_kafka.add(static_cast<std::uint64_t>(kafka_offset - *st.next_offset));
+            emit(log_, LogLevel::warning,
+                 fmt::format("{}/{}: the stored position {} is behind Kafka's committed offset {}: PostgreSQL lost "
+                             "commits (a failover to a standby without them, a restored backup) or the group's "
+                             "offsets were reset in Kafka; the {} records in between are processed again (those "
+                             "whose claims survived are skipped as duplicates). To skip records, move the stored "
+                             "position: idemkafka-admin offsets set",
+                             st.topic, st.partition, *st.next_offset, kafka_offset, kafka_offset - *st.next_offset),
+                 "consumer",
+                 {{log_field::topic, st.topic},
+                  {log_field::partition, std::to_string(st.partition)},
+                  {"stored", std::to_string(*st.next_offset)},
+                  {"committed", std::to_string(kafka_offset)}});
+        } else {
+            emit(log_, LogLevel::info,
+                 fmt::format("{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition,
+                             *st.next_offset, kafka_offset),
+                 "consumer", coordinates(st.topic, st.partition, *st.next_offset));
+        }
     }
     return target;
 }
@@ -83,7 +108,7 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::Consumer&
     if (!target)
         return rewinds;
     for (const auto& [tp, offset] : *target)
-        if (auto* ps = ledger_.find(tp.topic, tp.partition); ps && ps->processed_next < offset)
+        if (auto* ps = ledger_.find(tp.topic, tp.partition); ps && ps->processed_next != offset)
             rewinds[ps] = offset;
     return rewinds;
 }
@@ -107,6 +132,8 @@ StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>
         pg::open_for_writes(tx);
         claims_.write_positions(tx, positions);
         tx.commit();
+        for (auto* ps : moved)
+            ps->stored_next = std::max(ps->stored_next, ps->position());
         return Stored::yes;
     } catch (const Fenced&) {
         return Stored::fenced;

@@ -24,22 +24,23 @@ namespace idemkafka::detail {
 class StoredPositions {
 public:
     StoredPositions(const ConsumerConfig& cfg, const OffsetStore& store, PartitionLedger& ledger,
-                    ClaimTransaction& claims, LogSink log)
-        : cfg_(cfg), store_(store), ledger_(ledger), claims_(claims), log_(std::move(log))
+                    ClaimTransaction& claims, Metrics& metrics, LogSink log)
+        : cfg_(cfg), store_(store), ledger_(ledger), claims_(claims), metrics_(metrics), log_(std::move(log))
     {
     }
 
     /// Takes `tps` over in the offset table (a new epoch for each, recorded
     /// in the ledger, which marks them verified) and returns the stored
-    /// positions ahead of Kafka's committed offsets: where each must start.
+    /// positions that differ from Kafka's committed offsets: where each must
+    /// start (a position behind Kafka's is counted and logged: lost commits).
     /// Nothing when PostgreSQL is unavailable. On a connection of its own
     /// (opened when first needed): at an assignment the workers' connections
     /// may be busy with a running batch.
     std::optional<std::map<TopicPartition, std::int64_t>> acquire(kafka::Consumer& consumer,
                                                                   const std::vector<TopicPartition>& tps);
 
-    /// Partitions assigned while PostgreSQL was away: acquires them now and
-    /// returns where each must be rewound to (ahead of what it processed).
+    /// Partitions assigned while PostgreSQL was away (paused since): acquires
+    /// them now and returns where each must be rewound to.
     std::map<PartitionState*, std::int64_t> verify(kafka::Consumer& consumer);
 
     enum class Stored { yes, fenced, failed };
@@ -53,6 +54,7 @@ private:
     const OffsetStore& store_;
     PartitionLedger& ledger_;
     ClaimTransaction& claims_;
+    Metrics& metrics_;
     LogSink log_;
     std::unique_ptr<pqxx::connection> db_; // for acquire()
 };

@@ -270,9 +270,12 @@ struct IDEMKAFKA_API ConsumerConfig {
 
     /// Keep each partition's position in PostgreSQL (`offsets_table`), written
     /// in the same transaction as the claims and effects; on assignment a
-    /// partition starts at max(stored position, Kafka committed offset). Kafka
-    /// offsets are still committed afterwards, for lag tools. A member that
-    /// lost its partitions cannot write positions any more (epoch fencing).
+    /// partition starts at its stored position (at Kafka's committed offset
+    /// when it has none), also when that is behind Kafka's: PostgreSQL lost
+    /// commits, and the records in between are processed again (counted in
+    /// positions_behind_kafka and records_behind_kafka, logged). Kafka offsets
+    /// are still committed afterwards, for lag tools. A member that lost its
+    /// partitions cannot write positions any more (epoch fencing).
     bool offsets_in_database = false;
     std::string offsets_table = "consumer_offset";
 

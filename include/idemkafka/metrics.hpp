@@ -79,6 +79,13 @@ struct IDEMKAFKA_API MetricsSnapshot {
     std::uint64_t batch_splits = 0;      ///< batch handler failures (re-run with one call per record)
     std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
     std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
+    /// offsets_in_database: assignments whose stored position was behind
+    /// Kafka's committed offset (PostgreSQL lost commits, or the group was
+    /// reset in Kafka); the stored position decided.
+    std::uint64_t positions_behind_kafka = 0;
+    /// The records between those stored positions and Kafka's committed
+    /// offsets, processed again (duplicates where their claims survived).
+    std::uint64_t records_behind_kafka = 0;
     std::uint64_t lock_timeouts = 0;     ///< transactions that waited past ConsumerConfig::lock_timeout (retried)
     /// Handler calls that returned normally with their transaction aborted (a
     /// database error caught and not rethrown): failures of that record.
@@ -178,6 +185,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
+        positions_behind_kafka, records_behind_kafka,
         lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.

@@ -31,6 +31,7 @@ void Worker::reset(const Holds& initial)
     info = BatchInfo{};
     failed = lost_connection = abandoned = one_by_one = false;
     error = nullptr;
+    stored.clear();
 }
 
 RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
@@ -366,8 +367,9 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             }
         }
         current = nobody;
+        std::vector<std::pair<PartitionState*, std::int64_t>> stored;
         if (s_.offsets && !s_.positions_after_merge)
-            write_positions(tx, positions_of(w, b));
+            write_positions(tx, positions_of(w, b, &stored));
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
         if (!pg::arm_commit(tx))
@@ -375,6 +377,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
         if (s_.revoked())
             throw Abandon{};
         tx.commit();
+        w.stored = std::move(stored);
         w.info.claimed = claimed_override != SIZE_MAX ? claimed_override : claimed.size();
         w.info.duplicates = active - w.info.claimed;
         return Outcome::committed;
@@ -461,7 +464,9 @@ void ClaimTransaction::lost_connection(Worker& w, const char* why)
 
 // Next offset per partition of the worker: past every record of this batch
 // that is not held (all of them are finished when the transaction commits).
-std::vector<OffsetStore::Position> ClaimTransaction::positions_of(const Worker& w, const Batch& b) const
+std::vector<OffsetStore::Position>
+ClaimTransaction::positions_of(const Worker& w, const Batch& b,
+                               std::vector<std::pair<PartitionState*, std::int64_t>>* of) const
 {
     std::map<PartitionState*, OffsetStore::Position> by_part;
     for (std::size_t i : w.items) {
@@ -477,8 +482,11 @@ std::vector<OffsetStore::Position> ClaimTransaction::positions_of(const Worker& 
         p.next_offset = std::max(p.next_offset, it.record.offset + 1);
     }
     std::vector<OffsetStore::Position> out;
-    for (auto& [ps, p] : by_part)
+    for (auto& [ps, p] : by_part) {
+        if (of)
+            of->emplace_back(ps, p.next_offset);
         out.push_back(std::move(p));
+    }
     return out;
 }
 

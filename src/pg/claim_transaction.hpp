@@ -50,6 +50,9 @@ struct Worker {
     std::vector<std::size_t> call_slots; // and their Stage slots
     std::vector<Context> call_contexts;
     std::exception_ptr error;     // an unexpected exception, rethrown on the poll thread
+    // offsets_in_database: the positions the final transaction stored, for
+    // the poll thread to note in their states after the batch.
+    std::vector<std::pair<PartitionState*, std::int64_t>> stored;
 
     /// Ready for the next batch: no records, no holds but `holds`, no outcome.
     void reset(const Holds& initial);
@@ -139,7 +142,8 @@ private:
     bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
     std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
                           std::size_t k, const std::unordered_set<EventId>& claimed);
-    std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b) const;
+    std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b,
+                                                    std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
     Outcome db_error(Worker& w, const std::exception& e);
     void lost_connection(Worker& w, const char* why);
 

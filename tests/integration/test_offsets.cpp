@@ -145,6 +145,75 @@ TEST_CASE("group offsets reset to earliest after retention purged old claims: ol
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} e WHERE e.event_id IN ({})", s.effects, first_half)) == 150);
 }
 
+TEST_CASE("commits PostgreSQL lost (a restored backup, a failover without them): the stored position decides, "
+          "every lost record is processed once again",
+          "[offsets]")
+{
+    OffsetsSetup s(1);
+    s.publish(200);
+    std::atomic<int> calls{0};
+    {
+        Consumer c(s.config(), decode, event_id_of, s.handler(calls));
+        drain(c, [&] { return s.rows() == 200 && c.metrics().snapshot().lag == 0; });
+    }
+    REQUIRE(committed_offset(s.group, s.topic, 0) == 200);
+    // The database as a backup taken before the last 60 transactions' worth
+    // of records left it: their claims, their effects and the position are
+    // gone, while Kafka's committed offset is still 200.
+    constexpr int lost = 60;
+    std::string lost_ids;
+    for (int i = 200 - lost; i < 200; ++i)
+        lost_ids += (lost_ids.empty() ? "'" : ",'") + s.events[static_cast<std::size_t>(i)].id.to_string() + "'";
+    exec(fmt::format("DELETE FROM processed_event WHERE consumer_group = '{}' AND event_id IN ({})", s.group,
+                     lost_ids));
+    exec(fmt::format("DELETE FROM {} WHERE event_id IN ({})", s.effects, lost_ids));
+    exec(fmt::format("UPDATE consumer_offset SET next_offset = {} WHERE consumer_group = '{}'", 200 - lost, s.group));
+    REQUIRE(s.rows() == 200 - lost);
+
+    std::atomic<int> again{0};
+    Consumer c(s.config(), decode, event_id_of, s.handler(again, "b"));
+    drain(c, [&] { return s.rows() == 200 && c.metrics().snapshot().lag == 0; });
+    const auto m = c.metrics().snapshot();
+    CHECK(again == lost);
+    CHECK(m.claimed == static_cast<std::uint64_t>(lost));
+    CHECK(m.duplicates == 0);
+    CHECK(m.positions_behind_kafka == 1);
+    CHECK(m.records_behind_kafka == static_cast<std::uint64_t>(lost));
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 200);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE who = 'b' AND event_id IN ({})", s.effects, lost_ids)) ==
+          lost);
+    CHECK(s.stored_total() == 200);
+}
+
+TEST_CASE("records settled before the handlers (dead letters at the end of a partition) move the stored position "
+          "too: a restart finds it level with Kafka's and dead-letters nothing again",
+          "[offsets]")
+{
+    OffsetsSetup s(1);
+    s.publish(50);
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int i = 0; i < 5; ++i)
+            pub.publish(s.topic, std::string("e-poison"), "not an event"); // the decoder refuses it
+    }
+    std::atomic<int> calls{0};
+    {
+        Consumer c(s.config(), decode, event_id_of, s.handler(calls));
+        drain(c, [&] {
+            const auto m = c.metrics().snapshot();
+            return s.rows() == 50 && m.decode_errors == 5 && m.lag == 0 && committed_offset(s.group, s.topic, 0) == 55;
+        });
+    }
+    CHECK(s.stored_total() == 55);
+    Consumer c(s.config(), decode, event_id_of, s.handler(calls));
+    drain(c, [&] { return c.metrics().snapshot().assigned_partitions == 1 && c.metrics().snapshot().lag == 0; });
+    const auto m = c.metrics().snapshot();
+    CHECK(m.positions_behind_kafka == 0);
+    CHECK(m.consumed == 0);
+    CHECK(m.decode_errors == 0);
+    CHECK(read_topic(s.group + ".dlq", 5, 30s).size() == 5); // and none more: the restart dead-lettered nothing
+}
+
 TEST_CASE("a fenced zombie cannot move the stored position back, and effects stay exact", "[offsets][rebalance]")
 {
     OffsetsSetup s(1);
@@ -345,9 +414,7 @@ TEST_CASE("idemkafka-admin offsets lists stored positions with Kafka's and sets 
     CHECK(set.rc == 0);
     CHECK(scalar(fmt::format("SELECT next_offset FROM consumer_offset WHERE consumer_group = '{}' AND partition = 0",
                              s.group)) == 0);
-    // Kafka still says p0 for partition 0; the stored position wins only when
-    // higher, so move Kafka back too, as an operator replaying would.
-    reset_group_offsets(s.group, s.topic, s.partitions, 0);
+    // Kafka still says p0 for partition 0: the stored position decides alone.
     std::atomic<int> again{0};
     Consumer c(s.config(), decode, event_id_of, s.handler(again));
     drain(c, [&] {
@@ -356,6 +423,8 @@ TEST_CASE("idemkafka-admin offsets lists stored positions with Kafka's and sets 
     CHECK(again == 0); // partition 0 replayed, every event deduplicated; partition 1 stayed at its position
     CHECK(c.metrics().snapshot().consumed == static_cast<std::uint64_t>(p0));
     CHECK(c.metrics().snapshot().duplicates == static_cast<std::uint64_t>(p0));
+    CHECK(c.metrics().snapshot().positions_behind_kafka == 1);
+    CHECK(c.metrics().snapshot().records_behind_kafka == static_cast<std::uint64_t>(p0));
     CHECK(s.rows() == 100);
 
     auto bad = admin("offsets set " + common);
