@@ -8,6 +8,7 @@
 
 #include "idemkafka/event_id.hpp"
 #include "pg/exec.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka::detail {
 
@@ -71,7 +72,7 @@ void ClaimAgeMonitor::refresh() noexcept
     const auto timeout = std::clamp(interval_, std::chrono::milliseconds(1000), std::chrono::milliseconds(10000));
     try {
         if (!conn_)
-            conn_ = std::make_unique<pqxx::connection>(conninfo_);
+            conn_ = pg::connect(conninfo_);
         const auto oldest = oldest_claim_ms(*conn_, store_, group_, timeout);
         gauge_.set(oldest ? *oldest : -1);
         if (failing_)

@@ -52,6 +52,7 @@
 #include "pg/tx_guard.hpp"
 #include "stored_positions.hpp"
 #include "worker_pool.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -186,7 +187,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // One connection per worker; the schema is created (or checked) by the first.
     void connect(Worker& w, bool first)
     {
-        w.db = std::make_unique<pqxx::connection>(cfg.postgres);
+        w.db = pg::connect(cfg.postgres);
         if (first) {
             layout = claims.settle_schema(*w.db);
             intake.set_layout(layout);

@@ -22,6 +22,7 @@
 #include "ledger.hpp"
 #include "log_context.hpp"
 #include "pg/claim_transaction.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka {
 
@@ -113,7 +114,7 @@ struct HarnessCore::Impl {
     // checked) and the dedup-horizon guard follows the claims table's layout.
     void connect(bool first)
     {
-        worker.db = std::make_unique<pqxx::connection>(cfg.postgres);
+        worker.db = pg::connect(cfg.postgres);
         if (first)
             intake.set_layout(claims.settle_schema(*worker.db));
         claims.prepare(*worker.db);

@@ -23,6 +23,7 @@
 #include "pg/transaction.hpp"
 #include "schema_ddl.hpp"
 #include "trace.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka {
 namespace {
@@ -630,7 +631,7 @@ void OutboxRelay::Impl::cycle_unchecked(Outcome& out)
 {
     State& st = *state_;
     if (!st.conn)
-        st.conn = std::make_unique<pqxx::connection>(conninfo_);
+        st.conn = detail::pg::connect(conninfo_);
     pqxx::work tx(*st.conn);
     // Read committed, so the rows read next reflect every cycle that committed
     // before this one got the lock, whatever the database's default level.
@@ -817,7 +818,7 @@ void OutboxRelay::Impl::purge_step()
         std::lock_guard<std::mutex> lock(cycle_mutex_);
         try {
             if (!st.conn)
-                st.conn = std::make_unique<pqxx::connection>(conninfo_);
+                st.conn = detail::pg::connect(conninfo_);
             n = outbox_.purge_sent(*st.conn, options_.retention, one);
         } catch (...) {
             st.conn.reset();

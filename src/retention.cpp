@@ -17,6 +17,7 @@
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 #include "schema_ddl.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka {
 namespace {
@@ -1018,7 +1019,7 @@ void MaintenanceRunner::Impl::run() noexcept
     };
     try {
         if (!conn)
-            conn = std::make_unique<pqxx::connection>(conninfo);
+            conn = detail::pg::connect(conninfo);
         MaintenanceReport report = maintenance.run_once(*conn);
         const bool changed =
             !report.partitions_created.empty() || !report.partitions_dropped.empty() || report.rows_purged > 0;

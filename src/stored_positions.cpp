@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "pg/tx_guard.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -23,7 +24,7 @@ StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicParti
     std::vector<OffsetStore::Stored> stored;
     try {
         if (!db) {
-            db = std::make_unique<pqxx::connection>(cfg_.postgres);
+            db = pg::connect(cfg_.postgres);
             pg::set_session(*db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
             pg::guard_session(*db);
         }

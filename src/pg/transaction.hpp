@@ -8,6 +8,7 @@
 #include <pqxx/pqxx>
 
 #include "idemkafka/error.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka::detail {
 
@@ -17,8 +18,8 @@ template <class Work>
 void in_own_transaction(const std::string& conninfo, Work&& work)
 {
     try {
-        pqxx::connection conn(conninfo);
-        pqxx::work tx(conn);
+        const auto conn = pg::connect(conninfo);
+        pqxx::work tx(*conn);
         std::forward<Work>(work)(tx);
         tx.commit();
     } catch (const pqxx::broken_connection& e) {

@@ -18,6 +18,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka::detail::admin {
 namespace {
@@ -184,7 +185,7 @@ std::unique_ptr<Maintenance> make_maintenance(const std::string& command, DbOpti
 std::unique_ptr<pqxx::connection> connect(const std::string& conninfo)
 {
     try {
-        return std::make_unique<pqxx::connection>(conninfo);
+        return pg::connect(conninfo);
     } catch (const std::exception& e) {
         throw DatabaseError(fmt::format("cannot connect to PostgreSQL: {}", e.what()));
     }

@@ -19,6 +19,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "pg/exec.hpp"
+#include "pg/connect.hpp"
 
 namespace idemkafka::detail::admin {
 namespace {
@@ -158,7 +159,7 @@ int run_offsets(std::vector<std::string> args)
 
     std::unique_ptr<pqxx::connection> conn;
     try {
-        conn = std::make_unique<pqxx::connection>(postgres);
+        conn = pg::connect(postgres);
     } catch (const std::exception& e) {
         throw DatabaseError(fmt::format("cannot connect to PostgreSQL: {}", e.what()));
     }
@@ -227,8 +228,8 @@ int run_offsets(std::vector<std::string> args)
 void print_stored_positions(const std::string& postgres, const std::string& schema, const std::string& brokers)
 {
     {
-        pqxx::connection c(postgres);
-        pqxx::nontransaction tx(c);
+        const auto c = pg::connect(postgres);
+        pqxx::nontransaction tx(*c);
         const OffsetStore store(schema, "consumer_offset");
         if (!pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", store.qualified_name())[0][0].as<bool>())
             return;
