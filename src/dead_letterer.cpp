@@ -20,9 +20,9 @@ std::size_t header_bytes(const std::vector<Header>& headers)
 } // namespace
 
 DeadLetterer::DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log,
-                           Transport transport)
-    : cfg_(cfg), ledger_(ledger), metrics_(metrics), log_(std::move(log)), topic_(cfg.effective_dead_letter_topic()),
-      transport_(std::move(transport))
+                           Redactor secrets, Transport transport)
+    : cfg_(cfg), ledger_(ledger), metrics_(metrics), log_(std::move(log)), secrets_(std::move(secrets)),
+      topic_(cfg.effective_dead_letter_topic()), transport_(std::move(transport))
 {
 }
 
@@ -73,7 +73,10 @@ OutgoingRecord DeadLetterer::record_of(const Item& it, int attempts) const
     auto add = [&](const char* name, std::string value) { out.headers.push_back(Header{name, std::move(value)}); };
     constexpr std::size_t max_error = 4096; // an exception's text can be anything
     add(dead_letter_header::reason, std::string(to_string(it.reason)));
-    add(dead_letter_header::error, it.error.size() > max_error ? it.error.substr(0, max_error) + "..." : it.error);
+    // Masked as the log is: an error text may quote a connection string, a
+    // server's DETAIL, a token (the topic is read by more people than the log).
+    const auto error = secrets_(it.error);
+    add(dead_letter_header::error, error.size() > max_error ? error.substr(0, max_error) + "..." : error);
     add(dead_letter_header::original_topic, std::string(r.topic));
     add(dead_letter_header::original_partition, std::to_string(r.partition));
     add(dead_letter_header::original_offset, std::to_string(r.offset));

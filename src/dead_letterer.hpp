@@ -14,6 +14,7 @@
 #include "idemkafka/config.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/publisher.hpp"
+#include "idemkafka/redact.hpp"
 #include "ledger.hpp"
 #include "log_context.hpp"
 
@@ -28,8 +29,9 @@ public:
         std::function<std::vector<std::string>(const std::vector<OutgoingRecord>&, std::chrono::milliseconds)>;
 
     /// Dead letters go to the dead-letter topic through a Publisher created on
-    /// the first one, or to `transport` when one is given.
-    DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log,
+    /// the first one, or to `transport` when one is given. Their error header
+    /// is masked by `secrets` as the log is.
+    DeadLetterer(const ConsumerConfig& cfg, PartitionLedger& ledger, Metrics& metrics, LogSink log, Redactor secrets,
                  Transport transport = nullptr);
     ~DeadLetterer();
 
@@ -55,6 +57,7 @@ private:
     PartitionLedger& ledger_;
     Metrics& metrics_;
     LogSink log_;
+    Redactor secrets_;
     std::string topic_;
     Transport transport_;
     std::mutex mu_;

@@ -81,7 +81,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
     std::optional<OffsetStore> offset_store; // offsets_in_database
     Intake intake{cfg, stage, metrics, log};
-    DeadLetterer dead_letters{cfg, ledger, metrics, log};
+    DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
     // A rebalance took partitions of the running batch while a handler call
     // ran past revoke_wait: its transactions roll back at the next chance.
     std::atomic<bool> abandon_running{false};

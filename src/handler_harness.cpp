@@ -79,7 +79,7 @@ struct HarnessCore::Impl {
     Intake intake{cfg, stage, metrics, log};
     std::vector<TestRecord> dead_letters;
     DeadLetterer dead_letterer{
-        cfg, ledger, metrics, log, [this](const std::vector<OutgoingRecord>& records, milliseconds) {
+        cfg, ledger, metrics, log, secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka}), [this](const std::vector<OutgoingRecord>& records, milliseconds) {
             for (const auto& r : records)
                 dead_letters.push_back(
                     TestRecord{r.topic, 0, static_cast<std::int64_t>(dead_letters.size()), r.key, r.value, r.headers});

@@ -171,6 +171,28 @@ TEST_CASE("HandlerHarness: a NonRetryableError is dead-lettered at once with non
     CHECK(m.retries == 0);
 }
 
+TEST_CASE("HandlerHarness: a dead letter's error header is masked as the log is", "[testing][harness]")
+{
+    Fixture f;
+    auto cfg = f.config();
+    // Ignored by the test server (trust), remembered as a secret of the configuration.
+    cfg.postgres += " password=pg-secret-7731";
+    HandlerHarness<Charge> h(cfg, decode, event_id_of, f.handler([](const Charge&, const Context&) {
+        throw idemkafka::NonRetryableError(
+            "provider refused: dsn host=ledger user=app password=hunter2 dbname=x; "
+            "retry via postgresql://app:s3cr3t-uri@ledger/x; echoed pg-secret-7731; sasl.password=k4fk4-k3y");
+    }));
+    const auto d = h.deliver(charge_payload(7));
+    REQUIRE(d.outcome == DeliveryOutcome::dead_lettered);
+    REQUIRE(h.dead_letters().size() == 1);
+    const auto error = header(h.dead_letters().front(), idemkafka::dead_letter_header::error);
+    INFO(error);
+    CHECK(error.find("provider refused") != std::string::npos);
+    for (const char* secret : {"hunter2", "s3cr3t-uri", "pg-secret-7731", "k4fk4-k3y"})
+        CHECK(error.find(secret) == std::string::npos);
+    CHECK(error.find("password=***") != std::string::npos);
+}
+
 TEST_CASE("HandlerHarness: poison records are dead-lettered with the consumer's reasons", "[testing][harness]")
 {
     Fixture f;
