@@ -1,7 +1,10 @@
 #include "idemkafka/config.hpp"
 
+#include <cctype>
+
 #include <fmt/format.h>
 #include <librdkafka/rdkafka.h>
+#include <regex.h>
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
@@ -22,6 +25,36 @@ void require(bool ok, const char* what)
 {
     if (!ok)
         throw ConfigError(what);
+}
+
+// Kafka's rule for a topic name: 1 to 249 of [a-zA-Z0-9._-], not "." or "..".
+// Returns what is wrong, or nullptr.
+const char* topic_name_problem(const std::string& name)
+{
+    if (name.empty())
+        return "it is empty";
+    if (name.size() > 249)
+        return "it is longer than 249 characters";
+    if (name == "." || name == "..")
+        return "\".\" and \"..\" are not topic names";
+    for (const char c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-')
+            return "only ASCII letters, digits, '.', '_' and '-' are allowed";
+    return nullptr;
+}
+
+// A subscription entry starting with '^' is a regular expression to
+// librdkafka, which compiles it as a POSIX extended one (regcomp) on this
+// platform. True when it matches `topic`; false also when it does not compile
+// (librdkafka reports that itself).
+bool pattern_matches(const std::string& pattern, const std::string& topic)
+{
+    regex_t re;
+    if (regcomp(&re, pattern.c_str(), REG_EXTENDED | REG_NOSUB) != 0)
+        return false;
+    const bool match = regexec(&re, topic.c_str(), 0, nullptr, 0) == 0;
+    regfree(&re);
+    return match;
 }
 
 std::string lower_trimmed(const std::string& v)
@@ -103,9 +136,19 @@ void ConsumerConfig::validate() const
     require(lock_timeout.count() >= 0, "lock_timeout: must not be negative");
     require(max_payload_bytes >= 1, "max_payload_bytes: must be at least 1");
     require(dead_letter_timeout.count() > 0, "dead_letter_timeout: must be positive");
-    for (const auto& t : topics)
-        require(t != effective_dead_letter_topic(),
-                "dead_letter_topic: must not be one of the consumed topics (a dead letter would loop)");
+    const auto dlq = effective_dead_letter_topic();
+    if (const char* problem = topic_name_problem(dlq))
+        throw ConfigError(fmt::format("dead_letter_topic: \"{}\"{} is not a valid Kafka topic name: {}{}", dlq,
+                                      dead_letter_topic.empty() ? " (group_id + \".dlq\")" : "", problem,
+                                      dead_letter_topic.empty() ? "; set dead_letter_topic" : ""));
+    for (const auto& t : topics) {
+        require(t != dlq, "dead_letter_topic: must not be one of the consumed topics (a dead letter would loop)");
+        if (t.front() == '^' && pattern_matches(t, dlq))
+            throw ConfigError(fmt::format("topics: the pattern {} matches the dead-letter topic {}: the group would "
+                                          "consume its own dead letters for ever; narrow the pattern or set "
+                                          "dead_letter_topic to a name it does not match",
+                                          t, dlq));
+    }
     for (const auto& [key, value] : dead_letter_kafka) {
         if ((key == "enable.idempotence" && !is_true(value)) ||
             ((key == "acks" || key == "request.required.acks") && value != "all" && value != "-1"))

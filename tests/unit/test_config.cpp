@@ -102,6 +102,44 @@ TEST_CASE("missing and out-of-range fields name the field", "[unit]")
     CHECK(error_of(c).rfind("max_prefetch_records", 0) == 0);
 }
 
+TEST_CASE("the dead-letter topic: a valid Kafka name, never consumed by its own group", "[unit]")
+{
+    auto c = valid();
+    c.group_id = "billing:v2"; // the derived name "billing:v2.dlq" cannot be a topic
+    auto msg = error_of(c);
+    CAPTURE(msg);
+    CHECK(msg.rfind("dead_letter_topic: \"billing:v2.dlq\" (group_id + \".dlq\") is not a valid Kafka topic name", 0) ==
+          0);
+    CHECK(msg.find("set dead_letter_topic") != std::string::npos);
+    c.dead_letter_topic = "billing-v2.dlq";
+    CHECK(error_of(c).empty());
+
+    for (const auto& bad : {std::string(".."), std::string("dead letters"), std::string(250, 'x'), std::string("dlq/x")}) {
+        c = valid();
+        c.dead_letter_topic = bad;
+        CAPTURE(bad);
+        CHECK(error_of(c).rfind("dead_letter_topic: \"" + bad + "\" is not a valid Kafka topic name", 0) == 0);
+    }
+
+    c = valid();
+    c.topics = {"orders"};
+    c.dead_letter_topic = "orders";
+    CHECK(error_of(c).rfind("dead_letter_topic: must not be one of the consumed topics", 0) == 0);
+
+    // A pattern subscription that would take in the group's own dead letters.
+    c = valid();
+    c.group_id = "orders-x";
+    c.topics = {"payments", "^orders.*"};
+    msg = error_of(c);
+    CAPTURE(msg);
+    CHECK(msg.rfind("topics: the pattern ^orders.* matches the dead-letter topic orders-x.dlq", 0) == 0);
+    c.dead_letter_topic = "dlq.orders-x";
+    CHECK(error_of(c).empty());
+    c.dead_letter_topic.clear();
+    c.topics = {"^orders-[0-9]+$"}; // does not match orders-x.dlq
+    CHECK(error_of(c).empty());
+}
+
 TEST_CASE("identifiers are quoted, quotes doubled", "[unit]")
 {
     CHECK(quote_identifier("processed_event") == "\"processed_event\"");
