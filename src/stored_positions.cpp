@@ -29,7 +29,7 @@ StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicParti
             pg::guard_session(*db);
         }
         pqxx::work tx(*db);
-        pg::open_for_writes(tx);
+        pg::open_for_writes(tx, cfg_.lock_timeout);
         stored = store_.acquire(tx, cfg_.group_id, wanted);
         tx.commit();
     } catch (const std::exception& e) {
@@ -130,7 +130,7 @@ StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>
     }
     try {
         pqxx::work tx(*db);
-        pg::open_for_writes(tx);
+        pg::open_for_writes(tx, cfg_.lock_timeout);
         claims_.write_positions(tx, positions);
         tx.commit();
         for (auto* ps : moved)

@@ -291,7 +291,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     w.call_contexts.clear();
     try {
         pqxx::work tx(*w.db);
-        pg::open_for_writes(tx);
+        pg::open_for_writes(tx, s_.cfg.lock_timeout);
         auto claimed_list =
             pg::claimed_ids(pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id));
         std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
@@ -523,7 +523,7 @@ void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
     const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
     try {
         pqxx::work tx(db);
-        pg::open_for_writes(tx);
+        pg::open_for_writes(tx, s_.cfg.lock_timeout);
         pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
         outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)

@@ -102,9 +102,13 @@ void guard_session(pqxx::connection& conn)
     set_session(conn, "default_transaction_read_only", "on");
 }
 
-void open_for_writes(pqxx::dbtransaction& tx)
+void open_for_writes(pqxx::dbtransaction& tx, std::optional<std::chrono::milliseconds> lock_timeout)
 {
-    tx.exec("SET TRANSACTION READ WRITE");
+    if (lock_timeout)
+        tx.exec(fmt::format("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on; SET lock_timeout = {}",
+                            lock_timeout->count()));
+    else
+        tx.exec("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on");
 }
 
 namespace {

@@ -5,6 +5,8 @@
 // on the first failed statement). Neither may be committed as if the handler
 // had succeeded, and no later statement may commit outside the transaction.
 
+#include <chrono>
+#include <optional>
 #include <string>
 
 #include <pqxx/pqxx>
@@ -55,8 +57,14 @@ bool is_lock_timeout(const pqxx::sql_error& e);
 /// Makes read-only the default of `conn`'s transactions.
 void guard_session(pqxx::connection& conn);
 
-/// Declares `tx` read-write; its first statement.
-void open_for_writes(pqxx::dbtransaction& tx);
+/// Declares `tx` read-write, its first statement, and in the same round trip
+/// puts back the session settings of a library connection that a handler may
+/// have changed in an earlier transaction (a session-level SET, or RESET ALL,
+/// committed with it): read-only as the default of later transactions
+/// (guard_session) and, when given, lock_timeout. A session SET is
+/// transactional: rolled back with the transaction, kept when it commits.
+void open_for_writes(pqxx::dbtransaction& tx,
+                     std::optional<std::chrono::milliseconds> lock_timeout = std::nullopt);
 
 /// The commit guard. The claims of a transaction are taken before its first
 /// handler call, so a COMMIT run by a handler (COMMIT, END, COMMIT AND CHAIN,

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -156,4 +157,56 @@ TEST_CASE("a handler that ends the library's transaction: no other record is los
     } else {
         run(all, 300, 30); // 10 culprits, one per statement, several in a batch
     }
+}
+
+// A handler's session-level SET (not SET LOCAL) or RESET ALL commits with its transaction and
+// would stay with the session: lock_timeout 0 (a claim waiting on a frozen member for ever),
+// or read-write as the default of later transactions (a later handler's ROLLBACK followed by
+// writes would commit them alone). Each library transaction puts the settings back first.
+TEST_CASE("a handler's session-level SET or RESET ALL does not change the library's settings for later "
+          "transactions",
+          "[fault][handler-transaction]")
+{
+    Fixture f(1);
+    f.publish(30);
+    auto cfg = f.config();
+    cfg.max_batch = 1; // a transaction per record: what one commits, the next one starts with
+    cfg.max_attempts = 2;
+    cfg.lock_timeout = 4321ms;
+    std::mutex mu;
+    std::map<std::int64_t, std::vector<std::string>> lock_timeouts; // by amount, one per call
+    std::vector<std::string> read_only_defaults; // record 20's calls, after their ROLLBACK
+    auto show = [](pqxx::work& tx, const char* name) {
+        return std::string(tx.exec(std::string("SHOW ") + name)[0][0].c_str());
+    };
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx);
+        std::lock_guard<std::mutex> lock(mu);
+        lock_timeouts[e.amount].push_back(show(tx, "lock_timeout"));
+        if (e.amount == 5)
+            tx.exec("SET lock_timeout = 0; SET default_transaction_read_only = off");
+        if (e.amount == 10)
+            tx.exec("RESET ALL");
+        if (e.amount == 20) {
+            // Ends the library's transaction (the record is a culprit, dead-lettered after its
+            // attempts) to look at the session's own default from outside any transaction.
+            tx.exec("ROLLBACK");
+            read_only_defaults.push_back(show(tx, "default_transaction_read_only"));
+        }
+    });
+    run_until(c, [&] { return f.committed_total(1) == 30; }, 90s);
+    const auto m = c.metrics().snapshot();
+    CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == 1);
+    CHECK(m.dead_lettered_total() == 1);
+    f.check_exact(29);
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(lock_timeouts.size() == 30);
+    for (const auto& [amount, seen] : lock_timeouts) {
+        CAPTURE(amount);
+        for (const auto& value : seen)
+            CHECK(value == "4321ms");
+    }
+    REQUIRE(read_only_defaults.size() == 2);
+    for (const auto& value : read_only_defaults)
+        CHECK(value == "on");
 }
