@@ -652,7 +652,17 @@ public:
         }
     }
 
-    // Deletes rows of `target` whose processed_at is before `cutoff`, purge_batch
+    // A claim expires when it was processed before the cutoff ($1, ms) and,
+    // when its event id is a UUIDv7, the id was minted before it too: the
+    // horizon guard judges a redelivery by the id's time, so an id from a
+    // producer whose clock runs fast keeps its claim for as long as the guard
+    // would let the redelivery through (the claim outlives processed_at +
+    // retention by the clock's lead).
+    static constexpr const char* expired =
+        "processed_at < to_timestamp($1::bigint / 1000.0) AND (substr(event_id::text, 15, 1) <> '7' OR "
+        "('x' || substr(event_id::text, 1, 8) || substr(event_id::text, 10, 4))::bit(48)::bigint < $1::bigint)";
+
+    // Deletes the rows of `target` that expired before `cutoff`, purge_batch
     // rows per short transaction, with a pause in between.
     void purge(pqxx::connection& conn, const std::string& target, const std::string& label, TimePoint cutoff,
                bool dry_run, MaintenanceReport& report) const
@@ -660,12 +670,9 @@ public:
         const std::int64_t cutoff_ms = to_ms(cutoff);
         if (dry_run) {
             pqxx::work tx(conn);
-            const auto n = detail::pg::exec_params(tx,
-                                                   fmt::format("SELECT count(*) FROM {} WHERE processed_at < "
-                                                               "to_timestamp($1::bigint / 1000.0)",
-                                                               target),
-                                                   cutoff_ms)[0][0]
-                               .as<std::uint64_t>();
+            const auto n =
+                detail::pg::exec_params(tx, fmt::format("SELECT count(*) FROM {} WHERE {}", target, expired), cutoff_ms)[0][0]
+                    .as<std::uint64_t>();
             report.rows_purged += n;
             note(report.actions, LogLevel::info,
                  fmt::format("would purge {} rows of {} processed before {}", n, label, iso_utc(cutoff)));
@@ -673,9 +680,8 @@ public:
         }
         // ctid = ANY(ARRAY(...)) is a TID scan: each batch touches only its own rows.
         const std::string sql =
-            fmt::format("DELETE FROM {0} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {0} WHERE processed_at < "
-                        "to_timestamp($1::bigint / 1000.0) LIMIT $2))",
-                        target);
+            fmt::format("DELETE FROM {0} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {0} WHERE {1} LIMIT $2))", target,
+                        expired);
         std::uint64_t total = 0;
         std::size_t batches = 0;
         bool more = true;

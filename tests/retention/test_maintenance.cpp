@@ -192,17 +192,25 @@ TEST_CASE("a partition over too many default-partition rows waits until they hav
     for (std::uint64_t i = 0; i < 10; ++i)
         REQUIRE(claim(*conn, store, "g", v7_at(t0 + 10 * day_ms, i)));
 
-    // Eight days on, those claims (processed "now") are older than the retention:
-    // the run skips their partition, then purges them from the default partition.
+    // Eight days on, those claims (processed "now") are older than the retention,
+    // but their ids say they are from two days ahead: the horizon guard would
+    // let their redeliveries through, so the claims stay (in the default
+    // partition: their own partition, over the move cap, is skipped).
     clock.set(t0 + 8 * day_ms);
     auto rep = m.run_once(*conn);
     const std::string home = partition_name(store.table(), floor_day(t0 + 10 * day_ms));
     CHECK_FALSE(contains(rep.partitions_created, home));
     CHECK(std::any_of(rep.actions.begin(), rep.actions.end(),
                       [](const std::string& a) { return a.rfind("skipped", 0) == 0; }));
-    CHECK(rep.rows_purged == 10);
+    CHECK(rep.rows_purged == 0);
+    CHECK(count_rows(*conn, "SELECT count(*) FROM " + store.qualified_name()) == 10);
+    // Once their ids' time is past the retention too, they are purged; their
+    // partition, expired by then, is never created.
+    clock.set(t0 + 18 * day_ms);
     rep = m.run_once(*conn);
-    CHECK(contains(rep.partitions_created, home));
+    CHECK(rep.rows_purged == 10);
+    CHECK_FALSE(contains(rep.partitions_created, home));
+    CHECK(count_rows(*conn, "SELECT count(*) FROM " + store.qualified_name()) == 0);
 }
 
 TEST_CASE("expired partitions are dropped whole; a dry run changes nothing", "[retention]")
@@ -452,6 +460,50 @@ TEST_CASE("purge mode deletes only expired rows, in bounded batches, while claim
         CHECK(again.rows_purged == 0);
         CHECK(again.purge_batches == 1);
     }
+}
+
+TEST_CASE("purge mode: the claim of an event id from a fast clock lasts as long as the horizon guard lets its "
+          "redelivery through",
+          "[retention]")
+{
+    const ProcessedEventStore store("public", unique_name("pe_future"));
+    DropTable drop{store.qualified_name()};
+    RetentionConfig cfg;
+    cfg.mode = RetentionMode::purge;
+    Maintenance m(store, cfg);
+    auto conn = connect();
+    m.migrate(*conn);
+    const std::int64_t day = 24 * 3600 * 1000;
+    const auto now = now_ms();
+    // Processed 8 days ago (retention is 7), by ids minted: on time; by a
+    // producer whose clock ran 9 days fast (its id says tomorrow); without a time.
+    const EventId on_time = v7_at(now - 8 * day);
+    const EventId fast = v7_at(now + day);
+    const EventId no_time = EventId::parse("8d0f5a3c-1b2e-4c4d-9e8f-0123456789ab");
+    for (const auto& id : {on_time, fast, no_time})
+        exec(fmt::format("INSERT INTO {} (event_id, consumer_group, processed_at) VALUES ('{}', 'g', "
+                         "now() - interval '8 days')",
+                         store.qualified_name(), id.to_string()));
+    // A redelivery of the fast id now: the guard judges it by the id's time
+    // and lets it through, so only its claim stands between it and a second run.
+    const HorizonGuard guard(cfg);
+    REQUIRE(guard.check(fast).action == HorizonAction::process);
+    REQUIRE_FALSE(guard.check(fast).beyond_horizon);
+
+    CHECK(m.run_once(*conn, true).rows_purged == 2);
+    const auto rep = m.run_once(*conn);
+    CHECK(rep.rows_purged == 2);
+    auto has = [&](const EventId& id) {
+        return count_rows(*conn, fmt::format("SELECT count(*) FROM {} WHERE event_id = '{}'", store.qualified_name(),
+                                             id.to_string())) == 1;
+    };
+    CHECK_FALSE(has(on_time));
+    CHECK_FALSE(has(no_time));
+    CHECK(has(fast));
+    // Once the id's own time is past the cutoff, the claim goes too.
+    exec(fmt::format("UPDATE {} SET event_id = '{}' WHERE event_id = '{}'", store.qualified_name(),
+                     v7_at(now - 7 * day - 3600 * 1000).to_string(), fast.to_string()));
+    CHECK(m.run_once(*conn).rows_purged == 1);
 }
 
 TEST_CASE("only one session maintains a table at a time", "[retention]")
