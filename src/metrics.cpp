@@ -51,6 +51,8 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::positions_behind_kafka},
     {"records_behind_kafka", "Records between such stored positions and Kafka's committed offsets, processed again.",
      &MetricsSnapshot::records_behind_kafka},
+    {"frozen_members_ended", "Sessions of frozen members (idle in a transaction past frozen_member_timeout) ended.",
+     &MetricsSnapshot::frozen_members_ended},
     {"lock_timeouts", "Transactions that waited for a lock longer than lock_timeout (retried after a backoff).",
      &MetricsSnapshot::lock_timeouts},
     {"handler_aborted_transactions",
@@ -202,6 +204,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.positions_behind_kafka = positions_behind_kafka.get();
     s.records_behind_kafka = records_behind_kafka.get();
     s.lock_timeouts = lock_timeouts.get();
+    s.frozen_members_ended = frozen_members_ended.get();
     s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.long_call_waits = long_call_waits.get();
     s.revoke_abandons = revoke_abandons.get();

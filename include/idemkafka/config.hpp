@@ -348,6 +348,19 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// again after a backoff; no record is blamed for it (lock_timeouts
     /// counts it, a warning says so). Zero: wait without limit.
     std::chrono::milliseconds lock_timeout{30000};
+    /// A claim that waited past lock_timeout ends the PostgreSQL sessions of
+    /// this group's other members that have sat idle inside a transaction
+    /// for longer than this: a member frozen with claims (SIGSTOP, a paused
+    /// VM) holds their row locks for as long as it lives, so its successor
+    /// could never claim those records. Its transaction rolls back, claims
+    /// and effects together (frozen_members_ended counts it, a warning names
+    /// the session). Needs the same role for every member (or
+    /// pg_signal_backend). A live member's handler call that runs this long
+    /// without SQL, holding claims another member waits for, is ended the
+    /// same way and retried. Zero: max.poll.interval.ms (what `kafka` sets,
+    /// else librdkafka's 300 s), after which a member that stopped polling
+    /// has lost its partitions anyway.
+    std::chrono::milliseconds frozen_member_timeout{0};
 
     /// Dead-letter topic. Empty means "<group_id>.dlq".
     std::string dead_letter_topic;

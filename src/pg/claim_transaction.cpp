@@ -42,12 +42,109 @@ RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
     return require_schema(db, spec).front().mode;
 }
 
+namespace {
+
+// Every library session of a consumer group holds a shared session-level
+// advisory lock on (member_lock_space, member_key(group)): it shows in
+// pg_locks which sessions are the group's members (shared locks never wait).
+constexpr int member_lock_space = 0x1de4;
+
+int member_key(const std::string& group)
+{
+    std::uint32_t h = 2166136261u; // FNV-1a, folded to a non-negative int4
+    for (const unsigned char c : group)
+        h = (h ^ c) * 16777619u;
+    return static_cast<int>(h & 0x7fffffffu);
+}
+
+// How long a member's session may sit idle in a transaction before another
+// member of the group may end it: max.poll.interval.ms, after which a member
+// that stopped polling has lost its partitions anyway.
+std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
+{
+    if (cfg.frozen_member_timeout.count() > 0)
+        return cfg.frozen_member_timeout;
+    if (auto it = cfg.kafka.find("max.poll.interval.ms"); it != cfg.kafka.end())
+        try {
+            return std::chrono::milliseconds(std::stoll(it->second));
+        } catch (const std::exception&) {
+            // librdkafka refuses the value itself
+        }
+    return std::chrono::milliseconds(300000);
+}
+
+} // namespace
+
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
     pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
     db.prepare(claim_statement, pg::commit_guard_cte() + pg::claim_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
+    {
+        pqxx::nontransaction tx(db);
+        pg::exec_params(tx, "SELECT pg_advisory_lock_shared($1, $2)", member_lock_space, member_key(s_.cfg.group_id));
+    }
+    std::lock_guard<std::mutex> lock(own_pids_mu_);
+    own_pids_.push_back(db.backendpid());
+}
+
+// A claim that waited past lock_timeout may be waiting on a member frozen
+// inside its transaction (SIGSTOP, a paused VM, a process stuck in a
+// handler's infinite loop while its poll thread is stuck too): its claims
+// hold their row locks for as long as it lives, and nothing on the server
+// ends an idle transaction. A session of this group's members idle in a
+// transaction for longer than frozen_member_timeout (max.poll.interval.ms:
+// such a member has lost its partitions) is ended here: its transaction rolls
+// back, claims and effects together, and its records are processed by their
+// new owner. A long handler call of a live member that does no SQL that long
+// is ended too: its record is retried (counted, logged by that member).
+void ClaimTransaction::end_frozen_members(Worker& w)
+{
+    if (!w.db)
+        return;
+    std::vector<int> own;
+    {
+        std::lock_guard<std::mutex> lock(own_pids_mu_);
+        own = own_pids_;
+    }
+    std::string own_list = "{";
+    for (std::size_t i = 0; i < own.size(); ++i)
+        own_list += (i ? "," : "") + std::to_string(own[i]);
+    own_list += "}";
+    const auto stale = frozen_after(s_.cfg);
+    try {
+        pqxx::nontransaction tx(*w.db);
+        const auto ended = pg::exec_params(
+            tx,
+            "SELECT a.pid, (extract(epoch FROM now() - a.state_change) * 1000)::bigint, pg_terminate_backend(a.pid) "
+            "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.classid = $1::int::oid AND l.objid = $2::int::oid AND "
+            "l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND a.pid <> ALL($3::int[]) AND a.state IN ('idle in transaction', 'idle in transaction (aborted)') "
+            "AND a.state_change < now() - $4::bigint * interval '1 millisecond'",
+            member_lock_space, member_key(s_.cfg.group_id), own_list, static_cast<std::int64_t>(stale.count()));
+        for (const auto& row : ended) {
+            const auto pid = row[0].as<int>();
+            const auto idle_ms = row[1].as<std::int64_t>();
+            if (row[2].as<bool>()) {
+                s_.metrics.frozen_members_ended.add();
+                say(s_.log, LogLevel::warning, {{"pid", std::to_string(pid)}},
+                    "ended PostgreSQL session {} of a member of this group, idle in its transaction for {} ms (over "
+                    "frozen_member_timeout, {} ms): a member frozen with claims; its transaction rolls back and its "
+                    "records are processed by their owner",
+                    pid, idle_ms, stale.count());
+            } else {
+                say(s_.log, LogLevel::warning, {{"pid", std::to_string(pid)}},
+                    "could not end PostgreSQL session {} of a frozen member of this group (idle in its transaction "
+                    "for {} ms): the claims it holds wait for it; grant pg_signal_backend or use the same role",
+                    pid, idle_ms);
+            }
+        }
+    } catch (const std::exception& e) {
+        say(s_.log, LogLevel::warning, error_field(e.what()),
+            "looking for frozen members' sessions failed (the batch runs again after a backoff): {}", e.what());
+    }
 }
 
 Holds ClaimTransaction::screen(Intake& intake, pqxx::connection& db, std::vector<Item>& items)
@@ -436,6 +533,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             s_.cfg.lock_timeout.count(),
             current == nobody ? " at the claim (another member's batch holds these event ids?)" : " in a handler",
             e.what());
+        if (current == nobody)
+            end_frozen_members(w);
         return Outcome::db_failed;
     } catch (const std::exception& e) {
         return db_error(w, e);

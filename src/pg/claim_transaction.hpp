@@ -146,10 +146,15 @@ private:
                                                     std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
     Outcome db_error(Worker& w, const std::exception& e);
     void lost_connection(Worker& w, const char* why);
+    void end_frozen_members(Worker& w);
 
     Setup s_;
     std::mutex fenced_mu_;
     std::vector<TopicPartition> fenced_;
+    // The backend pids of this member's own sessions: never taken for a
+    // frozen member's (see end_frozen_members()).
+    mutable std::mutex own_pids_mu_;
+    mutable std::vector<int> own_pids_;
 };
 
 } // namespace idemkafka::detail

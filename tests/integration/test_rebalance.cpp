@@ -123,3 +123,76 @@ TEST_CASE("the group coordinator unreachable: records are still processed, stop(
     CHECK(again == 0); // whatever was not committed in Kafka came again as a duplicate
     f.check_exact(320);
 }
+
+// A member frozen inside its transaction (its handler and its poll thread stand still: SIGSTOP,
+// a paused VM) keeps the row locks of the claims it took. Kafka drops it after
+// max.poll.interval.ms and gives its partition to the successor, whose claims of the same ids
+// wait on those locks: without help, for as long as the frozen process lives.
+TEST_CASE("a member frozen inside its transaction does not stall its successor: its session is ended, every "
+          "record is processed once while it stays frozen",
+          "[fault]")
+{
+    Fixture f(1);
+    f.publish(200);
+    auto zcfg = f.config();
+    zcfg.max_batch = 100;
+    zcfg.pipeline = true;
+    zcfg.kafka["max.poll.interval.ms"] = "7000"; // the frozen member leaves the group after 7 s
+    std::atomic<bool> frozen{false}, handler_frozen{false}, release{false};
+    auto freeze = [&] {
+        while (!release)
+            std::this_thread::sleep_for(10ms);
+    };
+    Consumer zombie(
+        zcfg,
+        [&](std::string_view payload) {
+            auto e = decode(payload);
+            // The second batch (amounts 100 on) is decoded while the first runs:
+            // the poll thread stands still here once the handler does.
+            if (e.amount >= 100 && !frozen.exchange(true)) {
+                wait_until([&] { return handler_frozen.load(); }, 30s);
+                freeze();
+            }
+            return e;
+        },
+        event_id_of,
+        [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+            f.insert(tx, e, ctx, "zombie");
+            if (!handler_frozen.exchange(true))
+                freeze(); // inside the transaction that holds the claims of the first batch
+        });
+    Runner<Consumer> zr(zombie);
+    struct ReleaseOnExit {
+        std::atomic<bool>& flag;
+        ~ReleaseOnExit() { flag = true; }
+    } release_on_exit{release};
+    REQUIRE(wait_until([&] { return frozen.load(); }, 60s));
+
+    auto scfg = f.config();
+    scfg.kafka["max.poll.interval.ms"] = "7000";
+    scfg.lock_timeout = 2s;
+    std::atomic<int> calls{0};
+    Consumer successor(scfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx, "successor");
+        ++calls;
+    });
+    Runner<Consumer> sr(successor);
+    ReleaseOnExit release_before_joins{release}; // a failed REQUIRE releases the zombie before sr joins
+    // Everything processed while the zombie is still frozen.
+    REQUIRE(wait_until(
+        [&] { return f.rows() == 200 && successor.metrics().snapshot().lag == 0; }, 90s));
+    CHECK_FALSE(release.load());
+    const auto m = successor.metrics().snapshot();
+    CHECK(m.frozen_members_ended == 1);
+    CHECK(m.lock_timeouts >= 1);
+    CHECK(calls == 200);
+
+    release = true;
+    zr.join();
+    sr.join();
+    fail_if_threw(sr.error(), "successor");
+    // The zombie's transaction was rolled back on the server: nothing of it committed, and
+    // when it woke it found its session gone (whatever it did next was a duplicate).
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE member = 'zombie'", f.effects)) == 0);
+    f.check_exact(200);
+}
