@@ -24,6 +24,7 @@
 #include "schema_ddl.hpp"
 #include "trace.hpp"
 #include "pg/connect.hpp"
+#include "fnv1a.hpp"
 
 namespace idemkafka {
 namespace {
@@ -368,12 +369,7 @@ constexpr std::int32_t outbox_lock_class = 0x696b6f62;
 
 std::int32_t lock_key(std::string_view qualified) noexcept
 {
-    std::uint32_t h = 2166136261u; // FNV-1a
-    for (unsigned char c : qualified) {
-        h ^= c;
-        h *= 16777619u;
-    }
-    return static_cast<std::int32_t>(h);
+    return static_cast<std::int32_t>(detail::fnv1a(qualified));
 }
 
 std::string describe_key(const std::optional<std::string>& key)

@@ -18,6 +18,7 @@
 #include "pg/tx_guard.hpp"
 #include "schema_ddl.hpp"
 #include "pg/connect.hpp"
+#include "fnv1a.hpp"
 
 namespace idemkafka {
 namespace {
@@ -72,15 +73,7 @@ std::string iso_utc(TimePoint t)
     return frac ? fmt::format("{}.{:03}Z", buf, frac) : fmt::format("{}Z", buf);
 }
 
-std::uint32_t fnv1a(std::string_view s)
-{
-    std::uint32_t h = 2166136261u;
-    for (unsigned char c : s) {
-        h ^= c;
-        h *= 16777619u;
-    }
-    return h;
-}
+using detail::fnv1a;
 
 // `<table><suffix>`, or when that exceeds PostgreSQL's limit (it would be
 // truncated silently, and two long tables could then share partition names)

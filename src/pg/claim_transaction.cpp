@@ -10,6 +10,7 @@
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 #include "trace.hpp"
+#include "fnv1a.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -47,14 +48,12 @@ namespace {
 // Every library session of a consumer group holds a shared session-level
 // advisory lock on (member_lock_space, member_key(group)): it shows in
 // pg_locks which sessions are the group's members (shared locks never wait).
-constexpr int member_lock_space = 0x1de4;
+// Non-negative int4 keys: pg_locks shows them as the same oids.
+constexpr int member_lock_space = 0x696b6d62; // "ikmb"
 
 int member_key(const std::string& group)
 {
-    std::uint32_t h = 2166136261u; // FNV-1a, folded to a non-negative int4
-    for (const unsigned char c : group)
-        h = (h ^ c) * 16777619u;
-    return static_cast<int>(h & 0x7fffffffu);
+    return static_cast<int>(fnv1a(group) & 0x7fffffffu);
 }
 
 // How long a member's session may sit idle in a transaction before another
