@@ -6,6 +6,7 @@
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
+#include "pg/arrays.hpp"
 #include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
@@ -102,15 +103,11 @@ void ClaimTransaction::end_frozen_members(Worker& w)
 {
     if (!w.db)
         return;
-    std::vector<int> own;
+    std::string own;
     {
         std::lock_guard<std::mutex> lock(own_pids_mu_);
-        own = own_pids_;
+        own = int_array(own_pids_);
     }
-    std::string own_list = "{";
-    for (std::size_t i = 0; i < own.size(); ++i)
-        own_list += (i ? "," : "") + std::to_string(own[i]);
-    own_list += "}";
     const auto stale = frozen_after(s_.cfg);
     try {
         pqxx::nontransaction tx(*w.db);
@@ -122,7 +119,7 @@ void ClaimTransaction::end_frozen_members(Worker& w)
             "l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND a.pid <> ALL($3::int[]) AND a.state IN ('idle in transaction', 'idle in transaction (aborted)') "
             "AND a.state_change < now() - $4::bigint * interval '1 millisecond'",
-            member_lock_space, member_key(s_.cfg.group_id), own_list, static_cast<std::int64_t>(stale.count()));
+            member_lock_space, member_key(s_.cfg.group_id), own, static_cast<std::int64_t>(stale.count()));
         for (const auto& row : ended) {
             const auto pid = row[0].as<int>();
             const auto idle_ms = row[1].as<std::int64_t>();

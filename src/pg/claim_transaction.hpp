@@ -154,7 +154,7 @@ private:
     // The backend pids of this member's own sessions: never taken for a
     // frozen member's (see end_frozen_members()).
     mutable std::mutex own_pids_mu_;
-    mutable std::vector<int> own_pids_;
+    mutable std::vector<std::int64_t> own_pids_;
 };
 
 } // namespace idemkafka::detail

@@ -102,13 +102,10 @@ void guard_session(pqxx::connection& conn)
     set_session(conn, "default_transaction_read_only", "on");
 }
 
-void open_for_writes(pqxx::dbtransaction& tx, std::optional<std::chrono::milliseconds> lock_timeout)
+void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout)
 {
-    if (lock_timeout)
-        tx.exec(fmt::format("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on; SET lock_timeout = {}",
-                            lock_timeout->count()));
-    else
-        tx.exec("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on");
+    tx.exec(fmt::format("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on; SET lock_timeout = {}",
+                        lock_timeout.count()));
 }
 
 namespace {

@@ -6,7 +6,6 @@
 // had succeeded, and no later statement may commit outside the transaction.
 
 #include <chrono>
-#include <optional>
 #include <string>
 
 #include <pqxx/pqxx>
@@ -61,10 +60,9 @@ void guard_session(pqxx::connection& conn);
 /// puts back the session settings of a library connection that a handler may
 /// have changed in an earlier transaction (a session-level SET, or RESET ALL,
 /// committed with it): read-only as the default of later transactions
-/// (guard_session) and, when given, lock_timeout. A session SET is
+/// (guard_session) and lock_timeout. A session SET is
 /// transactional: rolled back with the transaction, kept when it commits.
-void open_for_writes(pqxx::dbtransaction& tx,
-                     std::optional<std::chrono::milliseconds> lock_timeout = std::nullopt);
+void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout);
 
 /// The commit guard. The claims of a transaction are taken before its first
 /// handler call, so a COMMIT run by a handler (COMMIT, END, COMMIT AND CHAIN,
