@@ -57,6 +57,7 @@ ClaimAgeMonitor::~ClaimAgeMonitor()
 
 void ClaimAgeMonitor::stop() noexcept
 {
+    conn_.watch.arm(pg::stop_grace); // a refresh blocked on a frozen server ends
     thread_.stop();
 }
 
@@ -71,23 +72,25 @@ void ClaimAgeMonitor::refresh() noexcept
     // of other groups) then leaves the previous value rather than loading the server.
     const auto timeout = std::clamp(interval_, std::chrono::milliseconds(1000), std::chrono::milliseconds(10000));
     try {
-        if (!conn_)
-            conn_ = pg::connect(conninfo_);
-        const auto oldest = oldest_claim_ms(*conn_, store_, group_, timeout);
+        if (!conn_.db)
+            conn_.connect(conninfo_);
+        // statement_timeout bounds a busy server; a frozen one enforces nothing.
+        const pg::Watch::Armed armed(conn_.watch, timeout + pg::stop_grace);
+        const auto oldest = oldest_claim_ms(*conn_.db, store_, group_, timeout);
         gauge_.set(oldest ? *oldest : -1);
         if (failing_)
             say(LogLevel::info, fmt::format("oldest claim of {} in {} measured again", group_, store_.qualified_name()));
         failing_ = false;
     } catch (const std::exception& e) {
-        if (conn_ && !conn_->is_open())
-            conn_.reset();
+        if (conn_.db && !conn_.db->is_open())
+            conn_.disconnect();
         if (!failing_)
             say(LogLevel::warning, fmt::format("cannot measure the oldest claim of {} in {} (the gauge keeps "
                                                "its last value, retried every {} ms): {}",
                                                group_, store_.qualified_name(), interval_.count(), e.what()));
         failing_ = true;
     } catch (...) {
-        conn_.reset();
+        conn_.disconnect();
         failing_ = true;
     }
 }

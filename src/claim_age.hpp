@@ -10,6 +10,8 @@
 
 #include <pqxx/pqxx>
 
+#include "pg/watch.hpp"
+
 #include "periodic.hpp"
 #include "idemkafka/log.hpp"
 #include "idemkafka/metrics.hpp"
@@ -63,7 +65,7 @@ private:
     std::chrono::milliseconds interval_;
     Metrics::Gauge& gauge_;
     LogSink log_;
-    std::unique_ptr<pqxx::connection> conn_; // the thread's; reconnected after a failure
+    pg::Session conn_; // the thread's; reconnected after a failure
     bool failing_ = false;
     PeriodicThread thread_; // last: stopped before the members it uses go
 };

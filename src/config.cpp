@@ -135,6 +135,7 @@ void ConsumerConfig::validate() const
     require(transaction_retries >= 0, "transaction_retries: must not be negative");
     require(lock_timeout.count() >= 0, "lock_timeout: must not be negative");
     require(frozen_member_timeout.count() >= 0, "frozen_member_timeout: must not be negative");
+    require(db_timeout.count() >= 0, "db_timeout: must not be negative");
     require(max_payload_bytes >= 1, "max_payload_bytes: must be at least 1");
     require(dead_letter_timeout.count() > 0, "dead_letter_timeout: must be positive");
     const auto dlq = effective_dead_letter_topic();

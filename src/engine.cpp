@@ -187,7 +187,8 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // One connection per worker; the schema is created (or checked) by the first.
     void connect(Worker& w, bool first)
     {
-        w.db = pg::connect(cfg.postgres);
+        w.connect(cfg.postgres); // connect_timeout bounds this
+        const pg::Watch::Armed armed(w.watch, cfg.db_timeout);
         if (first) {
             layout = claims.settle_schema(*w.db);
             intake.set_layout(layout);
@@ -211,7 +212,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 metrics.db_reconnects.add();
                 say(log, LogLevel::info, {}, "reconnected to PostgreSQL (worker {})", i);
             } catch (const std::exception& e) {
-                w.db.reset();
+                w.disconnect();
                 say(log, LogLevel::warning, error_field(e.what()),
                     "PostgreSQL reconnect failed, next attempt in {} ms: {}", db_backoff.upcoming().count(), e.what());
                 db_hold();
@@ -600,7 +601,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         fill_bank = (fill_bank + 1) % Stage::banks;
         metrics.consumed.add(running.size());
         batch_deadline = Clock::now() + batch_budget;
-        const Holds holds = claims.screen(intake, *workers.front().db, running);
+        const Holds holds = claims.screen(intake, workers.front(), running);
         for (auto& w : workers)
             w.reset(holds);
         for (std::size_t i = 0; i < running.size(); ++i)
@@ -653,9 +654,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         kafka->pause_assignment(true);
         while (!pool->wait_until(Clock::now())) {
             if (forced() && !abandon_running.exchange(true))
-                say(log, LogLevel::warning, {},
-                    "stop forced during a long handler call: its transaction rolls back when "
-                    "the call returns");
+                cut_for_stop();
             auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
             last_polled = Clock::now();
             if (m && m->err) {
@@ -672,6 +671,23 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             set_db_pause(false); // resumes all but partitions waiting out a retry backoff
         say(log, LogLevel::info, {}, "the long handler call returned after {} ms of polling; the assignment is resumed",
             std::chrono::duration_cast<milliseconds>(Clock::now() - since).count());
+    }
+
+    // A forced stop during a call that does not return: the workers'
+    // connections are cut, so a call blocked on PostgreSQL (a frozen server,
+    // a handler's statement waiting on a lock) fails at once and its
+    // transaction rolls back (on the server, when it notices). A handler
+    // blocked elsewhere is still waited for.
+    void cut_for_stop()
+    {
+        std::size_t cut = 0;
+        for (auto& w : workers)
+            if (w.watch.cut())
+                ++cut;
+        say(log, LogLevel::warning, {},
+            "stop forced during a call that has not returned: its transaction rolls back; {} PostgreSQL "
+            "connection(s) cut so that a call blocked on PostgreSQL returns now",
+            cut);
     }
 
     // Waits for the batch in the workers' hands and takes its results: holds
@@ -710,7 +726,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                     if (running[i].state != ItemState::done)
                         holds.add(running[i].part, running[i].record.offset, 0);
                 if (w.lost_connection)
-                    w.db.reset();
+                    w.disconnect();
                 continue;
             }
             info.records += w.info.records;
@@ -778,7 +794,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 it = (*it)->position() > (*it)->stored_next ? std::next(it) : moved.erase(it);
         }
         if (positions && !moved.empty()) {
-            const auto stored = positions->store(workers.front().db, moved);
+            const auto stored = positions->store(workers.front(), moved);
             if (stored == StoredPositions::Stored::fenced)
                 pause_fenced();
             if (stored != StoredPositions::Stored::yes)

@@ -114,7 +114,7 @@ struct HarnessCore::Impl {
     // checked) and the dedup-horizon guard follows the claims table's layout.
     void connect(bool first)
     {
-        worker.db = pg::connect(cfg.postgres);
+        worker.connect(cfg.postgres);
         if (first)
             intake.set_layout(claims.settle_schema(*worker.db));
         claims.prepare(*worker.db);
@@ -172,7 +172,7 @@ struct HarnessCore::Impl {
                     secrets_of(cfg.postgres)(fmt::format("handler harness: PostgreSQL reconnect: {}", e.what())));
             }
         }
-        const Holds holds = claims.screen(intake, *worker.db, items);
+        const Holds holds = claims.screen(intake, worker, items);
         worker.reset(holds);
         if (it.state == ItemState::pending && !holds.covers(ps, offset)) {
             worker.items.push_back(0);
@@ -182,7 +182,7 @@ struct HarnessCore::Impl {
 
         if (worker.failed) {
             if (worker.lost_connection)
-                worker.db.reset();
+                worker.disconnect();
             if (worker.error)
                 std::rethrow_exception(worker.error);
             throw DatabaseError(fmt::format(
@@ -225,7 +225,7 @@ struct HarnessCore::Impl {
     void crash()
     {
         ledger.assign(where(last->message));
-        worker.db.reset();
+        worker.disconnect();
     }
 };
 

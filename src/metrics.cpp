@@ -53,6 +53,8 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::records_behind_kafka},
     {"frozen_members_ended", "Sessions of frozen members (idle in a transaction past frozen_member_timeout) ended.",
      &MetricsSnapshot::frozen_members_ended},
+    {"db_timeouts", "Connections to PostgreSQL cut after a step of the consumer waited past db_timeout.",
+     &MetricsSnapshot::db_timeouts},
     {"lock_timeouts", "Transactions that waited for a lock longer than lock_timeout (retried after a backoff).",
      &MetricsSnapshot::lock_timeouts},
     {"handler_aborted_transactions",
@@ -205,6 +207,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.records_behind_kafka = records_behind_kafka.get();
     s.lock_timeouts = lock_timeouts.get();
     s.frozen_members_ended = frozen_members_ended.get();
+    s.db_timeouts = db_timeouts.get();
     s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.long_call_waits = long_call_waits.get();
     s.revoke_abandons = revoke_abandons.get();

@@ -21,6 +21,7 @@
 #include "pg/arrays.hpp"
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
+#include "pg/watch.hpp"
 #include "schema_ddl.hpp"
 #include "trace.hpp"
 #include "pg/connect.hpp"
@@ -387,7 +388,7 @@ std::string describe_key(const std::optional<std::string>& key)
 struct OutboxRelay::Impl {
     struct State {
         Redactor secrets; // of the connection string, masked in thrown messages
-        std::unique_ptr<pqxx::connection> conn;
+        detail::pg::Session conn;
         std::map<HoldKey, Hold> held;
         std::string lock_sql;
         std::string fetch_sql;
@@ -519,6 +520,7 @@ void OutboxRelay::stop() noexcept
         i.stopping_ = true;
     }
     i.wake_.notify_all();
+    i.state_->conn.watch.arm(detail::pg::stop_grace); // a cycle blocked on a frozen server ends
     if (i.thread_.joinable() && i.thread_.get_id() != std::this_thread::get_id())
         i.thread_.join();
 }
@@ -607,7 +609,7 @@ void OutboxRelay::Impl::cycle(Outcome& out)
     } catch (const pqxx::failure& e) {
         // Whatever state the session is in (broken, in doubt), a new one is
         // the safe start for the next cycle; unmarked rows are simply sent again.
-        st.conn.reset();
+        st.conn.disconnect();
         errors_.fetch_add(1);
         throw DatabaseError(
             st.secrets(fmt::format("outbox relay of {}: PostgreSQL: {}", outbox_.qualified_name(), e.what())));
@@ -626,9 +628,9 @@ void OutboxRelay::Impl::cycle(Outcome& out)
 void OutboxRelay::Impl::cycle_unchecked(Outcome& out)
 {
     State& st = *state_;
-    if (!st.conn)
-        st.conn = detail::pg::connect(conninfo_);
-    pqxx::work tx(*st.conn);
+    if (!st.conn.db)
+        st.conn.connect(conninfo_);
+    pqxx::work tx(*st.conn.db);
     // Read committed, so the rows read next reflect every cycle that committed
     // before this one got the lock, whatever the database's default level.
     if (!tx.exec(st.lock_sql)[0][0].as<bool>()) {
@@ -813,11 +815,11 @@ void OutboxRelay::Impl::purge_step()
     try {
         std::lock_guard<std::mutex> lock(cycle_mutex_);
         try {
-            if (!st.conn)
-                st.conn = detail::pg::connect(conninfo_);
-            n = outbox_.purge_sent(*st.conn, options_.retention, one);
+            if (!st.conn.db)
+                st.conn.connect(conninfo_);
+            n = outbox_.purge_sent(*st.conn.db, options_.retention, one);
         } catch (...) {
-            st.conn.reset();
+            st.conn.disconnect();
             throw;
         }
     } catch (const std::exception& e) {

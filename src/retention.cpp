@@ -16,6 +16,7 @@
 #include "periodic.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
+#include "pg/watch.hpp"
 #include "schema_ddl.hpp"
 #include "pg/connect.hpp"
 #include "fnv1a.hpp"
@@ -963,7 +964,7 @@ struct MaintenanceRunner::Impl {
     Maintenance maintenance;
     LogSink log;
     std::chrono::milliseconds interval;
-    std::unique_ptr<pqxx::connection> conn; // the thread's; reconnected after a failure
+    detail::pg::Session conn; // the thread's; reconnected after a failure
     mutable std::mutex mutex;                // last
     std::optional<MaintenanceReport> last;
     std::atomic<std::uint64_t> runs{0}, failures{0}, kept{0};
@@ -987,6 +988,7 @@ MaintenanceRunner::~MaintenanceRunner()
 void MaintenanceRunner::stop() noexcept
 {
     impl_->maintenance.cancel(); // a purge stops after its current batch
+    impl_->conn.watch.arm(detail::pg::stop_grace); // a statement blocked on a frozen server ends
     impl_->thread.stop();
 }
 
@@ -1017,9 +1019,9 @@ void MaintenanceRunner::Impl::run() noexcept
         detail::emit(log, level, std::move(line), "maintenance", std::move(fields));
     };
     try {
-        if (!conn)
-            conn = detail::pg::connect(conninfo);
-        MaintenanceReport report = maintenance.run_once(*conn);
+        if (!conn.db)
+            conn.connect(conninfo);
+        MaintenanceReport report = maintenance.run_once(*conn.db);
         const bool changed =
             !report.partitions_created.empty() || !report.partitions_dropped.empty() || report.rows_purged > 0;
         if (report.acted)
@@ -1036,14 +1038,14 @@ void MaintenanceRunner::Impl::run() noexcept
         runs.fetch_add(1);
     } catch (const std::exception& e) {
         failures.fetch_add(1);
-        conn.reset();
+        conn.disconnect();
         say(LogLevel::warning,
             fmt::format("maintenance of {} failed, retried in {}: {}", maintenance.store().qualified_name(),
                         detail::duration_text(interval), e.what()),
             {{log_field::error, e.what()}});
     } catch (...) {
         failures.fetch_add(1);
-        conn.reset();
+        conn.disconnect();
     }
 }
 

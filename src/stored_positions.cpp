@@ -17,18 +17,20 @@ using kafka::offset_invalid;
 std::optional<std::map<TopicPartition, std::int64_t>>
 StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps)
 {
-    auto& db = db_;
     std::vector<std::pair<std::string, std::int32_t>> wanted;
     for (const auto& tp : tps)
         wanted.emplace_back(tp.topic, tp.partition);
     std::vector<OffsetStore::Stored> stored;
     try {
-        if (!db) {
-            db = pg::connect(cfg_.postgres);
-            pg::set_session(*db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
-            pg::guard_session(*db);
+        if (!own_.db) {
+            own_.connect(cfg_.postgres);
+            const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
+            pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
+            pg::guard_session(*own_.db);
         }
-        pqxx::work tx(*db);
+        // On the poll thread: a frozen server must not stop the polling.
+        const pg::Watch::Armed armed(own_.watch, locking_bound(cfg_));
+        pqxx::work tx(*own_.db);
         pg::open_for_writes(tx, cfg_.lock_timeout);
         stored = store_.acquire(tx, cfg_.group_id, wanted);
         tx.commit();
@@ -36,8 +38,10 @@ StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicParti
         emit(log_, LogLevel::warning,
              fmt::format("cannot read stored positions, partitions wait for PostgreSQL: {}", e.what()), "consumer",
              {{log_field::error, e.what()}});
-        if (db && !db->is_open())
-            db.reset();
+        if (own_.watch.take_fired())
+            metrics_.db_timeouts.add();
+        if (own_.db && !own_.db->is_open())
+            own_.disconnect();
         return std::nullopt;
     }
     std::vector<std::pair<TopicPartition, std::int64_t>> committed;
@@ -114,14 +118,13 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::Consumer&
     return rewinds;
 }
 
-StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>& db,
-                                               const std::set<PartitionState*>& moved)
+StoredPositions::Stored StoredPositions::store(Worker& w, const std::set<PartitionState*>& moved)
 {
     std::vector<OffsetStore::Position> positions;
     for (auto* ps : moved)
         if (ps->position() >= 0)
             positions.push_back({ps->tp.topic, ps->tp.partition, ps->position(), ps->epoch});
-    if (!db) {
+    if (!w.db) {
         // Lost in this batch (by another worker, too): the engine reconnects;
         // the positions go with the partition's next batch.
         emit(log_, LogLevel::warning,
@@ -129,7 +132,8 @@ StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>
         return Stored::failed;
     }
     try {
-        pqxx::work tx(*db);
+        const pg::Watch::Armed armed(w.watch, locking_bound(cfg_));
+        pqxx::work tx(*w.db);
         pg::open_for_writes(tx, cfg_.lock_timeout);
         claims_.write_positions(tx, positions);
         tx.commit();
@@ -142,8 +146,10 @@ StoredPositions::Stored StoredPositions::store(std::unique_ptr<pqxx::connection>
         emit(log_, LogLevel::warning,
              fmt::format("storing positions failed (records are redelivered and deduplicated): {}", e.what()),
              "consumer", {{log_field::error, e.what()}});
-        if (!db->is_open())
-            db.reset();
+        if (w.watch.take_fired())
+            metrics_.db_timeouts.add();
+        if (!w.db->is_open())
+            w.disconnect();
         return Stored::failed;
     }
 }

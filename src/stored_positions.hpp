@@ -47,7 +47,7 @@ public:
     /// Writes the merged positions of `moved` in a transaction of their own
     /// (per-key ordering over several workers). `fenced`: the table refused
     /// our epoch for some (see ClaimTransaction::take_fenced()).
-    Stored store(std::unique_ptr<pqxx::connection>& db, const std::set<PartitionState*>& moved);
+    Stored store(Worker& w, const std::set<PartitionState*>& moved);
 
 private:
     const ConsumerConfig& cfg_;
@@ -56,7 +56,7 @@ private:
     ClaimTransaction& claims_;
     Metrics& metrics_;
     LogSink log_;
-    std::unique_ptr<pqxx::connection> db_; // for acquire()
+    pg::Session own_; // for acquire()
 };
 
 } // namespace idemkafka::detail

@@ -361,6 +361,20 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// else librdkafka's 300 s), after which a member that stopped polling
     /// has lost its partitions anyway.
     std::chrono::milliseconds frozen_member_timeout{0};
+    /// Longest the consumer waits for PostgreSQL in one of its own steps
+    /// (a statement, COMMIT, a stored-position read or write), on the
+    /// client's side: a server that froze (a paused VM, a storage stall, a
+    /// COMMIT waiting on a dead synchronous standby) enforces no
+    /// statement_timeout, and its kernel still acknowledges every packet, so
+    /// no keepalive notices. Past it the connection is cut, the batch's
+    /// outcome is unknown (rolled back, or a COMMIT in doubt that redelivery
+    /// and the claims settle), the assignment pauses and the consumer
+    /// reconnects with a backoff (db_timeouts counts it, an error says so).
+    /// A claim may wait lock_timeout longer for another batch's row locks.
+    /// A handler call is not bounded by it (its SQL on the library's
+    /// connection is the handler's own); a forced stop cuts it. Connecting
+    /// is bounded by connect_timeout (see the README). Zero: no bound.
+    std::chrono::milliseconds db_timeout{30000};
 
     /// Dead-letter topic. Empty means "<group_id>.dlq".
     std::string dead_letter_topic;

@@ -90,6 +90,9 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// Sessions of frozen members (idle in a transaction past
     /// ConsumerConfig::frozen_member_timeout) this consumer ended.
     std::uint64_t frozen_members_ended = 0;
+    /// Connections to PostgreSQL cut because one of the consumer's own steps
+    /// waited past ConsumerConfig::db_timeout (a frozen or vanished server).
+    std::uint64_t db_timeouts = 0;
     /// Handler calls that returned normally with their transaction aborted (a
     /// database error caught and not rethrown): failures of that record.
     std::uint64_t handler_aborted_transactions = 0;
@@ -188,7 +191,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
-        positions_behind_kafka, records_behind_kafka, frozen_members_ended,
+        positions_behind_kafka, records_behind_kafka, frozen_members_ended, db_timeouts,
         lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.

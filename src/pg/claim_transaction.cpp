@@ -110,6 +110,7 @@ void ClaimTransaction::end_frozen_members(Worker& w)
     }
     const auto stale = frozen_after(s_.cfg);
     try {
+        const pg::Watch::Armed armed(w.watch, s_.cfg.db_timeout);
         pqxx::nontransaction tx(*w.db);
         const auto ended = pg::exec_params(
             tx,
@@ -143,13 +144,13 @@ void ClaimTransaction::end_frozen_members(Worker& w)
     }
 }
 
-Holds ClaimTransaction::screen(Intake& intake, pqxx::connection& db, std::vector<Item>& items)
+Holds ClaimTransaction::screen(Intake& intake, Worker& w, std::vector<Item>& items)
 {
     Holds holds;
     for (auto& it : items) {
         intake.screen(it);
         if (it.reconcile)
-            reconcile(db, it);
+            reconcile(w, it);
         if (it.retry_later)
             holds.add(it.part, it.record.offset, it.retry_failures);
     }
@@ -383,10 +384,13 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     w.call_slots.clear();
     w.call_contexts.clear();
     try {
+        // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
+        const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
         pqxx::work tx(*w.db);
         pg::open_for_writes(tx, s_.cfg.lock_timeout);
         auto claimed_list =
             pg::claimed_ids(pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id));
+        w.watch.arm(s_.cfg.db_timeout);
         std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
         std::size_t handled = 0;
         for (std::size_t k = 0; k < first.size(); ++k) {
@@ -422,6 +426,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             current = i;
             ++handled;
             const bool ok = call_handler(i, failure, [&] {
+                const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
                 const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
                                   it.key_window_open);
                 const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
@@ -441,6 +446,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             handled = w.call_items.size();
             current = w.call_items.front();
             bool ok = call_handler(current, failure, [&] {
+                const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
                 // One record: what the handler publishes carries its trace; several: each passes its own.
                 const TraceScope trace(handled == 1 ? &items[current].record : nullptr);
                 s_.stage.handle_batch(b.bank, tx, w.call_slots.data(), w.call_contexts.data(), handled);
@@ -551,6 +557,14 @@ ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::excep
 
 void ClaimTransaction::lost_connection(Worker& w, const char* why)
 {
+    if (w.watch.take_fired()) {
+        s_.metrics.db_timeouts.add();
+        say(s_.log, LogLevel::error, error_field(why),
+            "PostgreSQL did not answer within db_timeout ({} ms, a claim {} ms more): the connection was cut (a "
+            "frozen or unreachable server?); the batch's outcome is unknown until PostgreSQL answers again, so "
+            "nothing of it is committed to Kafka and its records are redelivered and deduplicated",
+            s_.cfg.db_timeout.count(), s_.cfg.lock_timeout.count());
+    }
     s_.metrics.db_failures.add();
     say(s_.log, LogLevel::error, error_field(why),
         "PostgreSQL connection lost ({}); offsets of the batch are not committed, records will be redelivered", why);
@@ -611,16 +625,22 @@ std::vector<TopicPartition> ClaimTransaction::take_fenced()
     return std::exchange(fenced_, {});
 }
 
-void ClaimTransaction::reconcile(pqxx::connection& db, Item& it)
+void ClaimTransaction::reconcile(Worker& w, Item& it)
 {
     const auto where = it.where();
     ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
     const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
     try {
-        pqxx::work tx(db);
+        if (!w.db)
+            throw pqxx::broken_connection("no PostgreSQL connection");
+        const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
+        pqxx::work tx(*w.db);
         pg::open_for_writes(tx, s_.cfg.lock_timeout);
         pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
-        outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
+        {
+            const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the hook's time is its own
+            outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
+        }
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)
             throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
         // Seen before the skip claim (which would arm a transaction the hook began) and at the arm.

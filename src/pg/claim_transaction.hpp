@@ -29,15 +29,25 @@
 #include "intake.hpp"
 #include "ledger.hpp"
 #include "log_context.hpp"
+#include "pg/watch.hpp"
 
 namespace idemkafka::detail {
+
+/// How long a step that may wait for row locks (a claim, a position write)
+/// may take before its connection is cut: db_timeout plus lock_timeout (zero
+/// when db_timeout is: no bound).
+inline std::chrono::milliseconds locking_bound(const ConsumerConfig& cfg)
+{
+    return cfg.db_timeout.count() > 0 ? cfg.db_timeout + cfg.lock_timeout : std::chrono::milliseconds(0);
+}
 
 /// Thrown inside a transaction when the offset table refused our epoch.
 struct Fenced {};
 
-/// A worker: one PostgreSQL connection and, per batch, its share of the records.
-struct Worker {
-    std::unique_ptr<pqxx::connection> db;
+/// A worker: one PostgreSQL connection (its calls bounded by
+/// ConsumerConfig::db_timeout through the session's watch) and, per batch,
+/// its share of the records.
+struct Worker : pg::Session {
     std::vector<std::size_t> items; // indices into the batch, in batch order
     Holds holds;
     BatchInfo info;
@@ -97,7 +107,7 @@ public:
     /// those that need it, and poison records go to the dead letter. Returns
     /// the holds every worker starts from (records to retry later, dead
     /// letters not acknowledged).
-    Holds screen(Intake& intake, pqxx::connection& db, std::vector<Item>& items);
+    Holds screen(Intake& intake, Worker& w, std::vector<Item>& items);
 
     /// Runs the worker's transactions over its records of `items` (decoded in
     /// Stage bank `bank`) until one commits, the worker's database fails, or
@@ -106,9 +116,9 @@ public:
     void run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline);
 
     /// The reconcile hook for a record beyond the dedup horizon, in its own
-    /// transaction on `db`: skip (claimed, a duplicate), dead letter, or
-    /// process; a throwing hook counts as a failure of the record.
-    void reconcile(pqxx::connection& db, Item& it);
+    /// transaction on `w`'s connection: skip (claimed, a duplicate), dead
+    /// letter, or process; a throwing hook counts as a failure of the record.
+    void reconcile(Worker& w, Item& it);
 
     /// Writes stored positions in `tx`; throws Fenced (after recording the
     /// refused partitions, see take_fenced()) when the table refused our epoch.
