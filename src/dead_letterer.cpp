@@ -117,6 +117,57 @@ void DeadLetterer::fit(OutgoingRecord& out, std::size_t original_headers) const
     }
 }
 
+// Each dead letter is written once per delivery of its record: one sent
+// earlier and still unanswered (the broker slower than dead_letter_timeout)
+// is waited for, not sent again; it counts as acknowledged once the broker
+// says so. Records not sent by the timeout are withdrawn, so they are never
+// written, and go again. Bounded by dead_letter_timeout.
+std::vector<std::string> DeadLetterer::publish(const std::vector<Item*>& items,
+                                               const std::vector<OutgoingRecord>& records)
+{
+    const auto started = Clock::now();
+    std::vector<DeliveryStatus> deliveries(items.size());
+    std::vector<OutgoingRecord> fresh;
+    std::vector<std::size_t> fresh_of;
+    std::vector<DeliveryStatus> earlier;
+    {
+        std::lock_guard<std::mutex> lock(flight_mu_);
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            const auto& r = items[k]->record;
+            const auto f = in_flight_.find({std::string(r.topic), r.partition, r.offset});
+            if (f != in_flight_.end() && f->second.state() != DeliveryStatus::State::failed) {
+                deliveries[k] = f->second;
+                earlier.push_back(f->second);
+                continue;
+            }
+            fresh.push_back(records[k]);
+            fresh_of.push_back(k);
+        }
+    }
+    auto& p = producer();
+    const auto sent = p.send_all(fresh, cfg_.dead_letter_timeout);
+    for (std::size_t j = 0; j < sent.size(); ++j)
+        deliveries[fresh_of[j]] = sent[j];
+    if (!earlier.empty())
+        p.wait(earlier, std::max(std::chrono::milliseconds(0),
+                                 cfg_.dead_letter_timeout -
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started)));
+    std::vector<std::string> errors(items.size());
+    std::lock_guard<std::mutex> lock(flight_mu_);
+    for (std::size_t k = 0; k < items.size(); ++k) {
+        const auto& r = items[k]->record;
+        const std::tuple<std::string, std::int32_t, std::int64_t> key{std::string(r.topic), r.partition, r.offset};
+        if (deliveries[k].state() == DeliveryStatus::State::in_flight) {
+            in_flight_[key] = deliveries[k];
+            errors[k] = deliveries[k].error() + " (not sent again until the broker answers)";
+            continue;
+        }
+        in_flight_.erase(key);
+        errors[k] = deliveries[k].error();
+    }
+    return errors;
+}
+
 void DeadLetterer::send(const std::vector<Item*>& items, Holds& holds)
 {
     if (items.empty())
@@ -130,8 +181,7 @@ void DeadLetterer::send(const std::vector<Item*>& items, Holds& holds)
     }
     std::vector<std::string> errors;
     try {
-        errors = transport_ ? transport_(records, cfg_.dead_letter_timeout)
-                            : producer().publish_all(records, cfg_.dead_letter_timeout);
+        errors = transport_ ? transport_(records, cfg_.dead_letter_timeout) : publish(items, records);
         if (errors.size() != records.size())
             throw std::logic_error("dead-letter transport answered for a different number of records");
     } catch (const std::exception& e) {

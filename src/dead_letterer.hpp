@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "batch.hpp"
@@ -51,6 +53,7 @@ public:
 private:
     Publisher& producer();
     std::size_t budget() const;
+    std::vector<std::string> publish(const std::vector<Item*>& items, const std::vector<OutgoingRecord>& records);
     void fit(OutgoingRecord& out, std::size_t original_headers) const;
 
     const ConsumerConfig& cfg_;
@@ -62,6 +65,11 @@ private:
     Transport transport_;
     std::mutex mu_;
     std::unique_ptr<Publisher> producer_; // created on the first dead letter
+    // Dead letters sent but not answered within dead_letter_timeout, by their
+    // record (topic, partition, offset): the record's next try waits for that
+    // one instead of writing a second copy.
+    std::mutex flight_mu_;
+    std::map<std::tuple<std::string, std::int32_t, std::int64_t>, DeliveryStatus> in_flight_;
 };
 
 } // namespace idemkafka::detail

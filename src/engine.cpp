@@ -64,6 +64,8 @@ constexpr Backoff db_backoff_shape{milliseconds(100), milliseconds(5000)};
 constexpr Backoff fence_backoff{milliseconds(1000), milliseconds(30000)};
 // A synchronous commit (at a revoke or a stop) waits at most this long.
 constexpr milliseconds sync_commit_bound{10000};
+// Reading the committed offsets' metadata at an assignment waits at most this long.
+constexpr milliseconds inherit_wait{5000};
 
 } // namespace
 
@@ -263,6 +265,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             ledger.assign(tp);
             tps.push_back(tp);
         }
+        inherit_failures(tps);
         if (positions) {
             // Each partition starts at its stored position when it has one
             // (see StoredPositions::acquire()), else at Kafka's committed
@@ -281,6 +284,46 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             }
         }
         return db_pause || keepalive_paused;
+    }
+
+    // The handler failures earlier owners counted for records at or after
+    // each partition's committed offset, carried in the commit's metadata
+    // (PartitionLedger::take_commits): a record's attempts survive a
+    // rebalance and a restart, so a poison record reaches max_attempts
+    // however often the group changes or its members crash. One round trip
+    // to the coordinator per assignment; without an answer the counts start
+    // at zero (logged).
+    void inherit_failures(const std::vector<TopicPartition>& tps)
+    {
+        std::vector<OffsetCommit> committed;
+        for (const auto& tp : tps)
+            committed.push_back({tp, kafka::offset_invalid, {}});
+        if (!kafka->committed(committed, inherit_wait)) {
+            say(log, LogLevel::warning, {},
+                "could not read the committed offsets of {} assigned partition(s) within {} ms: handler failures "
+                "counted by their earlier owners are not known, so a failing record may get up to max_attempts more",
+                tps.size(), inherit_wait.count());
+            return;
+        }
+        for (const auto& c : committed) {
+            auto* ps = ledger.find(c.tp.topic, c.tp.partition);
+            if (!ps || c.offset < 0)
+                continue;
+            ps->start_offset = c.offset;
+            ps->start_known = true;
+            const auto failures = parse_failures_metadata(c.metadata);
+            if (failures.empty())
+                continue;
+            const auto n = ledger.inherit_failures(*ps, failures, c.offset);
+            if (n)
+                say(log, LogLevel::info, coordinates(c.tp.topic, c.tp.partition, c.offset),
+                    "{}/{}: {} record(s) from offset {} on failed before this assignment (up to {} times); their "
+                    "attempts go on from there",
+                    c.tp.topic, c.tp.partition, n, c.offset,
+                    std::max_element(failures.begin(), failures.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; })
+                        ->second);
+        }
     }
 
     void revoked(const std::set<TopicPartition>& tps, bool lost) override

@@ -1,9 +1,58 @@
 #include "ledger.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <utility>
 
 namespace idemkafka::detail {
+namespace {
+
+constexpr std::string_view failures_tag = "idemkafka.failures=";
+constexpr std::size_t failures_metadata_max = 1000; // brokers allow 4096 (offset.metadata.max.bytes)
+
+} // namespace
+
+std::string failures_metadata(const std::map<std::int64_t, int>& failures, std::int64_t from)
+{
+    std::string out;
+    for (auto it = failures.lower_bound(from); it != failures.end(); ++it) {
+        if (it->second <= 0)
+            continue;
+        const std::string entry = std::to_string(it->first) + ':' + std::to_string(it->second);
+        if (out.size() + entry.size() + 1 > failures_metadata_max)
+            break;
+        out += out.empty() ? std::string(failures_tag) : std::string(",");
+        out += entry;
+    }
+    return out;
+}
+
+std::map<std::int64_t, int> parse_failures_metadata(std::string_view metadata)
+{
+    std::map<std::int64_t, int> out;
+    if (metadata.substr(0, failures_tag.size()) != failures_tag)
+        return out;
+    metadata.remove_prefix(failures_tag.size());
+    while (!metadata.empty()) {
+        const auto comma = metadata.find(',');
+        const auto entry = metadata.substr(0, comma);
+        const auto colon = entry.find(':');
+        std::int64_t offset = -1;
+        int failures = 0;
+        if (colon != std::string_view::npos) {
+            const auto* o = entry.data();
+            const auto* c = entry.data() + colon;
+            const auto* e = entry.data() + entry.size();
+            if (std::from_chars(o, c, offset).ptr == c && std::from_chars(c + 1, e, failures).ptr == e &&
+                offset >= 0 && failures > 0)
+                out[offset] = failures;
+        }
+        if (comma == std::string_view::npos)
+            break;
+        metadata.remove_prefix(comma + 1);
+    }
+    return out;
+}
 
 void Holds::add(PartitionState* ps, std::int64_t offset, int failures)
 {
@@ -168,17 +217,22 @@ std::optional<std::chrono::milliseconds> PartitionLedger::fence(const TopicParti
     return wait;
 }
 
-std::vector<std::pair<TopicPartition, std::int64_t>> PartitionLedger::take_commits(const std::set<TopicPartition>* only)
+std::vector<OffsetCommit> PartitionLedger::take_commits(const std::set<TopicPartition>* only)
 {
-    std::vector<std::pair<TopicPartition, std::int64_t>> out;
+    std::vector<OffsetCommit> out;
+    std::lock_guard<std::mutex> lock(failures_mu_);
     for (auto& [tp, ps] : parts_) {
         if (only && !only->count(tp))
             continue;
-        const auto position = ps.position();
-        if (position < 0 || position == ps.committed_next)
+        auto position = ps.position();
+        const bool failures_changed = ps.failures_changed != ps.failures_sent;
+        if (position < 0 && failures_changed && ps.start_known)
+            position = ps.start_offset; // where it stands: committed before
+        if (position < 0 || (position == ps.committed_next && !failures_changed))
             continue;
-        out.emplace_back(tp, position);
+        out.push_back({tp, position, failures_metadata(ps.failures, position)});
         ps.committed_next = position;
+        ps.failures_sent = ps.failures_changed;
     }
     return out;
 }
@@ -186,8 +240,11 @@ std::vector<std::pair<TopicPartition, std::int64_t>> PartitionLedger::take_commi
 void PartitionLedger::commit_failed(std::string_view topic, std::int32_t partition, std::int64_t offset)
 {
     auto* ps = find(topic, partition);
-    if (ps && ps->committed_next == offset)
+    if (ps && ps->committed_next == offset) {
         ps->committed_next = -1;
+        std::lock_guard<std::mutex> lock(failures_mu_);
+        ps->failures_sent = ps->failures_changed - 1; // its failures go again too
+    }
 }
 
 int PartitionLedger::attempt_of(PartitionState& ps, std::int64_t offset)
@@ -200,19 +257,34 @@ int PartitionLedger::attempt_of(PartitionState& ps, std::int64_t offset)
 int PartitionLedger::count_failure(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
+    ++ps.failures_changed;
     return ++ps.failures[offset];
 }
 
 void PartitionLedger::forget_failures(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
-    ps.failures.erase(offset);
+    if (ps.failures.erase(offset))
+        ++ps.failures_changed;
+}
+
+std::size_t PartitionLedger::inherit_failures(PartitionState& ps, const std::map<std::int64_t, int>& failures,
+                                              std::int64_t from)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    std::size_t n = 0;
+    for (auto it = failures.lower_bound(from); it != failures.end(); ++it, ++n) {
+        int& mine = ps.failures[it->first];
+        mine = std::max(mine, it->second);
+    }
+    return n;
 }
 
 void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
-    ps.failures.erase(offset);
+    if (ps.failures.erase(offset))
+        ++ps.failures_changed;
     ps.dead_letter_due.erase(offset);
     ps.dead_lettered.insert(offset);
 }

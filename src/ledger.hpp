@@ -38,6 +38,22 @@ struct TopicPartition {
     }
 };
 
+/// An offset commit of one partition: the next offset to process and the
+/// commit's metadata (the failures of records at or after it).
+struct OffsetCommit {
+    TopicPartition tp;
+    std::int64_t offset = -1;
+    std::string metadata;
+};
+
+/// The handler failures of the records at or after `from` as the metadata of
+/// an offset commit, so that they survive a rebalance or a crash with the
+/// position they belong to: "idemkafka.failures=<offset>:<failures>,..." (the
+/// lowest offsets first, as many as fit in 1,000 bytes). Empty when none.
+std::string failures_metadata(const std::map<std::int64_t, int>& failures, std::int64_t from);
+/// What failures_metadata() wrote; other metadata (another tool's) gives none.
+std::map<std::int64_t, int> parse_failures_metadata(std::string_view metadata);
+
 /// A dead letter the broker refused: sent again, as it was, before anything
 /// else is done with its record (the handler does not run again).
 struct DeadLetterDue {
@@ -81,6 +97,8 @@ struct PartitionState {
 
     // Guarded by PartitionLedger's failures lock while workers run.
     std::map<std::int64_t, int> failures;         // handler failures by offset
+    std::uint64_t failures_changed = 0;           // bumped at each change of `failures`
+    std::uint64_t failures_sent = 0;              // failures_changed as of the last commit
     std::set<std::int64_t> dead_lettered;         // acknowledged dead letters of this assignment
     std::map<std::int64_t, DeadLetterDue> dead_letter_due; // refused ones
 };
@@ -227,9 +245,12 @@ public:
 
     // ---- commits -----------------------------------------------------------
 
-    /// Positions (next offsets) that moved since they were last handed to a
-    /// commit, of every partition or only of `only`; they count as handed over.
-    std::vector<std::pair<TopicPartition, std::int64_t>> take_commits(const std::set<TopicPartition>* only);
+    /// Positions (next offsets) that moved, or whose records' failures
+    /// changed, since they were last handed to a commit, of every partition
+    /// or only of `only`, each with its failures_metadata(); they count as
+    /// handed over. A partition with nothing processed yet commits its start
+    /// offset (as committed at the assignment) when only its failures changed.
+    std::vector<OffsetCommit> take_commits(const std::set<TopicPartition>* only);
     /// A commit of `offset` for `tp` failed: the next take_commits() sends it again.
     void commit_failed(std::string_view topic, std::int32_t partition, std::int64_t offset);
 
@@ -240,6 +261,10 @@ public:
     /// Counts one failure of the record; returns its failures so far.
     int count_failure(PartitionState& ps, std::int64_t offset);
     void forget_failures(PartitionState& ps, std::int64_t offset);
+    /// Failures counted by earlier owners of the partition (the committed
+    /// offset's metadata), for records at or after `from`; a record keeps
+    /// the larger count. Returns how many records had any.
+    std::size_t inherit_failures(PartitionState& ps, const std::map<std::int64_t, int>& failures, std::int64_t from);
     /// The dead letter of the record was acknowledged.
     void dead_lettered(PartitionState& ps, std::int64_t offset);
     /// The dead letter of the record was refused; returns the refusals so far.

@@ -1,6 +1,8 @@
 #include "idemkafka/publisher.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -15,12 +17,45 @@ namespace {
 
 constexpr std::chrono::milliseconds queue_wait{10000};
 
-struct Waiter {
-    std::atomic<bool> done{false};
-    rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
-};
+// After a timeout: how long the delivery reports of withdrawn records may take to arrive.
+constexpr std::chrono::milliseconds withdraw_wait{1000};
 
 } // namespace
+
+namespace detail {
+
+// One tracked record's outcome, shared by its DeliveryStatus handles and, until its
+// delivery report arrives, by librdkafka (the message's opaque holds a
+// reference, released by the report).
+struct DeliveryState {
+    std::atomic<bool> done{false};
+    rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR; // written before `done`
+    std::string timeout_note;                            // the call that gave up waiting: why
+};
+
+} // namespace detail
+
+using Waiter = detail::DeliveryState;
+
+DeliveryStatus::State DeliveryStatus::state() const noexcept
+{
+    if (!s_ || !s_->done.load(std::memory_order_acquire))
+        return State::in_flight;
+    return s_->err == RD_KAFKA_RESP_ERR_NO_ERROR ? State::acknowledged : State::failed;
+}
+
+std::string DeliveryStatus::error() const
+{
+    switch (state()) {
+    case State::acknowledged:
+        return {};
+    case State::failed:
+        return rd_kafka_err2str(s_->err);
+    case State::in_flight:
+        break;
+    }
+    return s_ && !s_->timeout_note.empty() ? s_->timeout_note : "in flight";
+}
 
 void PublisherConfig::validate() const
 {
@@ -44,8 +79,8 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
     detail::kafka::HandlePtr rk;
     std::atomic<std::uint64_t> delivered{0}, failed{0};
     std::mutex mu;
-    // publish_all() one call at a time: its timeout purges every record not
-    // yet delivered, which must be its own only.
+    // send_all() one call at a time: its timeout withdraws every record not
+    // sent yet.
     std::mutex all_mu;
     std::uint64_t failed_since_flush = 0;
     std::string first_error;
@@ -54,9 +89,10 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
     {
         auto* self = static_cast<Impl*>(static_cast<detail::kafka::ClientOwner*>(opaque));
         if (m->_private) {
-            auto* w = static_cast<Waiter*>(m->_private);
-            w->err = m->err;
-            w->done.store(true, std::memory_order_release);
+            // The reference produce() gave the message.
+            const std::unique_ptr<std::shared_ptr<Waiter>> ref(static_cast<std::shared_ptr<Waiter>*>(m->_private));
+            (*ref)->err = m->err;
+            (*ref)->done.store(true, std::memory_order_release);
         }
         if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
             self->delivered.fetch_add(1, std::memory_order_relaxed);
@@ -76,9 +112,14 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
         }
     }
 
+    // `waiter`, when given, learns the record's outcome: the message holds a
+    // reference to it until its delivery report.
     void produce(std::string_view topic, std::optional<std::string_view> key, std::optional<std::string_view> payload,
-                 const std::vector<Header>& given, Waiter* waiter)
+                 const std::vector<Header>& given, const std::shared_ptr<Waiter>& waiter)
     {
+        std::unique_ptr<std::shared_ptr<Waiter>> ref;
+        if (waiter)
+            ref = std::make_unique<std::shared_ptr<Waiter>>(waiter);
         std::vector<Header> traced;
         const auto& headers = detail::with_trace(given, traced); // inside a handler: the record's trace context
         rd_kafka_headers_t* hdrs = nullptr;
@@ -105,7 +146,7 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
         vus[3].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
         vus[3].u.i = RD_KAFKA_MSG_F_COPY;
         vus[4].vtype = RD_KAFKA_VTYPE_OPAQUE;
-        vus[4].u.ptr = waiter;
+        vus[4].u.ptr = ref.get();
         std::size_t n = 5;
         if (hdrs) {
             vus[n].vtype = RD_KAFKA_VTYPE_HEADERS;
@@ -115,8 +156,10 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
         const auto deadline = std::chrono::steady_clock::now() + queue_wait;
         for (;;) {
             const detail::kafka::ErrorPtr error(rd_kafka_produceva(rk.get(), vus, n));
-            if (!error)
-                return; // headers now owned by the message
+            if (!error) {
+                ref.release(); // the message's now, freed by its delivery report
+                return;        // the headers too
+            }
             const auto err = rd_kafka_error_code(error.get());
             if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && std::chrono::steady_clock::now() < deadline) {
                 rd_kafka_poll(rk.get(), 100);
@@ -169,63 +212,67 @@ void Publisher::publish_async(std::string_view topic, std::optional<std::string_
 void Publisher::publish(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
                         const std::vector<Header>& headers, std::chrono::milliseconds timeout)
 {
-    Waiter w;
-    impl_->produce(topic, key, payload, headers, &w);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!w.done.load(std::memory_order_acquire)) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-            // The waiter must outlive the delivery report, which may still come.
-            rd_kafka_flush(impl_->rk.get(), -1);
-            if (w.err == RD_KAFKA_RESP_ERR_NO_ERROR)
-                return;
-            break;
-        }
-        rd_kafka_poll(impl_->rk.get(), 50);
-    }
-    if (w.err != RD_KAFKA_RESP_ERR_NO_ERROR)
-        throw KafkaError(fmt::format("record for {} not acknowledged: {}", topic, rd_kafka_err2str(w.err)));
+    const auto w = std::make_shared<Waiter>();
+    impl_->produce(topic, key, payload, headers, w);
+    if (!wait({DeliveryStatus(w)}, timeout))
+        throw KafkaError(fmt::format("record for {} not acknowledged within {} ms (it may still be delivered)", topic,
+                                     timeout.count()));
+    if (w->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        throw KafkaError(fmt::format("record for {} not acknowledged: {}", topic, rd_kafka_err2str(w->err)));
 }
 
 std::vector<std::string> Publisher::publish_all(const std::vector<OutgoingRecord>& records,
                                                 std::chrono::milliseconds timeout)
 {
-    std::lock_guard<std::mutex> serial(impl_->all_mu);
-    // Waiters must stay put while delivery reports can still arrive.
-    std::vector<Waiter> waiters(records.size());
+    const auto deliveries = send_all(records, timeout);
     std::vector<std::string> result(records.size());
-    for (std::size_t i = 0; i < records.size(); ++i) {
-        const auto& r = records[i];
+    for (std::size_t i = 0; i < records.size(); ++i)
+        result[i] = deliveries[i].error();
+    return result;
+}
+
+std::vector<DeliveryStatus> Publisher::send_all(const std::vector<OutgoingRecord>& records, std::chrono::milliseconds timeout)
+{
+    std::lock_guard<std::mutex> serial(impl_->all_mu);
+    std::vector<DeliveryStatus> out;
+    out.reserve(records.size());
+    for (const auto& r : records) {
+        auto w = std::make_shared<Waiter>();
         try {
             impl_->produce(r.topic, r.key ? std::optional<std::string_view>(*r.key) : std::nullopt,
-                           r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, r.headers,
-                           &waiters[i]);
-        } catch (const KafkaError& e) {
-            result[i] = e.what();
-            waiters[i].done.store(true);
-            waiters[i].err = RD_KAFKA_RESP_ERR__FAIL;
+                           r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, r.headers, w);
+        } catch (const KafkaError&) {
+            w->err = RD_KAFKA_RESP_ERR__FAIL;
+            w->done.store(true);
         }
+        out.push_back(DeliveryStatus(std::move(w)));
     }
+    if (wait(out, timeout))
+        return out;
+    // Withdrawn: the records not sent yet (they are never written); their
+    // reports come at once. What was sent stays in flight.
+    rd_kafka_purge(impl_->rk.get(), RD_KAFKA_PURGE_F_QUEUE);
+    wait(out, withdraw_wait);
+    for (auto& d : out)
+        if (d.state() == DeliveryStatus::State::in_flight)
+            d.s_->timeout_note = fmt::format("not acknowledged within {} ms; sent, so it may still be written",
+                                             timeout.count());
+    return out;
+}
+
+bool Publisher::wait(const std::vector<DeliveryStatus>& deliveries, std::chrono::milliseconds timeout)
+{
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    auto all_done = [&] {
-        for (const auto& w : waiters)
-            if (!w.done.load(std::memory_order_acquire))
-                return false;
-        return true;
-    };
-    while (!all_done()) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-            // Undelivered records are purged so their reports arrive now, with
-            // an error, while the waiters still exist.
-            rd_kafka_purge(impl_->rk.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-            rd_kafka_flush(impl_->rk.get(), -1);
-            break;
-        }
-        rd_kafka_poll(impl_->rk.get(), 10);
+    for (;;) {
+        const bool pending = std::any_of(deliveries.begin(), deliveries.end(),
+                                         [](const DeliveryStatus& d) { return d.state() == DeliveryStatus::State::in_flight; });
+        if (!pending)
+            return true;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0)
+            return false;
+        rd_kafka_poll(impl_->rk.get(), static_cast<int>(std::min<std::int64_t>(left.count(), 10)));
     }
-    for (std::size_t i = 0; i < records.size(); ++i)
-        if (result[i].empty() && waiters[i].err != RD_KAFKA_RESP_ERR_NO_ERROR)
-            result[i] = rd_kafka_err2str(waiters[i].err);
-    return result;
 }
 
 void Publisher::flush(std::chrono::milliseconds timeout)

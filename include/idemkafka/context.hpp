@@ -62,8 +62,10 @@ public:
     /// Returns the value of the first header called `name`, if any (a header with
     /// a null value reads as empty).
     std::optional<std::string_view> header(std::string_view name) const noexcept;
-    /// 1 on the first delivery to the handler in this process, 2 on the first
-    /// retry after the handler threw, and so on.
+    /// 1 on the first delivery to the handler, 2 on the first retry after the
+    /// handler threw, and so on: also across rebalances and restarts, as far
+    /// as the failures were committed with the partition's offset (see the
+    /// README's failure table).
     int attempt() const noexcept { return attempt_; }
 
     /// The record's W3C trace context (https://www.w3.org/TR/trace-context/):

@@ -41,6 +41,29 @@ struct OutgoingRecord {
     std::vector<Header> headers;
 };
 
+namespace detail {
+struct DeliveryState;
+} // namespace detail
+
+/// The outcome of one record sent by Publisher::send_all(): it may be known
+/// only after the call returned (a record the broker has not answered for
+/// yet is in flight, and may still be written). Copies share one outcome.
+/// Thread-safe.
+class IDEMKAFKA_API DeliveryStatus {
+public:
+    enum class State { in_flight, acknowledged, failed };
+
+    DeliveryStatus() = default;
+    State state() const noexcept;
+    /// Why it failed, or why it is still in flight; empty when acknowledged.
+    std::string error() const;
+
+private:
+    friend class Publisher;
+    explicit DeliveryStatus(std::shared_ptr<detail::DeliveryState> s) : s_(std::move(s)) {}
+    std::shared_ptr<detail::DeliveryState> s_;
+};
+
 /// Counters of a Publisher.
 struct PublisherStats {
     std::uint64_t delivered = 0;
@@ -65,8 +88,10 @@ public:
     void publish_async(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
                        const std::vector<Header>& headers = {});
 
-    /// Publishes and waits for the broker's acknowledgement (or `timeout`).
-    /// Throws KafkaError naming the reason if the record was not acknowledged.
+    /// Publishes and waits for the broker's acknowledgement (or `timeout`,
+    /// which it never waits past). Throws KafkaError naming the reason if the
+    /// record was not acknowledged; after a timeout the record may still be
+    /// delivered (it is not withdrawn).
     void publish(std::string_view topic, std::optional<std::string_view> key, std::string_view payload,
                  const std::vector<Header>& headers = {},
                  std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
@@ -76,11 +101,29 @@ public:
     /// broker acknowledged it, otherwise the reason it was not. Never throws for
     /// a delivery failure; throws KafkaError only if the client itself fails.
     /// Calls from several threads run one after the other. At `timeout` the
-    /// records still undelivered are purged, with every other record this
-    /// publisher has not delivered yet (publish() and publish_async() ones
-    /// included): give publish_all() a Publisher of its own where that matters.
+    /// records not sent yet are withdrawn, with every other record this
+    /// publisher has not sent yet (publish() and publish_async() ones
+    /// included): give publish_all() a Publisher of its own where that
+    /// matters. A record already sent is left in flight (its entry says so):
+    /// it may still be written. send_all() tells its outcome later.
     std::vector<std::string> publish_all(const std::vector<OutgoingRecord>& records,
                                          std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+    /// Publishes every record and waits up to `timeout` in all for the
+    /// broker's answers; returns each record's DeliveryStatus, in order. Never
+    /// blocks past `timeout`, never throws for a delivery failure. At the
+    /// timeout the records the client has not sent yet are withdrawn (failed:
+    /// they are never written; note that this withdraws every record of this
+    /// publisher not sent yet, as publish_all() does); records already sent
+    /// stay in flight, and their DeliveryStatus changes when the broker answers
+    /// (then sending such a record again may write it twice: wait() for it
+    /// instead). Calls from several threads run one after the other.
+    std::vector<DeliveryStatus> send_all(const std::vector<OutgoingRecord>& records,
+                                   std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+    /// Waits up to `timeout` until none of `deliveries` is in flight; true
+    /// when none is.
+    bool wait(const std::vector<DeliveryStatus>& deliveries, std::chrono::milliseconds timeout);
 
     /// Waits until every enqueued record is acknowledged or failed. Throws
     /// KafkaError if records are still outstanding after `timeout`, or if any

@@ -556,19 +556,30 @@ void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep
         set_paused(resume->elems[i].topic, resume->elems[i].partition, false);
 }
 
-void Consumer::commit(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets, bool async,
-                      milliseconds bound)
+void Consumer::commit(const std::vector<OffsetCommit>& offsets, bool async, milliseconds bound)
 {
     if (offsets.empty())
         return;
-    auto list = list_of(offsets);
+    auto list = make_list(static_cast<int>(offsets.size()));
+    for (const auto& c : offsets) {
+        auto* p = rd_kafka_topic_partition_list_add(list.get(), c.tp.topic.c_str(), c.tp.partition);
+        p->offset = c.offset;
+        if (!c.metadata.empty()) {
+            // librdkafka frees it with the list.
+            p->metadata = std::malloc(c.metadata.size());
+            if (p->metadata) {
+                std::memcpy(p->metadata, c.metadata.data(), c.metadata.size());
+                p->metadata_size = c.metadata.size();
+            }
+        }
+    }
     const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
         metrics_.offset_commit_failures.add();
         say(log_, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
             rd_kafka_err2str(err));
-        for (const auto& [tp, offset] : offsets)
-            events_.commit_failed(tp, offset);
+        for (const auto& c : offsets)
+            events_.commit_failed(c.tp, c.offset);
     }
 }
 
@@ -606,6 +617,23 @@ bool Consumer::committed(std::vector<std::pair<TopicPartition, std::int64_t>>& t
         return false;
     for (int i = 0; i < list->cnt; ++i)
         tps[static_cast<std::size_t>(i)].second = list->elems[i].err ? offset_unknown : list->elems[i].offset;
+    return true;
+}
+
+bool Consumer::committed(std::vector<OffsetCommit>& tps, milliseconds timeout)
+{
+    auto list = make_list(static_cast<int>(tps.size()));
+    for (const auto& c : tps)
+        rd_kafka_topic_partition_list_add(list.get(), c.tp.topic.c_str(), c.tp.partition)->offset = offset_invalid;
+    if (rd_kafka_committed(rk_.get(), list.get(), static_cast<int>(timeout.count())) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return false;
+    for (int i = 0; i < list->cnt; ++i) {
+        const auto& p = list->elems[i];
+        auto& c = tps[static_cast<std::size_t>(i)];
+        c.offset = p.err ? offset_unknown : p.offset;
+        c.metadata = p.metadata && !p.err ? std::string(static_cast<const char*>(p.metadata), p.metadata_size)
+                                          : std::string();
+    }
     return true;
 }
 

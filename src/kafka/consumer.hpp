@@ -104,15 +104,17 @@ public:
     /// Pauses the whole assignment, or resumes it except `keep_paused`.
     void pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused = {});
 
-    /// Commits explicit offsets. Asynchronous, or synchronous within `bound`
-    /// (a commit not confirmed by then is left pending, and counts as sent).
-    /// Failed partitions are reported through ConsumerEvents::commit_failed.
-    void commit(const std::vector<std::pair<TopicPartition, std::int64_t>>& offsets, bool async,
-                std::chrono::milliseconds bound);
+    /// Commits explicit offsets, each with its metadata. Asynchronous, or
+    /// synchronous within `bound` (a commit not confirmed by then is left
+    /// pending, and counts as sent). Failed partitions are reported through
+    /// ConsumerEvents::commit_failed.
+    void commit(const std::vector<OffsetCommit>& offsets, bool async, std::chrono::milliseconds bound);
     /// Kafka's committed offsets of `tps` (RD_KAFKA_OFFSET_INVALID for none,
     /// offset_unknown for a partition the broker reported an error for);
     /// false when the broker did not answer within `timeout`.
     bool committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, std::chrono::milliseconds timeout);
+    /// The same, with each committed offset's metadata.
+    bool committed(std::vector<OffsetCommit>& tps, std::chrono::milliseconds timeout);
     /// The client's cached low and high watermarks (-1 when unknown).
     std::pair<std::int64_t, std::int64_t> watermarks(const TopicPartition& tp);
     /// The latest statistics per partition (empty without statistics.interval.ms).

@@ -139,6 +139,38 @@ TEST_CASE("dead-letter topic unavailable: the offset does not move until the dea
     CHECK(dlq[0].header("idemkafka.original.offset") == "5");
 }
 
+TEST_CASE("a dead letter the broker acknowledges after dead_letter_timeout is written once", "[fault]")
+{
+    Fixture f(1);
+    f.publish(5);
+    auto cfg = f.config();
+    cfg.dead_letter_timeout = 1s;
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
+    Runner<Consumer> run(c);
+    REQUIRE(wait_until([&] { return f.rows() == 5; }, 60s));
+    // Every answer of the broker now takes 2.5 s: the dead letter's Produce
+    // is written at once but acknowledged after its 1 s timeout, again and again.
+    mock_control("rtt 1 2500");
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        pub.publish(f.topic, "k", "garbage", {}, 30s);
+    }
+    REQUIRE(wait_until([&] { return c.metrics().snapshot().dead_lettered_total() == 1; }, 90s));
+    mock_control("rtt 1 0");
+    f.publish(5);
+    REQUIRE(wait_until([&] { return f.rows() == 10 && committed_offset(f.group, f.topic, 0) == 11; }, 60s));
+    run.join();
+    fail_if_threw(run.error());
+    const auto m = c.metrics().snapshot();
+    CHECK(m.dead_letter_failures >= 1); // the timeouts
+    // Before: each timeout purged the record the broker had written, and the
+    // next try wrote another copy.
+    const auto dlq = read_topic(f.group + ".dlq", 5, 10s);
+    CHECK(dlq.size() == 1);
+    f.check_exact(10);
+}
+
 TEST_CASE("offset commit failures are counted, never fatal, and lose or double nothing", "[fault]")
 {
     Fixture f(2);

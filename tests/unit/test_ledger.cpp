@@ -109,8 +109,9 @@ TEST_CASE("ledger: commits hand over moved positions once, and again after a fai
     ledger.complete(a, 2); // out of order: the position never goes back
     auto c = ledger.take_commits(nullptr);
     REQUIRE(c.size() == 1);
-    CHECK(c[0].first == TopicPartition{"t", 0});
-    CHECK(c[0].second == 5);
+    CHECK(c[0].tp == TopicPartition{"t", 0});
+    CHECK(c[0].offset == 5);
+    CHECK(c[0].metadata.empty());
     CHECK(ledger.take_commits(nullptr).empty());
 
     ledger.commit_failed("t", 0, 4); // an older commit's failure changes nothing
@@ -121,7 +122,75 @@ TEST_CASE("ledger: commits hand over moved positions once, and again after a fai
     ledger.complete(a, 9);
     std::set<TopicPartition> only{{"t", 1}};
     CHECK(ledger.take_commits(&only).empty());
-    CHECK(ledger.take_commits(nullptr).at(0).second == 10);
+    CHECK(ledger.take_commits(nullptr).at(0).offset == 10);
+}
+
+TEST_CASE("ledger: failures travel with the commit's metadata and are inherited from it", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& a = ledger.assign({"t", 0});
+    a.start_offset = 10; // committed at the assignment
+    a.start_known = true;
+    CHECK(ledger.take_commits(nullptr).empty()); // nothing processed, nothing failed
+
+    // A failure with nothing processed yet: the start offset goes again, with it.
+    CHECK(ledger.count_failure(a, 12) == 1);
+    auto c = ledger.take_commits(nullptr);
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].offset == 10);
+    CHECK(c[0].metadata == "idemkafka.failures=12:1");
+    CHECK(ledger.take_commits(nullptr).empty()); // sent
+
+    ledger.count_failure(a, 12);
+    ledger.count_failure(a, 15);
+    ledger.complete(a, 10);
+    ledger.complete(a, 11);
+    c = ledger.take_commits(nullptr);
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].offset == 12);
+    CHECK(c[0].metadata == "idemkafka.failures=12:2,15:1");
+
+    // A failed commit sends the failures again.
+    ledger.commit_failed("t", 0, 12);
+    REQUIRE(ledger.take_commits(nullptr).size() == 1);
+
+    // Dead-lettered: it leaves the metadata, which changes, so it goes again.
+    ledger.dead_lettered(a, 12);
+    c = ledger.take_commits(nullptr);
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].metadata == "idemkafka.failures=15:1");
+
+    // The next owner: counts at or after its committed offset, the larger one kept.
+    auto next = make_ledger();
+    auto& b = next.assign({"t", 0});
+    next.count_failure(b, 15);
+    next.count_failure(b, 15);
+    CHECK(next.inherit_failures(b, parse_failures_metadata("idemkafka.failures=3:4,15:1,16:3"), 12) == 2);
+    CHECK(next.attempt_of(b, 3) == 1); // before the committed offset: settled
+    CHECK(next.attempt_of(b, 15) == 3);
+    CHECK(next.attempt_of(b, 16) == 4);
+}
+
+TEST_CASE("ledger: failures metadata: written within its bound, foreign or damaged metadata ignored", "[unit][ledger]")
+{
+    CHECK(failures_metadata({}, 0).empty());
+    CHECK(failures_metadata({{5, 2}}, 6).empty());
+    CHECK(failures_metadata({{5, 2}, {7, 1}}, 5) == "idemkafka.failures=5:2,7:1");
+    std::map<std::int64_t, int> many;
+    for (std::int64_t o = 0; o < 1000; ++o)
+        many[1000000000000 + o] = 3;
+    const auto text = failures_metadata(many, 0);
+    CHECK(text.size() <= 1000);
+    const auto back = parse_failures_metadata(text);
+    CHECK(!back.empty());
+    CHECK(back.begin()->first == 1000000000000); // the lowest offsets first
+    CHECK(back.size() < many.size());
+
+    CHECK(parse_failures_metadata("").empty());
+    CHECK(parse_failures_metadata("someone else's metadata").empty());
+    CHECK(parse_failures_metadata("idemkafka.failures=").empty());
+    CHECK(parse_failures_metadata("idemkafka.failures=x:1,5:y,-3:2,4:0,9:2,,11") ==
+          std::map<std::int64_t, int>{{9, 2}});
 }
 
 TEST_CASE("ledger: failures, dead letters and what a revoke leaves", "[unit][ledger]")
@@ -232,7 +301,7 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             }
         };
         auto commit = [&](const std::set<TopicPartition>* only, bool failures = true) {
-            for (const auto& [tp, offset] : ledger.take_commits(only)) {
+            for (const auto& [tp, offset, metadata] : ledger.take_commits(only)) {
                 if (failures && chance(10)) {
                     ledger.commit_failed(tp.topic, tp.partition, offset);
                     continue;

@@ -1,0 +1,161 @@
+// A record's attempts survive what happens to the group: counted failures
+// travel with the committed offset (its metadata), so a poison record is
+// dead-lettered after max_attempts deliveries even when its member crashes
+// before that many failures, again and again.
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+
+#include "catch_compat.hpp"
+#include "effects_fixture.hpp"
+#include "test_env.hpp"
+
+extern char** environ;
+
+using namespace idemkafka;
+using namespace idemkafka::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int max_attempts = 5;
+
+std::string env(const char* name)
+{
+    const char* v = std::getenv(name);
+    REQUIRE(v != nullptr);
+    return v;
+}
+
+ConsumerConfig attempts_config(const std::string& group, const std::string& topic)
+{
+    auto cfg = consumer_config(group, topic);
+    cfg.max_attempts = max_attempts;
+    cfg.retry_backoff = 200ms;
+    cfg.retry_backoff_max = 200ms;
+    return cfg;
+}
+
+// Lines of `path` that start with `word`.
+int lines(const std::string& path, const std::string& word)
+{
+    std::ifstream in(path);
+    int n = 0;
+    for (std::string line; std::getline(in, line);)
+        n += line.rfind(word, 0) == 0 ? 1 : 0;
+    return n;
+}
+
+} // namespace
+
+// Run by the next test in a child process, then killed with SIGKILL: the
+// poison record always fails. Each failure is marked in a file first ("fail"),
+// and so is the dead letter once the library logs it ("dead").
+TEST_CASE("attempts child", "[.][attempts-child]")
+{
+    const auto poison = env("IK_ATT_POISON");
+    const auto marks = env("IK_ATT_MARKS");
+    const auto effects = env("IK_ATT_EFFECTS");
+    auto cfg = attempts_config(env("IK_ATT_GROUP"), env("IK_ATT_TOPIC"));
+    const LogSink shown = log_sink();
+    cfg.log = [&](const LogRecord& r) {
+        if (r.message.rfind("dead-lettered", 0) == 0)
+            std::ofstream(marks, std::ios::app) << "dead\n";
+        shown(r);
+    };
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+                   detail::pg::exec_params(tx,
+                                           fmt::format("INSERT INTO {} (event_id, member, kafka_partition, "
+                                                       "kafka_offset) VALUES ($1::uuid, 'child', $2, $3)",
+                                                       effects),
+                                           e.id.to_string(), ctx.partition(), ctx.offset());
+                   if (e.id.to_string() == poison) {
+                       std::ofstream(marks, std::ios::app) << "fail " << ctx.attempt() << '\n';
+                       throw std::runtime_error("poison: always fails");
+                   }
+               });
+    c.run(); // until killed
+}
+
+TEST_CASE("a crash loop faster than max_attempts: the poison record is still dead-lettered after max_attempts",
+          "[fault]")
+{
+    Fixture f(1);
+    f.publish(40);
+    const auto poison = f.events[20].id;
+    const std::string marks = fmt::format("/tmp/{}.marks", f.effects);
+    std::remove(marks.c_str());
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e)
+        envs.emplace_back(*e);
+    envs.push_back("IK_ATT_GROUP=" + f.group);
+    envs.push_back("IK_ATT_TOPIC=" + f.topic);
+    envs.push_back("IK_ATT_EFFECTS=" + f.effects);
+    envs.push_back("IK_ATT_MARKS=" + marks);
+    envs.push_back("IK_ATT_POISON=" + poison.to_string());
+    std::vector<char*> envp;
+    for (auto& s : envs)
+        envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe", spec = "[attempts-child]";
+    char* argv[] = {exe.data(), spec.data(), nullptr};
+
+    auto failed = [&] { return lines(marks, "fail"); };
+    auto dead_lettered = [&] { return lines(marks, "dead") > 0; };
+    int lives = 0;
+    bool done = false;
+    while (!done && lives < 6) {
+        ++lives;
+        const int before = failed();
+        pid_t pid = 0;
+        REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
+        // Each life fails the poison record twice (fewer than max_attempts),
+        // then crashes a moment later, before it could fail it more often.
+        const bool failed_twice = wait_until([&] { return failed() >= before + 2 || dead_lettered(); }, 60s);
+        std::this_thread::sleep_for(300ms);
+        ::kill(pid, SIGKILL);
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        REQUIRE(WIFSIGNALED(status));
+        done = dead_lettered();
+        INFO("life " << lives << ": " << failed() - before << " failures");
+        REQUIRE((failed_twice || done));
+    }
+    const int failures = failed();
+    fmt::print("crash loop: dead-lettered in life {} after {} failed calls (max_attempts {})\n", lives, failures,
+               max_attempts);
+    REQUIRE(done); // before: every life started counting at zero, and the record was never dead-lettered
+    CHECK(lives <= 4);
+    CHECK(read_topic(f.group + ".dlq", 1, 30s).size() == 1);
+    // Up to two counts a crash may take with it before their commit.
+    CHECK(failures <= max_attempts + 2 * (lives - 1));
+
+    // A member that lives finishes the rest: every other record exactly once.
+    Consumer c(attempts_config(f.group, f.topic), decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+                   f.insert(tx, e, ctx, "survivor");
+                   if (e.id == poison)
+                       throw std::runtime_error("poison: always fails");
+               });
+    run_until(c, [&] { return committed_offset(f.group, f.topic, 0) == 40; });
+    f.check_exact(39);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE event_id = '{}'", f.effects, poison.to_string())) == 0);
+    std::remove(marks.c_str());
+}
