@@ -205,6 +205,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     {
         if (Clock::now() < db_retry_at)
             return false;
+        bool reconnected = false;
         for (std::size_t i = 0; i < workers.size(); ++i) {
             auto& w = workers[i];
             if (w.db)
@@ -212,6 +213,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             try {
                 connect(w, false);
                 metrics.db_reconnects.add();
+                reconnected = true;
                 say(log, LogLevel::info, {}, "reconnected to PostgreSQL (worker {})", i);
             } catch (const std::exception& e) {
                 w.disconnect();
@@ -222,10 +224,29 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             }
         }
         if (positions) {
-            // Partitions assigned while PostgreSQL was away take their stored
-            // positions now (a seek), before they are resumed.
-            for (const auto& [ps, offset] : positions->verify(*kafka))
+            // A new connection may reach another server than the one that
+            // committed this member's last transactions (a failover to a
+            // standby without them): their positions are gone with their
+            // claims and effects, so every partition takes its stored position
+            // again instead of going on from its position in memory.
+            if (reconnected) {
+                positions->reconnect();
+                for (auto& [tp, ps] : ledger)
+                    ps.position_verified = false;
+            }
+            // Partitions assigned while PostgreSQL was away, or verified again
+            // after a reconnect, take their stored positions now (a seek),
+            // before they are resumed; what the next batch holds of them comes
+            // again after the seek.
+            const auto rewinds = positions->verify(*kafka);
+            for (const auto& [ps, offset] : rewinds)
                 rewind(*ps, offset);
+            if (!rewinds.empty()) {
+                batch.erase(std::remove_if(batch.begin(), batch.end(),
+                                           [&](const Item& it) { return rewinds.count(it.part) > 0; }),
+                            batch.end());
+                count_in_flight();
+            }
             for (const auto& [tp, ps] : ledger)
                 if (!ps.position_verified) {
                     db_hold();

@@ -112,9 +112,30 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::Consumer&
     const auto target = acquire(consumer, unverified);
     if (!target)
         return rewinds;
-    for (const auto& [tp, offset] : *target)
-        if (auto* ps = ledger_.find(tp.topic, tp.partition); ps && ps->processed_next != offset)
-            rewinds[ps] = offset;
+    for (const auto& tp : unverified) {
+        auto* ps = ledger_.find(tp.topic, tp.partition);
+        if (!ps)
+            continue;
+        if (auto t = target->find(tp); t != target->end()) {
+            if (ps->position() != t->second)
+                rewinds[ps] = t->second;
+        } else if (ps->stored_next >= 0 && ps->position() > ps->stored_next) {
+            // Level with Kafka's committed offset but behind what this member
+            // processed: PostgreSQL lost commits whose offsets had not reached
+            // Kafka yet (acquire() tells only positions behind Kafka's).
+            emit(log_, LogLevel::warning,
+                 fmt::format("{}/{}: the stored position {} is behind this member's position {}: PostgreSQL lost "
+                             "commits (a failover to a standby without them); the {} records in between are "
+                             "processed again (those whose claims survived are skipped as duplicates)",
+                             tp.topic, tp.partition, ps->stored_next, ps->position(), ps->position() - ps->stored_next),
+                 "consumer",
+                 {{log_field::topic, tp.topic},
+                  {log_field::partition, std::to_string(tp.partition)},
+                  {"stored", std::to_string(ps->stored_next)},
+                  {"position", std::to_string(ps->position())}});
+            rewinds[ps] = ps->stored_next;
+        }
+    }
     return rewinds;
 }
 

@@ -43,6 +43,11 @@ public:
     /// them now and returns where each must be rewound to.
     std::map<PartitionState*, std::int64_t> verify(kafka::Consumer& consumer);
 
+    /// Closes the connection acquire() uses, so that the next one opens a new
+    /// one: after the workers lost theirs it is most likely dead too (a
+    /// failover), and a first attempt on it would only fail.
+    void reconnect() noexcept { own_.disconnect(); }
+
     enum class Stored { yes, fenced, failed };
     /// Writes the merged positions of `moved` in a transaction of their own
     /// (per-key ordering over several workers). `fenced`: the table refused

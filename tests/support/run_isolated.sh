@@ -19,6 +19,7 @@ set -euo pipefail
 name=""
 broker_bin=""
 own_postgres=0
+no_postgres=0
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --name)
@@ -31,6 +32,10 @@ while [ "$#" -gt 0 ]; do
             ;;
         --own-postgres)
             own_postgres=1
+            shift
+            ;;
+        --no-postgres)
+            no_postgres=1
             shift
             ;;
         --)
@@ -59,7 +64,9 @@ source "$IK_ROOT/scripts/lib.sh"
 # PostgreSQL: a server of our own, or a database of our own on the shared one.
 isolated_db=""
 shared_pg=""
-if [ "$own_postgres" -eq 1 ] || [ -z "${IDEMKAFKA_TEST_PG:-}" ]; then
+if [ "$no_postgres" -eq 1 ]; then
+    unset IDEMKAFKA_TEST_PG IDEMKAFKA_TEST_PG_RESTART
+elif [ "$own_postgres" -eq 1 ] || [ -z "${IDEMKAFKA_TEST_PG:-}" ]; then
     unset IDEMKAFKA_TEST_PG IDEMKAFKA_TEST_PG_RESTART
     ik_start_postgres >/dev/null
 else
