@@ -91,16 +91,6 @@ void Parking::drop(PartitionState* ps)
     by_partition_.erase(p);
 }
 
-std::optional<Clock::time_point> Parking::next_due() const
-{
-    std::optional<Clock::time_point> out;
-    for (const auto& [ps, keys] : by_partition_)
-        for (const auto& [key, k] : keys)
-            if (!out || k.until < *out)
-                out = k.until;
-    return out;
-}
-
 PartitionState* Parking::fullest() const
 {
     PartitionState* out = nullptr;

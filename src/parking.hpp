@@ -44,8 +44,6 @@ public:
     void drop_from(PartitionState* ps, std::int64_t offset);
     /// Forgets everything of `ps` (revoked, or taken over by a partition hold).
     void drop(PartitionState* ps);
-    /// The earliest deadline, if any key is parked.
-    std::optional<Clock::time_point> next_due() const;
 
     std::size_t records() const noexcept { return records_; }
     std::size_t bytes() const noexcept { return bytes_; }
