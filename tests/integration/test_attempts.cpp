@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,8 +24,6 @@
 #include "catch_compat.hpp"
 #include "effects_fixture.hpp"
 #include "test_env.hpp"
-
-extern char** environ;
 
 using namespace idemkafka;
 using namespace idemkafka::test;
@@ -102,21 +99,9 @@ TEST_CASE("a crash loop faster than max_attempts: the poison record is still dea
     const auto poison = f.events[20].id;
     const std::string marks = fmt::format("/tmp/{}.marks", f.effects);
     std::remove(marks.c_str());
-    std::vector<std::string> envs;
-    for (char** e = environ; *e; ++e)
-        envs.emplace_back(*e);
-    envs.push_back("IK_ATT_GROUP=" + f.group);
-    envs.push_back("IK_ATT_TOPIC=" + f.topic);
-    envs.push_back("IK_ATT_EFFECTS=" + f.effects);
-    envs.push_back("IK_ATT_MARKS=" + marks);
-    envs.push_back("IK_ATT_POISON=" + poison.to_string());
-    std::vector<char*> envp;
-    for (auto& s : envs)
-        envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string exe = "/proc/self/exe", spec = "[attempts-child]";
-    char* argv[] = {exe.data(), spec.data(), nullptr};
-
+    const std::vector<std::string> child_env{"IK_ATT_GROUP=" + f.group, "IK_ATT_TOPIC=" + f.topic,
+                                             "IK_ATT_EFFECTS=" + f.effects, "IK_ATT_MARKS=" + marks,
+                                             "IK_ATT_POISON=" + poison.to_string()};
     auto failed = [&] { return lines(marks, "fail"); };
     auto dead_lettered = [&] { return lines(marks, "dead") > 0; };
     int lives = 0;
@@ -124,8 +109,7 @@ TEST_CASE("a crash loop faster than max_attempts: the poison record is still dea
     while (!done && lives < 6) {
         ++lives;
         const int before = failed();
-        pid_t pid = 0;
-        REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
+        const pid_t pid = spawn_self("[attempts-child]", child_env);
         // Each life fails the poison record twice (fewer than max_attempts),
         // then crashes a moment later, before it could fail it more often.
         const bool failed_twice = wait_until([&] { return failed() >= before + 2 || dead_lettered(); }, 60s);

@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,8 +25,6 @@
 #include "catch_compat.hpp"
 #include "pg/exec.hpp"
 #include "test_env.hpp"
-
-extern char** environ;
 
 using namespace idemkafka;
 using namespace idemkafka::test;
@@ -226,21 +223,8 @@ TEST_CASE("SIGKILL while a key is parked: after a restart every record is proces
     ParkingFixture f;
     const std::string marks = fmt::format("/tmp/{}.marks", f.effects);
     std::remove(marks.c_str());
-    std::vector<std::string> envs;
-    for (char** e = environ; *e; ++e)
-        envs.emplace_back(*e);
-    envs.push_back("IK_PARK_GROUP=" + f.group);
-    envs.push_back("IK_PARK_TOPIC=" + f.topic);
-    envs.push_back("IK_PARK_TABLE=" + f.effects);
-    envs.push_back("IK_PARK_MARKS=" + marks);
-    std::vector<char*> envp;
-    for (auto& s : envs)
-        envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string exe = "/proc/self/exe", spec = "[parking-child]";
-    char* argv[] = {exe.data(), spec.data(), nullptr};
-    pid_t pid = 0;
-    REQUIRE(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
+    const pid_t pid = spawn_self("[parking-child]", {"IK_PARK_GROUP=" + f.group, "IK_PARK_TOPIC=" + f.topic,
+                                                     "IK_PARK_TABLE=" + f.effects, "IK_PARK_MARKS=" + marks});
     struct Reap {
         pid_t pid;
         ~Reap()

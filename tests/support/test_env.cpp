@@ -8,11 +8,14 @@
 #include <mutex>
 #include <stdexcept>
 
+#include <spawn.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <librdkafka/rdkafka.h>
 #include <pqxx/pqxx>
+
+extern char** environ;
 
 namespace idemkafka::test {
 namespace {
@@ -401,6 +404,24 @@ TestEvent decode(std::string_view payload)
         throw DecodeError("amount is not a number");
     }
     return e;
+}
+
+pid_t spawn_self(const std::string& spec, const std::vector<std::string>& extra_env)
+{
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e)
+        envs.emplace_back(*e);
+    envs.insert(envs.end(), extra_env.begin(), extra_env.end());
+    std::vector<char*> envp;
+    for (auto& s : envs)
+        envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe", tag = spec;
+    char* argv[] = {exe.data(), tag.data(), nullptr};
+    pid_t pid = 0;
+    if (const int err = posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()))
+        throw std::runtime_error(fmt::format("cannot start {} {}: error {}", exe, spec, err));
+    return pid;
 }
 
 } // namespace idemkafka::test

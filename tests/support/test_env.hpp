@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/types.h>
+
 #include <idemkafka/consumer.hpp>
 
 namespace idemkafka::test {
@@ -92,6 +94,11 @@ struct TestEvent {
 std::string encode(const TestEvent& e);
 TestEvent decode(std::string_view payload);
 inline EventId event_id_of(const TestEvent& e) { return e.id; }
+
+/// This test program again, as a child process running the test cases
+/// `spec` selects (a hidden case: "[xyz-child]"), with this process's
+/// environment plus `extra_env` ("NAME=value"). Returns its pid.
+pid_t spawn_self(const std::string& spec, const std::vector<std::string>& extra_env);
 
 /// Runs a consumer's run() on its own thread; stop() and join() on destruction.
 /// The exception run() ended with, if any, is kept in `error`.
