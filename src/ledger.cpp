@@ -209,6 +209,13 @@ void PartitionLedger::forget_failures(PartitionState& ps, std::int64_t offset)
     ps.failures.erase(offset);
 }
 
+void PartitionLedger::forgive_failures()
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    for (auto& [tp, ps] : parts_)
+        ps.failures.clear();
+}
+
 void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);

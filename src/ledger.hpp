@@ -240,6 +240,9 @@ public:
     /// Counts one failure of the record; returns its failures so far.
     int count_failure(PartitionState& ps, std::int64_t offset);
     void forget_failures(PartitionState& ps, std::int64_t offset);
+    /// Forgets the failures of every record (the circuit breaker took them
+    /// for an outage's). Not while workers run.
+    void forgive_failures();
     /// The dead letter of the record was acknowledged.
     void dead_lettered(PartitionState& ps, std::int64_t offset);
     /// The dead letter of the record was refused; returns the refusals so far.

@@ -63,7 +63,8 @@ public:
     /// a null value reads as empty).
     std::optional<std::string_view> header(std::string_view name) const noexcept;
     /// 1 on the first delivery to the handler in this process, 2 on the first
-    /// retry after the handler threw, and so on.
+    /// retry after the handler threw, and so on. Failures the circuit breaker
+    /// took for an outage's do not count (ConsumerConfig::circuit_breaker).
     int attempt() const noexcept { return attempt_; }
 
     /// The record's W3C trace context (https://www.w3.org/TR/trace-context/):
