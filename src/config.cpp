@@ -160,6 +160,16 @@ void ConsumerConfig::validate() const
     }
     require(retry_backoff.count() >= 0, "retry_backoff: must not be negative");
     require(retry_backoff_max >= retry_backoff, "retry_backoff_max: must not be below retry_backoff");
+    const auto& cb = circuit_breaker;
+    require(cb.window.count() > 0, "circuit_breaker.window: must be positive");
+    require(cb.min_attempts >= 1, "circuit_breaker.min_attempts: must be at least 1");
+    require(cb.failure_ratio > 0 && cb.failure_ratio <= 1,
+            "circuit_breaker.failure_ratio: must be above 0 and at most 1");
+    require(cb.min_keys >= 1, "circuit_breaker.min_keys: must be at least 1");
+    require(cb.min_partitions >= 1, "circuit_breaker.min_partitions: must be at least 1");
+    require(cb.backoff.count() > 0, "circuit_breaker.backoff: must be positive");
+    require(cb.backoff_max >= cb.backoff, "circuit_breaker.backoff_max: must not be below circuit_breaker.backoff");
+    require(cb.probe_records >= 1, "circuit_breaker.probe_records: must be at least 1");
     require(shutdown_timeout.count() > 0, "shutdown_timeout: must be positive");
     require(oldest_claim_refresh.count() >= 0, "oldest_claim_refresh: must not be negative");
     // The table names are quoted, not checked against a pattern; this only

@@ -22,6 +22,10 @@
 //     commit (kafka::Consumer::commit); a failed commit is sent again.
 // Rebalances arrive inside poll() through kafka::ConsumerEvents: the running
 // batch is finished first, then the ledger assigns or forgets partitions.
+// The circuit breaker (Circuit) hears of every handler attempt in step 4;
+// when failures across keys look like an outage it opens, the worker gives
+// its records back uncounted, and after the merge circuit_ready() pauses the
+// whole assignment, rewinds it, and later lets one probe batch through.
 
 #include "idemkafka/consumer.hpp"
 
@@ -34,6 +38,7 @@
 #include <fmt/format.h>
 
 #include "batch.hpp"
+#include "circuit_breaker.hpp"
 #include "claim_age.hpp"
 #include "dead_letterer.hpp"
 #include "idemkafka/error.hpp"
@@ -84,11 +89,12 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     std::optional<OffsetStore> offset_store; // offsets_in_database
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
+    Circuit circuit{cfg.circuit_breaker};
     // A rebalance took partitions of the running batch while a handler call
     // ran past revoke_wait: its transactions roll back at the next chance.
     std::atomic<bool> abandon_running{false};
     ClaimTransaction claims{ClaimTransaction::Setup{
-        cfg, stage, metrics, store, offset_store, ledger, dead_letters, log, [this] { return forced(); },
+        cfg, stage, metrics, store, offset_store, ledger, dead_letters, circuit, log, [this] { return forced(); },
         [this] { return abandon_running.load(); }, positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // Ordering::key: records waiting behind a failed record of their key.
@@ -123,6 +129,12 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     Clock::time_point db_retry_at{};
     GrowingBackoff db_backoff{db_backoff_shape};
     bool db_pause = false;
+    // The circuit breaker is open: the whole assignment is paused, nothing runs.
+    bool circuit_pause = false;
+    bool probe_running = false;                         // the batch in the workers' hands is the circuit's probe
+    std::size_t batch_limit = cfg.max_batch;            // records per batch (fewer for a probe)
+    Clock::time_point circuit_counted{};                // open time counted up to here (circuit_open_seconds)
+    Clock::time_point circuit_since{};                  // when it opened from closed
     Clock::time_point next_commit_at{};                 // commit_interval: earliest next offset commit
     std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
     Clock::time_point next_lag_update{};
@@ -274,7 +286,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         for (const auto& [tp, ps] : ledger)
             if (ps.retry_paused)
                 keep.insert(tp);
-        kafka->pause_assignment(pause, keep);
+        kafka->pause_assignment(pause || circuit_pause, keep);
     }
 
     // ---- Kafka events (inside poll) -----------------------------------------
@@ -304,7 +316,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                     db_hold();
             }
         }
-        return db_pause || keepalive_paused;
+        return db_pause || keepalive_paused || circuit_pause;
     }
 
     // The handler failures earlier owners counted for records at or after
@@ -495,7 +507,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         const auto due = ledger.due(now);
         for (auto* ps : due.seek)
             seek(*ps);
-        if (!db_pause)
+        if (!db_pause && !circuit_pause)
             for (auto* ps : due.resume)
                 kafka->pause(ps->tp, false);
     }
@@ -518,7 +530,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 count_parked();
             }
         }
-        while (batch.size() < cfg.max_batch && fill_bytes < cfg.max_batch_bytes) {
+        while (batch.size() < batch_limit && fill_bytes < cfg.max_batch_bytes) {
             // The workers are done: hand them what there is rather than leave
             // PostgreSQL idle (and commit their positions when there is nothing).
             // `polling` is set first: a worker finishing from here on sees it
@@ -882,6 +894,102 @@ struct Engine::Impl final : kafka::ConsumerEvents {
         count_in_flight();
     }
 
+    // ---- the circuit breaker ------------------------------------------------
+
+    // Between batches (none in the workers' hands): carries out what the
+    // circuit decided while the last one ran, and what time decides. False
+    // while it is open: nothing may be launched.
+    bool circuit_ready()
+    {
+        if (!circuit.enabled())
+            return true;
+        const auto now = Clock::now();
+        if (metrics.circuit_open.get() != 0) {
+            metrics.circuit_open_ms.add(
+                static_cast<std::uint64_t>(std::chrono::duration_cast<milliseconds>(now - circuit_counted).count()));
+            circuit_counted = now;
+        }
+        if (probe_running && running.empty()) {
+            probe_running = false;
+            settle_probe(now);
+        }
+        if (const auto e = circuit.take_opened())
+            circuit_opened(*e, now);
+        if (circuit.probe_due(now)) {
+            set_circuit_pause(false); // all but partitions waiting out a retry backoff (or PostgreSQL)
+            batch_limit = std::max<std::size_t>(1, std::min(cfg.max_batch, cfg.circuit_breaker.probe_records));
+            say(log, LogLevel::info, {},
+                "circuit breaker probing, {} ms after it opened (its backoff is over): the assignment is resumed "
+                "for one batch of at most {} records",
+                std::chrono::duration_cast<milliseconds>(now - circuit_since).count(), batch_limit);
+            return false; // what was polled while paused goes back: the probe is polled afresh
+        }
+        return !circuit_pause;
+    }
+
+    void circuit_opened(const Circuit::Evidence& e, Clock::time_point now)
+    {
+        metrics.circuit_opened.add();
+        metrics.circuit_open.set(1);
+        circuit_counted = circuit_since = now;
+        ledger.forgive_failures(); // the failures that showed the outage were not the records' either
+        circuit_hold();
+        say(log, LogLevel::warning, error_field(e.last_error),
+            "circuit breaker open: {} of {} handler attempts failed within {} ms, on {} or more keys in {} or more "
+            "partitions: taken for an outage, not the records' fault. The assignment is paused and rewound for {} "
+            "ms, then a probe batch runs; failures meanwhile do not count toward max_attempts (nor do those so "
+            "far). Last error: {}",
+            e.failures, e.attempts, e.span.count(), e.keys, e.partitions, e.wait.count(), e.last_error);
+    }
+
+    void settle_probe(Clock::time_point now)
+    {
+        const auto p = circuit.settle_probe(now);
+        using Outcome = Circuit::Probe::Outcome;
+        if (p.outcome == Outcome::closed) {
+            metrics.circuit_open.set(0);
+            batch_limit = cfg.max_batch;
+            say(log, LogLevel::info, {},
+                "circuit breaker closed after {} ms: {} handler call(s) of the probe succeeded ({} failed); the "
+                "assignment runs as before, and failures count toward max_attempts again",
+                p.open_for.count(), p.successes, p.failures);
+        } else if (p.outcome == Outcome::reopened) {
+            circuit_hold();
+            say(log, LogLevel::warning, error_field(p.last_error),
+                "circuit breaker probe failed ({} handler call(s) failed, none succeeded): open again, the next "
+                "probe in {} ms. Last error: {}",
+                p.failures, p.wait.count(), p.last_error);
+        }
+        // unsettled (duplicates only, or nothing polled): the next batch probes again
+    }
+
+    // The whole assignment waits, paused. Parked keys go back to Kafka: their
+    // partitions are rewound to the first parked record, and what `batch`
+    // holds from there on goes too (rewound later to a further offset, the
+    // partition would skip the records in between).
+    void circuit_hold()
+    {
+        Holds holds;
+        for (auto& [tp, ps] : ledger)
+            if (!ps.parked.empty()) {
+                holds.add(&ps, *ps.parked.begin(), 0);
+                parking.drop(&ps);
+            }
+        apply_holds(holds);
+        if (!holds.empty())
+            batch.erase(std::remove_if(batch.begin(), batch.end(),
+                                       [&](const Item& it) { return holds.covers(it.part, it.record.offset); }),
+                        batch.end());
+        count_in_flight();
+        set_circuit_pause(true);
+    }
+
+    void set_circuit_pause(bool pause)
+    {
+        circuit_pause = pause;
+        set_db_pause(db_pause); // pauses or resumes the assignment for both
+    }
+
     // ---- lifecycle --------------------------------------------------------
 
     void start()
@@ -940,12 +1048,14 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             finish_running();
             bound_parking();
             const bool db_ready = ensure_db();
+            const bool circuit_closed = circuit_ready();
             if (batch.empty())
                 continue;
-            if (!db_ready) {
+            if (!db_ready || !circuit_closed) {
                 rewind_batch();
                 continue;
             }
+            probe_running = circuit.state() == Circuit::State::probing;
             launch();
             if (!pipelined)
                 finish_running();

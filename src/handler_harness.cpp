@@ -85,8 +85,14 @@ struct HarnessCore::Impl {
                     TestRecord{r.topic, 0, static_cast<std::int64_t>(dead_letters.size()), r.key, r.value, r.headers});
             return std::vector<std::string>(records.size()); // all acknowledged
         }};
-    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, no_offsets, ledger, dead_letterer, log,
-                                                    [] { return false; }, [] { return false; }, false}};
+    // One record at a time, nothing to pause: every failure is the record's.
+    Circuit circuit{[this] {
+        auto off = cfg.circuit_breaker;
+        off.enabled = false;
+        return off;
+    }()};
+    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, no_offsets, ledger, dead_letterer,
+                                                    circuit, log, [] { return false; }, [] { return false; }, false}};
     Worker worker;
     std::map<TopicPartition, std::int64_t> next_offset;
     struct Last {

@@ -280,6 +280,16 @@ std::size_t PartitionLedger::inherit_failures(PartitionState& ps, const std::map
     return n;
 }
 
+void PartitionLedger::forgive_failures()
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    for (auto& [tp, ps] : parts_)
+        if (!ps.failures.empty()) {
+            ps.failures.clear();
+            ++ps.failures_changed; // the commit's metadata forgets them too
+        }
+}
+
 void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);

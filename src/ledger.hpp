@@ -265,6 +265,9 @@ public:
     /// offset's metadata), for records at or after `from`; a record keeps
     /// the larger count. Returns how many records had any.
     std::size_t inherit_failures(PartitionState& ps, const std::map<std::int64_t, int>& failures, std::int64_t from);
+    /// Forgets the failures of every record (the circuit breaker took them
+    /// for an outage's). Not while workers run.
+    void forgive_failures();
     /// The dead letter of the record was acknowledged.
     void dead_lettered(PartitionState& ps, std::int64_t offset);
     /// The dead letter of the record was refused; returns the refusals so far.

@@ -68,6 +68,8 @@ constexpr CounterDesc counters[] = {
     {"parking_overflows",
      "Partitions held as a whole because their parked records did not fit (Ordering::key).",
      &MetricsSnapshot::parking_overflows},
+    {"circuit_opened", "Times the circuit breaker opened: handler failures across keys judged an outage.",
+     &MetricsSnapshot::circuit_opened},
 };
 
 template <class T>
@@ -143,6 +145,12 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "expired_partitions_kept",
                  "Expired claim partitions the latest maintenance run could not drop (lock_timeout).", label,
                  expired_partitions_kept);
+    render_gauge(out, "circuit_open", "1 while the circuit breaker holds the assignment (open or probing).", label,
+                 circuit_open);
+    out += fmt::format("# HELP idemkafka_circuit_open_seconds_total Seconds the circuit breaker was open or probing.\n"
+                       "# TYPE idemkafka_circuit_open_seconds_total counter\n"
+                       "idemkafka_circuit_open_seconds_total{{group=\"{}\"}} {}\n",
+                       label, circuit_open_seconds);
     return out;
 }
 
@@ -213,6 +221,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.revoke_abandons = revoke_abandons.get();
     s.parked = parked.get();
     s.parking_overflows = parking_overflows.get();
+    s.circuit_opened = circuit_opened.get();
+    s.circuit_open_seconds = static_cast<double>(circuit_open_ms.get()) / 1000.0;
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();
     s.horizon_processed = horizon_processed.get();
     s.key_window_closed = key_window_closed.get();
@@ -232,6 +242,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.parked_keys = parked_keys.get();
     s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();
     s.expired_partitions_kept = expired_partitions_kept.get();
+    s.circuit_open = circuit_open.get();
     if (s.oldest_claim_unix_ms >= 0) {
         const auto now_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

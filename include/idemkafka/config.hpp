@@ -239,6 +239,52 @@ struct IDEMKAFKA_API OutboxConfig {
     void validate() const;
 };
 
+/// The circuit breaker of a consumer (ConsumerConfig::circuit_breaker): it
+/// tells an outage (a downstream service down, an effect table renamed, a
+/// permission revoked: the handler fails whatever the record) from a poison
+/// record (one record fails while the others go on). When records of several
+/// keys fail and most handler attempts since they began failing failed too,
+/// the circuit opens: the whole assignment is paused and rewound, nothing is
+/// dead-lettered for the outage, and the failures do not count toward
+/// max_attempts (neither do those that showed the outage). After `backoff`
+/// one probe batch of at most `probe_records` records runs: a handler call
+/// that succeeds closes the circuit and everything resumes; a probe that only
+/// fails opens it again for twice as long (up to `backoff_max`). When nothing
+/// but failing records is left to run (several poison keys and no healthy
+/// record), the circuit cannot tell them from an outage and stays open,
+/// probing, until one succeeds. Plain data; ConsumerConfig::validate() checks it.
+struct CircuitBreaker {
+    /// Off: every retryable handler failure counts toward max_attempts, as
+    /// if the record alone were at fault.
+    bool enabled = true;
+    /// Failures older than this are forgotten (a key whose failures have all
+    /// left the window begins failing anew).
+    std::chrono::milliseconds window{10000};
+    /// The circuit opens only after at least this many handler attempts
+    /// since the first key of the evidence began failing (a batch handler
+    /// call counts once per record)...
+    std::size_t min_attempts = 10;
+    /// ... on keys that each failed while most attempts failed: since the
+    /// key began failing, at least this share (above 0, at most 1) of all
+    /// handler attempts failed. A key that keeps failing while the handler
+    /// works for other records is its own problem, not evidence ...
+    double failure_ratio = 0.5;
+    /// ... and at least this many such keys (a record without a key is a key
+    /// of its own; the same key in two partitions is two keys). With
+    /// Ordering::partition a partition shows one failing record at a time:
+    /// with fewer partitions than this, records are dead-lettered before the
+    /// circuit can open ...
+    std::size_t min_keys = 3;
+    /// ... in at least this many partitions.
+    std::size_t min_partitions = 1;
+    /// Pause before the first probe; doubles after each failed probe, up to backoff_max.
+    std::chrono::milliseconds backoff{1000};
+    std::chrono::milliseconds backoff_max{30000};
+    /// Records of a probe batch (at most max_batch): several, so that a probe
+    /// that meets a poison record still tries other records.
+    std::size_t probe_records = 10;
+};
+
 /// Configuration of an IdempotentConsumer. Plain data; IdempotentConsumer's
 /// constructor calls validate(), which throws ConfigError naming the bad field.
 struct IDEMKAFKA_API ConsumerConfig {
@@ -338,6 +384,10 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// fix, and the record is dead-lettered (reason non_retryable) at once.
     /// NonRetryableError is never retried, whatever this says. Default: retry all.
     std::function<bool(const std::exception&)> is_retryable;
+    /// Tells an outage from poison records: when failures are not specific to
+    /// records, the assignment is paused and probed instead of each record
+    /// using up its attempts (see CircuitBreaker). On by default.
+    CircuitBreaker circuit_breaker;
     /// Times a transaction is re-run at once after a serialization failure or
     /// deadlock (SQLSTATE 40001 / 40P01) before that counts as a handler failure.
     int transaction_retries = 10;

@@ -3,7 +3,8 @@
 /// HandlerHarness<Event>: runs a handler through the library's own
 /// claim-and-handle path (decode, screening, claim, handler call, COMMIT,
 /// retries and dead letters) against a real PostgreSQL transaction, without
-/// Kafka. Part of the test kit (target `idemkafka::testing`, see
+/// Kafka. One record at a time: every failure counts toward max_attempts
+/// (ConsumerConfig::circuit_breaker does not apply). Part of the test kit (target `idemkafka::testing`, see
 /// idemkafka/testing.hpp):
 ///
 ///     find_package(idemkafka CONFIG REQUIRED COMPONENTS testing)

@@ -112,6 +112,14 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// a whole instead: rewound to its first parked record and paused for
     /// the retry backoff.
     std::uint64_t parking_overflows = 0;
+    /// Times the circuit breaker opened from closed: handler failures across
+    /// keys judged an outage (see ConsumerConfig::circuit_breaker). A failed
+    /// probe that opens it again does not count again.
+    std::uint64_t circuit_opened = 0;
+    /// Seconds the circuit was not closed (open or probing), over the
+    /// consumer's life; the current opening counts as far as the last update
+    /// (at most 200 ms old).
+    double circuit_open_seconds = 0;
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
     std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
     std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
@@ -166,6 +174,8 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// transaction on the claims table); they stay, and take disk, until a
     /// run drops them. 0 without in-consumer maintenance.
     std::int64_t expired_partitions_kept = 0;
+    /// 1 while the circuit breaker holds the assignment (open or probing), else 0.
+    std::int64_t circuit_open = 0;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -192,7 +202,7 @@ public:
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
         positions_behind_kafka, records_behind_kafka, frozen_members_ended, db_timeouts,
-        lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, circuit_opened, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class IDEMKAFKA_API Histogram {
@@ -219,6 +229,9 @@ public:
     Gauge parked_keys;
     Gauge oldest_claim_unix_ms{{-1}};
     Gauge expired_partitions_kept;
+    Gauge circuit_open;
+    /// Milliseconds the circuit was not closed (MetricsSnapshot::circuit_open_seconds).
+    Counter circuit_open_ms;
 
     /// A copy of the per-partition lags.
     std::vector<PartitionLag> partitions() const;

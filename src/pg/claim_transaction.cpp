@@ -1,8 +1,11 @@
 #include "pg/claim_transaction.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
@@ -169,6 +172,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank
     for (;;) {
         Failure failure{};
         const Outcome out = attempt(w, b, failure);
+        s_.circuit.succeeded(w.calls_ok); // before the failure, if any: they ran before it
         if (out == Outcome::committed)
             return;
         if (out == Outcome::split)
@@ -209,9 +213,31 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank
     }
 }
 
+namespace {
+
+// The circuit breaker's identity of a record's key: the key within its
+// partition; a record without a key is a key of its own.
+std::uint64_t circuit_key(const Item& it)
+{
+    constexpr std::uint64_t mix = 0x9e3779b97f4a7c15ull;
+    const std::uint64_t own = it.record.key ? std::hash<std::string_view>{}(*it.record.key)
+                                            : static_cast<std::uint64_t>(it.record.offset) * mix + 1;
+    return own ^ (reinterpret_cast<std::uintptr_t>(it.part) * mix);
+}
+
+} // namespace
+
 void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
 {
     auto& it = b.items[f.index];
+    if (f.retryable && s_.circuit.enabled()) {
+        const auto verdict =
+            s_.circuit.failed(reinterpret_cast<std::uintptr_t>(it.part), circuit_key(it), f.what, Clock::now());
+        if (verdict != Circuit::Verdict::counted) {
+            not_counted(w, b, f, verdict);
+            return;
+        }
+    }
     const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
     s_.metrics.handler_failures.add();
     const auto where = it.where();
@@ -236,6 +262,38 @@ void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
         w.holds.park(it.part, it.record.key, it.record.offset, failures);
     else
         w.holds.add(it.part, it.record.offset, failures);
+}
+
+// A handler failure the circuit breaker takes for an outage's, or one of
+// its probe: not counted toward max_attempts. While the circuit is open the
+// worker gives back every record it has not finished (they run again after
+// the outage: the engine pauses the assignment); a probe goes on with its
+// other records.
+void ClaimTransaction::not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict)
+{
+    auto& it = b.items[f.index];
+    s_.metrics.handler_failures.add();
+    s_.metrics.retries.add();
+    it.error = f.what;
+    const int failures = s_.ledger.attempt_of(*it.part, it.record.offset) - 1;
+    const bool probe = verdict == Circuit::Verdict::probe;
+    say(s_.log, LogLevel::info, it.log_fields(f.what),
+        "handler failed on {} (event {}) {}; not counted toward max_attempts ({} of {} so far): {}", it.where(),
+        it.id.to_string(),
+        probe ? "in a probe of the open circuit" : "while the circuit is open (an outage, not this record's fault)",
+        failures, s_.cfg.max_attempts, f.what);
+    if (probe) {
+        if (s_.cfg.ordering == Ordering::key)
+            w.holds.park(it.part, it.record.key, it.record.offset, failures);
+        else
+            w.holds.add(it.part, it.record.offset, failures);
+        return;
+    }
+    for (std::size_t j : w.items) {
+        const auto& other = b.items[j];
+        if (other.state == ItemState::pending && !held(w.holds, other))
+            w.holds.add(other.part, other.record.offset, 0);
+    }
 }
 
 bool ClaimTransaction::retryable(const std::exception& e) const
@@ -370,6 +428,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     }
     w.info = BatchInfo{};
     w.info.records = active;
+    w.calls_ok = 0;
     if (ids.empty())
         return Outcome::committed;
     // Claims in id order: workers that share ids lock them in the same order
@@ -439,6 +498,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                 throw Abandon{}; // what the call did is not ours to commit any more
             if (!ok || !left_usable(tx, w, i, failure))
                 return Outcome::handler_failed;
+            ++w.calls_ok;
             current = nobody;
         }
         if (!w.call_items.empty()) {
@@ -464,6 +524,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                 w.one_by_one = true;
                 return Outcome::split;
             }
+            w.calls_ok += handled;
         }
         current = nobody;
         std::vector<std::pair<PartitionState*, std::int64_t>> stored;

@@ -20,6 +20,7 @@
 #include <pqxx/pqxx>
 
 #include "batch.hpp"
+#include "circuit_breaker.hpp"
 #include "dead_letterer.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/consumer.hpp"
@@ -59,6 +60,7 @@ struct Worker : pg::Session {
     std::vector<std::size_t> call_items; // batch handler: the records of the call
     std::vector<std::size_t> call_slots; // and their Stage slots
     std::vector<Context> call_contexts;
+    std::size_t calls_ok = 0;     // handler calls (records) of the last transaction that returned normally
     std::exception_ptr error;     // an unexpected exception, rethrown on the poll thread
     // offsets_in_database: the positions the final transaction stored, for
     // the poll thread to note in their states after the batch.
@@ -83,6 +85,8 @@ public:
         const std::optional<OffsetStore>& offsets;
         PartitionLedger& ledger;
         DeadLetterer& dead_letters;
+        /// Tells an outage's handler failures from a record's own.
+        Circuit& circuit;
         LogSink log;
         std::function<bool()> forced;
         std::function<bool()> revoked;
@@ -146,6 +150,7 @@ private:
 
     Outcome attempt(Worker& w, Batch& b, Failure& failure);
     void handler_failed(Worker& w, Batch& b, const Failure& f);
+    void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
     bool retryable(const std::exception& e) const;
     template <class Call>
     bool call_handler(std::size_t blame, Failure& failure, Call&& call);

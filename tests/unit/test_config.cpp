@@ -1,3 +1,4 @@
+#include <cmath>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -100,6 +101,38 @@ TEST_CASE("missing and out-of-range fields name the field", "[unit]")
     c = valid();
     c.max_prefetch_records = 0;
     CHECK(error_of(c).rfind("max_prefetch_records", 0) == 0);
+}
+
+TEST_CASE("circuit breaker settings: on by default, a bad value names its field", "[unit]")
+{
+    const ConsumerConfig defaults;
+    CHECK(defaults.circuit_breaker.enabled);
+    using Field = std::tuple<const char*, void (*)(CircuitBreaker&)>;
+    const std::vector<Field> bad{
+        {"circuit_breaker.window", [](CircuitBreaker& b) { b.window = std::chrono::milliseconds(0); }},
+        {"circuit_breaker.min_attempts", [](CircuitBreaker& b) { b.min_attempts = 0; }},
+        {"circuit_breaker.failure_ratio", [](CircuitBreaker& b) { b.failure_ratio = 0; }},
+        {"circuit_breaker.failure_ratio", [](CircuitBreaker& b) { b.failure_ratio = 1.5; }},
+        {"circuit_breaker.failure_ratio", [](CircuitBreaker& b) { b.failure_ratio = std::nan(""); }},
+        {"circuit_breaker.min_keys", [](CircuitBreaker& b) { b.min_keys = 0; }},
+        {"circuit_breaker.min_partitions", [](CircuitBreaker& b) { b.min_partitions = 0; }},
+        {"circuit_breaker.backoff", [](CircuitBreaker& b) { b.backoff = std::chrono::milliseconds(0); }},
+        {"circuit_breaker.backoff_max", [](CircuitBreaker& b) { b.backoff_max = b.backoff / 2; }},
+        {"circuit_breaker.probe_records", [](CircuitBreaker& b) { b.probe_records = 0; }},
+    };
+    for (const auto& [field, spoil] : bad) {
+        auto c = valid();
+        spoil(c.circuit_breaker);
+        const auto msg = error_of(c);
+        CAPTURE(field, msg);
+        CHECK(msg.rfind(std::string(field) + ":", 0) == 0);
+    }
+    auto c = valid();
+    c.circuit_breaker.failure_ratio = 1; // every attempt failed
+    c.circuit_breaker.min_keys = 1;
+    CHECK(error_of(c).empty());
+    c.circuit_breaker.enabled = false;
+    CHECK(error_of(c).empty());
 }
 
 TEST_CASE("the dead-letter topic: a valid Kafka name, never consumed by its own group", "[unit]")

@@ -466,3 +466,18 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
         }
     }
 }
+
+TEST_CASE("ledger: forgive_failures() starts every record's attempts again", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& a = ledger.assign({"t", 0});
+    auto& b = ledger.assign({"t", 1});
+    ledger.count_failure(a, 3);
+    ledger.count_failure(a, 3);
+    ledger.count_failure(b, 7);
+    CHECK(ledger.attempt_of(a, 3) == 3);
+    ledger.forgive_failures();
+    CHECK(ledger.attempt_of(a, 3) == 1);
+    CHECK(ledger.attempt_of(b, 7) == 1);
+    CHECK(ledger.count_failure(a, 3) == 1);
+}

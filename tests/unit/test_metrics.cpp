@@ -165,3 +165,26 @@ TEST_CASE("librdkafka statistics: per-partition lag, committed offset and high w
     CHECK(parse_partition_stats(R"({"topics": {"t": {"partitions": {"0": {"partition": "zero"}}}}})").empty());
     CHECK(parse_partition_stats(R"({"topics": 5})").empty());
 }
+
+TEST_CASE("circuit breaker metrics in the snapshot and the exposition", "[unit]")
+{
+    Metrics m;
+    auto s = m.snapshot();
+    CHECK(s.circuit_open == 0);
+    CHECK(s.circuit_opened == 0);
+    CHECK(s.circuit_open_seconds == 0);
+    m.circuit_open.set(1);
+    m.circuit_opened.add();
+    m.circuit_open_ms.add(2500);
+    s = m.snapshot();
+    CHECK(s.circuit_open == 1);
+    CHECK(s.circuit_opened == 1);
+    CHECK(s.circuit_open_seconds == 2.5);
+    const auto text = s.to_prometheus("g");
+    CHECK(has_line(text, "# TYPE idemkafka_circuit_open gauge"));
+    CHECK(has_line(text, R"(idemkafka_circuit_open{group="g"} 1)"));
+    CHECK(has_line(text, "# TYPE idemkafka_circuit_opened_total counter"));
+    CHECK(has_line(text, R"(idemkafka_circuit_opened_total{group="g"} 1)"));
+    CHECK(has_line(text, "# TYPE idemkafka_circuit_open_seconds_total counter"));
+    CHECK(has_line(text, R"(idemkafka_circuit_open_seconds_total{group="g"} 2.5)"));
+}

@@ -1,0 +1,200 @@
+// An outage is not poison: a downstream service that fails every handler
+// call for a while must not send the backlog to the dead-letter topic, while
+// a record that fails on its own is still dead-lettered after max_attempts.
+// Both with Ordering::partition and with Ordering::key over two workers.
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+#include <idemkafka/publisher.hpp>
+
+#include "catch_compat.hpp"
+#include "effects_fixture.hpp"
+#include "test_env.hpp"
+
+using namespace idemkafka;
+using namespace idemkafka::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int partitions = 4;
+
+// The library's retry defaults (100 ms doubling, 5 attempts): a record that
+// fails on every call is dead-lettered about 1.5 s after its first failure.
+ConsumerConfig outage_config(const Fixture& f, Ordering ordering)
+{
+    auto cfg = f.config();
+    cfg.retry_backoff = 100ms;
+    cfg.retry_backoff_max = 10s;
+    cfg.max_attempts = 5;
+    cfg.ordering = ordering;
+    cfg.workers = ordering == Ordering::key ? 2 : 1;
+    cfg.max_batch = 200;
+    // Probes every 0.5, 1, 2, 2, ... s: the backlog goes on soon after the outage.
+    cfg.circuit_breaker.backoff = 500ms;
+    cfg.circuit_breaker.backoff_max = 2s;
+    return cfg;
+}
+
+const char* name_of(Ordering o)
+{
+    return o == Ordering::key ? "Ordering::key, 2 workers" : "Ordering::partition";
+}
+
+// After the first `healthy` handler calls, every call fails for `length`,
+// then every call succeeds again.
+struct Outage {
+    Outage(std::chrono::steady_clock::duration l, int h) : length(l), healthy(h) {}
+
+    std::chrono::steady_clock::duration length;
+    int healthy;
+    std::mutex mu;
+    int calls = 0;
+    std::optional<std::chrono::steady_clock::time_point> began;
+    std::atomic<int> failed_calls{0};
+
+    bool on()
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (++calls <= healthy)
+            return false;
+        const auto now = std::chrono::steady_clock::now();
+        if (!began)
+            began = now;
+        return now - *began < length;
+    }
+};
+
+void outage_backlog(Ordering ordering)
+{
+    INFO(name_of(ordering));
+    Fixture f(partitions);
+    f.publish(3000); // 50 keys over the partitions
+    const auto n = static_cast<std::int64_t>(f.events.size());
+    Outage outage(15s, 500);          // in the middle of the backlog, the handler busy until then
+    std::atomic<int> last_attempt{0}; // the highest attempt that succeeded
+    Consumer c(outage_config(f, ordering), decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+                   if (outage.on()) {
+                       ++outage.failed_calls;
+                       throw std::runtime_error("payment provider unavailable (503)");
+                   }
+                   f.insert(tx, e, ctx);
+                   for (int seen = last_attempt;
+                        ctx.attempt() > seen && !last_attempt.compare_exchange_weak(seen, ctx.attempt());)
+                       ;
+               });
+    const auto t0 = std::chrono::steady_clock::now();
+    Runner<Consumer> run(c);
+    // Every record ends somewhere: charged, or (before the breaker) dead-lettered.
+    const bool settled = wait_until(
+        [&] {
+            return f.rows() + static_cast<std::int64_t>(c.metrics().snapshot().dead_lettered_total()) >= n &&
+                   f.committed_total(partitions) == n;
+        },
+        120s);
+    run.join();
+    fail_if_threw(run.error());
+    const auto m = c.metrics().snapshot();
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    WARN(fmt::format("{}: {} records, outage 15 s: {} failed calls, {} dead letters, circuit opened {} times, open "
+                     "{:.1f} s; {} effects, {} committed in Kafka, {} in flight after {} ms",
+                     name_of(ordering), n, outage.failed_calls.load(), m.dead_lettered_total(), m.circuit_opened,
+                     m.circuit_open_seconds, f.rows(), f.committed_total(partitions), m.in_flight_records,
+                     took.count()));
+    REQUIRE(settled);
+    CHECK(outage.failed_calls > 0);
+    CHECK(m.dead_lettered_total() == 0);
+    // The failures that showed the outage were forgiven, and none while the
+    // circuit was open counted: every record succeeded at its first attempt.
+    CHECK(last_attempt == 1);
+    f.check_exact(static_cast<std::size_t>(n));
+    CHECK(m.circuit_opened >= 1);
+    CHECK(m.circuit_open == 0);
+    CHECK(m.circuit_open_seconds > 5);
+    CHECK(read_topic(f.group + ".dlq", 1, 2s).empty());
+}
+
+// One key's records always fail among the healthy records of 50 other keys.
+void poison_key(Ordering ordering)
+{
+    INFO(name_of(ordering));
+    Fixture f(partitions);
+    const std::string bad_key = "always-failing";
+    std::set<EventId> bad;
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int i = 0; i < 2000; ++i) {
+            const bool is_bad = i % 400 == 100; // 5 records, spread over the backlog
+            TestEvent e{new_event_id(), is_bad ? bad_key : fmt::format("entity-{}", i % 50), i};
+            if (is_bad)
+                bad.insert(e.id);
+            f.events.push_back(e);
+            pub.publish_async(f.topic, e.entity, encode(e));
+        }
+        pub.flush();
+    }
+    const auto n = static_cast<std::int64_t>(f.events.size());
+    const auto good = n - static_cast<std::int64_t>(bad.size());
+    auto cfg = outage_config(f, ordering);
+    cfg.retry_backoff = 50ms; // 5 attempts in 750 ms per bad record
+    std::atomic<int> bad_calls{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        if (e.entity == bad_key) {
+            ++bad_calls;
+            throw std::runtime_error("card declined by a bug");
+        }
+        f.insert(tx, e, ctx);
+    });
+    run_until(c, [&] {
+        return f.rows() == good && c.metrics().snapshot().dead_lettered_total() == bad.size() &&
+               f.committed_total(partitions) == n;
+    });
+    const auto m = c.metrics().snapshot();
+    CHECK(bad_calls == static_cast<int>(bad.size()) * cfg.max_attempts);
+    CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == bad.size());
+    CHECK(m.circuit_opened == 0);
+    CHECK(m.circuit_open == 0);
+    f.check_exact(static_cast<std::size_t>(good));
+    const auto dlq = read_topic(f.group + ".dlq", bad.size(), 30s);
+    REQUIRE(dlq.size() == bad.size());
+    std::set<EventId> dead;
+    for (const auto& r : dlq) {
+        CHECK(r.header("idemkafka.attempts") == std::to_string(cfg.max_attempts));
+        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
+    }
+    CHECK(dead == bad);
+}
+
+} // namespace
+
+TEST_CASE("an outage of every handler call for 15 s dead-letters nothing: the circuit opens, probes, closes",
+          "[fault][outage]")
+{
+    outage_backlog(Ordering::partition);
+}
+
+TEST_CASE("an outage with Ordering::key and 2 workers dead-letters nothing", "[fault][outage]")
+{
+    outage_backlog(Ordering::key);
+}
+
+TEST_CASE("one key that always fails among healthy keys: only its records are dead-lettered, the circuit stays closed",
+          "[fault][outage]")
+{
+    poison_key(Ordering::partition);
+}
+
+TEST_CASE("one key that always fails, with Ordering::key and 2 workers: only its records are dead-lettered",
+          "[fault][outage]")
+{
+    poison_key(Ordering::key);
+}

@@ -1,0 +1,233 @@
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "catch_compat.hpp"
+#include "circuit_breaker.hpp"
+
+using namespace idemkafka;
+using namespace idemkafka::detail;
+using namespace std::chrono_literals;
+using Verdict = Circuit::Verdict;
+using Outcome = Circuit::Probe::Outcome;
+
+namespace {
+
+const Circuit::Clock::time_point t0 = Circuit::Clock::now();
+
+CircuitBreaker settings()
+{
+    CircuitBreaker s; // window 10 s, 10 attempts, half failed, 3 keys, 1 partition
+    s.backoff = 1000ms;
+    s.backoff_max = 4000ms;
+    return s;
+}
+
+// Failures of `keys` keys in turn, one every `every`, from `from`; the
+// verdict of the last.
+Verdict fail(Circuit& c, int n, int keys, Circuit::Clock::time_point from, std::chrono::microseconds every = 10ms,
+             std::uint64_t partitions = 1)
+{
+    Verdict v = Verdict::counted;
+    for (int i = 0; i < n; ++i)
+        v = c.failed(static_cast<std::uint64_t>(i) % partitions, static_cast<std::uint64_t>(i % keys), "503",
+                     from + i * every);
+    return v;
+}
+
+} // namespace
+
+TEST_CASE("circuit: a key failing alone never opens it, however often", "[unit][circuit]")
+{
+    Circuit c(settings());
+    CHECK(fail(c, 200, 1, t0) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+    CHECK_FALSE(c.take_opened());
+    // Two keys are not enough either.
+    CHECK(fail(c, 200, 2, t0 + 3s) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+}
+
+TEST_CASE("circuit: failures across keys open it at min_attempts; the evidence says why", "[unit][circuit]")
+{
+    Circuit c(settings());
+    CHECK(fail(c, 9, 3, t0) == Verdict::counted); // 9 of the 10 attempts needed
+    CHECK(c.state() == Circuit::State::closed);
+    CHECK(c.failed(0, 7, "payment provider unavailable", t0 + 100ms) == Verdict::outage);
+    CHECK(c.state() == Circuit::State::open);
+    const auto e = c.take_opened();
+    REQUIRE(e);
+    CHECK(e->attempts == 10);
+    CHECK(e->failures == 10);
+    CHECK(e->keys == 3);
+    CHECK(e->partitions == 1);
+    CHECK(e->span == 100ms);
+    CHECK(e->wait == 1000ms);
+    CHECK(e->last_error == "payment provider unavailable");
+    CHECK_FALSE(c.take_opened()); // once
+    // While open, every failure is the outage's.
+    CHECK(c.failed(0, 1, "503", t0 + 200ms) == Verdict::outage);
+}
+
+TEST_CASE("circuit: a poison record among healthy ones keeps it closed", "[unit][circuit]")
+{
+    Circuit c(settings());
+    // Every 100 ms: a batch of 50 healthy records commits, and one of 5
+    // poison keys fails.
+    for (int i = 0; i < 300; ++i) {
+        const auto now = t0 + i * 100ms;
+        c.succeeded(50);
+        CHECK(c.failed(0, static_cast<std::uint64_t>(i % 5), "bug", now + 1ms) == Verdict::counted);
+    }
+    CHECK(c.state() == Circuit::State::closed);
+}
+
+TEST_CASE("circuit: poison keys left alone after a backlog drained keep it closed", "[unit][circuit]")
+{
+    Circuit c(settings());
+    // Five poison keys start failing while healthy records still commit...
+    for (int i = 0; i < 5; ++i) {
+        c.succeeded(100);
+        CHECK(c.failed(0, static_cast<std::uint64_t>(i), "bug", t0 + i * 10ms) == Verdict::counted);
+    }
+    c.succeeded(100);
+    // ... then nothing but their retries is left.
+    for (int round = 1; round < 5; ++round)
+        CHECK(fail(c, 5, 5, t0 + round * 300ms, 1ms) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+}
+
+TEST_CASE("circuit: a partial outage (nine records in ten fail) opens it", "[unit][circuit]")
+{
+    Circuit c(settings());
+    Verdict v = Verdict::counted;
+    for (int i = 0; i < 100 && v == Verdict::counted; ++i) {
+        if (i % 10 == 0)
+            c.succeeded(1);
+        else
+            v = c.failed(0, static_cast<std::uint64_t>(i), "503", t0 + i * 1ms);
+    }
+    CHECK(v == Verdict::outage);
+    CHECK(c.take_opened()->attempts >= 10);
+}
+
+TEST_CASE("circuit: successes before the oldest failure do not hide an outage", "[unit][circuit]")
+{
+    Circuit c(settings());
+    for (int i = 0; i < 50; ++i) // 5 s of 1,000 records per 100 ms
+        c.succeeded(1000);
+    CHECK(fail(c, 9, 4, t0 + 5s) == Verdict::counted);
+    CHECK(fail(c, 1, 4, t0 + 5s + 90ms) == Verdict::outage);
+}
+
+TEST_CASE("circuit: the failure ratio counts successes after the oldest failure", "[unit][circuit]")
+{
+    SECTION("half failed: open")
+    {
+        Circuit c(settings());
+        c.failed(0, 0, "503", t0);
+        c.succeeded(10);
+        CHECK(fail(c, 9, 3, t0 + 2s, 10ms) == Verdict::outage); // 10 of 20
+    }
+    SECTION("less than half: closed")
+    {
+        Circuit c(settings());
+        c.failed(0, 0, "503", t0);
+        c.succeeded(11);
+        CHECK(fail(c, 9, 3, t0 + 2s, 10ms) == Verdict::counted); // 10 of 21
+        CHECK(c.state() == Circuit::State::closed);
+    }
+}
+
+TEST_CASE("circuit: failures older than the window are forgotten", "[unit][circuit]")
+{
+    Circuit c(settings());
+    CHECK(fail(c, 9, 3, t0) == Verdict::counted);
+    CHECK(c.failed(0, 1, "503", t0 + 11s) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+}
+
+TEST_CASE("circuit: min_partitions asks for failures in that many partitions", "[unit][circuit]")
+{
+    auto s = settings();
+    s.min_partitions = 2;
+    Circuit c(s);
+    CHECK(fail(c, 30, 10, t0, 10ms, 1) == Verdict::counted);
+    CHECK(c.failed(1, 99, "503", t0 + 400ms) == Verdict::outage);
+}
+
+TEST_CASE("circuit: probes after the backoff; a failed probe doubles it, a success closes", "[unit][circuit]")
+{
+    Circuit c(settings());
+    REQUIRE(fail(c, 10, 3, t0) == Verdict::outage);
+    REQUIRE(c.take_opened());
+    const auto opened = t0 + 90ms;
+    CHECK_FALSE(c.probe_due(opened + 999ms));
+    c.succeeded(5); // a batch that began before the circuit opened
+    CHECK(c.probe_due(opened + 1000ms));
+    CHECK_FALSE(c.probe_due(opened + 1000ms)); // once
+    CHECK(c.state() == Circuit::State::probing);
+
+    // Nothing ran (duplicates only): still probing.
+    CHECK(c.settle_probe(opened + 1100ms).outcome == Outcome::unsettled);
+    CHECK(c.state() == Circuit::State::probing);
+
+    // Every probe call fails: open again, twice as long, then 4 s at most.
+    CHECK(c.failed(0, 1, "still 503", opened + 1200ms) == Verdict::probe);
+    CHECK(c.failed(0, 2, "still 503", opened + 1210ms) == Verdict::probe); // the probe goes on
+    auto p = c.settle_probe(opened + 1300ms);
+    CHECK(p.outcome == Outcome::reopened);
+    CHECK(p.failures == 2);
+    CHECK(p.wait == 2000ms);
+    CHECK(p.last_error == "still 503");
+    CHECK(c.state() == Circuit::State::open);
+    CHECK_FALSE(c.take_opened()); // not a new opening
+    CHECK_FALSE(c.probe_due(opened + 3200ms));
+    CHECK(c.probe_due(opened + 3300ms));
+    c.failed(0, 1, "503", opened + 3400ms);
+    CHECK(c.settle_probe(opened + 3500ms).wait == 4000ms);
+    REQUIRE(c.probe_due(opened + 7500ms));
+    c.failed(0, 1, "503", opened + 7600ms);
+    CHECK(c.settle_probe(opened + 7700ms).wait == 4000ms); // backoff_max
+
+    // One success among failures closes it.
+    REQUIRE(c.probe_due(opened + 11700ms));
+    c.failed(0, 1, "poison", opened + 11800ms);
+    c.succeeded(3);
+    p = c.settle_probe(opened + 12000ms);
+    CHECK(p.outcome == Outcome::closed);
+    CHECK(p.successes == 3);
+    CHECK(p.failures == 1);
+    CHECK(p.open_for == 12000ms);
+    CHECK(c.state() == Circuit::State::closed);
+    // A fresh start: the outage's failures are gone, and the backoff is short again.
+    CHECK(fail(c, 9, 3, opened + 12100ms) == Verdict::counted);
+    CHECK(c.failed(0, 1, "503", opened + 12200ms) == Verdict::outage);
+    CHECK(c.take_opened()->wait == 1000ms);
+}
+
+TEST_CASE("circuit: disabled, every failure counts", "[unit][circuit]")
+{
+    auto s = settings();
+    s.enabled = false;
+    Circuit c(s);
+    CHECK(fail(c, 1000, 100, t0, 1ms, 10) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+    CHECK_FALSE(c.probe_due(t0 + 1h));
+}
+
+TEST_CASE("circuit: tens of thousands of keys failing in the window, judged at each failure", "[unit][circuit]")
+{
+    auto s = settings();
+    s.min_partitions = 2; // never met below: every key is evidence, the partition is not
+    Circuit c(s);
+    const auto started = Circuit::Clock::now();
+    CHECK(fail(c, 20000, 20000, t0, 100us) == Verdict::counted);
+    CHECK(Circuit::Clock::now() - started < 5s); // not quadratic
+    CHECK(c.failed(1, 123456789, "503", t0 + 2s + 1ms) == Verdict::outage);
+    const auto e = c.take_opened();
+    REQUIRE(e);
+    CHECK(e->partitions == 2);
+    CHECK(e->keys == 3);
+    CHECK(e->failures == 10000); // the window keeps the newest 10,000 failures
+}
