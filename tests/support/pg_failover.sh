@@ -84,6 +84,28 @@ _psql() {
         return 1
 }
 
+# Starts the server of `dir` (its data in dir/data, its socket in dir) on a free
+# port other than `avoid`, and prints the port. A lost race for the port is
+# worth another try; anything else is in the log.
+#   _start_on_free_port DIR AVOID NAME
+_start_on_free_port() {
+    local dir="$1" avoid="$2" name="$3" attempt port
+    for attempt in 1 2 3 4 5; do
+        port="$(_ik_random_port)"
+        [ "$port" != "$avoid" ] || continue
+        _server_conf "$dir/data" "$port" "$dir"
+        if _start_server "$dir/data" "$dir/postgres.log"; then
+            printf '%s\n' "$port"
+            return 0
+        fi
+        if [ "$attempt" -eq 5 ] ||
+            ! grep -q 'could not bind\|could not create any TCP/IP sockets' "$dir/postgres.log" 2>/dev/null; then
+            ik_die "the $name did not start"
+        fi
+    done
+    ik_die "the $name did not start: no free port"
+}
+
 _server_conf() {
     local data="$1" port="$2" sockets="$3"
     _ik_as_pg tee -a "$data/postgresql.conf" >/dev/null <<EOF
@@ -147,17 +169,8 @@ cmd_start() {
         cat "$dir/initdb.log" >&2
         ik_die "initdb failed"
     }
-    local attempt port1="" port2=""
-    for attempt in 1 2 3 4 5; do
-        port1="$(_ik_random_port)"
-        _server_conf "$primary/data" "$port1" "$primary"
-        _start_server "$primary/data" "$primary/postgres.log" && break
-        # A lost race for the port is worth another try; anything else is in the log.
-        if [ "$attempt" -eq 5 ] ||
-            ! grep -q 'could not bind\|could not create any TCP/IP sockets' "$primary/postgres.log" 2>/dev/null; then
-            ik_die "the primary did not start"
-        fi
-    done
+    local port1 port2
+    port1="$(_start_on_free_port "$primary" "" primary)"
     printf '%s\n' "$port1" >"$dir/primary.port"
     _psql "$port1" -c 'CREATE DATABASE idemkafka_test' >/dev/null ||
         ik_die "could not create database idemkafka_test on the primary"
@@ -167,17 +180,7 @@ cmd_start() {
         cat "$dir/basebackup.log" >&2
         ik_die "pg_basebackup failed"
     }
-    for attempt in 1 2 3 4 5; do
-        port2="$(_ik_random_port)"
-        [ "$port2" != "$port1" ] || continue
-        _server_conf "$standby/data" "$port2" "$standby"
-        _start_server "$standby/data" "$standby/postgres.log" && break
-        # A lost race for the port is worth another try; anything else is in the log.
-        if [ "$attempt" -eq 5 ] ||
-            ! grep -q 'could not bind\|could not create any TCP/IP sockets' "$standby/postgres.log" 2>/dev/null; then
-            ik_die "the standby did not start"
-        fi
-    done
+    port2="$(_start_on_free_port "$standby" "$port1" standby)"
     printf '%s\n' "$port2" >"$dir/standby.port"
 
     local tenths=300 streaming=""
