@@ -298,13 +298,13 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             ledger.assign(tp);
             tps.push_back(tp);
         }
-        inherit_failures(tps);
+        const auto committed = inherit_failures(tps);
         if (positions) {
             // Each partition starts at its stored position when it has one
             // (see StoredPositions::acquire()), else at Kafka's committed
             // offset. Without PostgreSQL it stays unverified and paused until
             // a reconnect verifies it (see ensure_db).
-            if (auto target = positions->acquire(*kafka, tps)) {
+            if (auto target = positions->acquire(*kafka, tps, committed ? &*committed : nullptr)) {
                 for (auto& [tp, offset] : start)
                     if (auto t = target->find(tp); t != target->end())
                         offset = t->second;
@@ -325,8 +325,9 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // rebalance and a restart, so a poison record reaches max_attempts
     // however often the group changes or its members crash. One round trip
     // to the coordinator per assignment; without an answer the counts start
-    // at zero (logged).
-    void inherit_failures(const std::vector<TopicPartition>& tps)
+    // at zero (logged). Returns the committed offsets read (the stored
+    // positions compare with them), nothing without an answer.
+    std::optional<std::vector<OffsetCommit>> inherit_failures(const std::vector<TopicPartition>& tps)
     {
         std::vector<OffsetCommit> committed;
         for (const auto& tp : tps)
@@ -336,7 +337,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 "could not read the committed offsets of {} assigned partition(s) within {} ms: handler failures "
                 "counted by their earlier owners are not known, so a failing record may get up to max_attempts more",
                 tps.size(), inherit_wait.count());
-            return;
+            return std::nullopt;
         }
         for (const auto& c : committed) {
             auto* ps = ledger.find(c.tp.topic, c.tp.partition);
@@ -357,6 +358,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                                      [](const auto& a, const auto& b) { return a.second < b.second; })
                         ->second);
         }
+        return committed;
     }
 
     void revoked(const std::set<TopicPartition>& tps, bool lost) override
@@ -728,9 +730,15 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             keepalive_after.count());
         keepalive_paused = true;
         kafka->pause_assignment(true);
+        bool cut = false;
         while (!pool->wait_until(Clock::now())) {
-            if (forced() && !abandon_running.exchange(true))
+            // Not gated by abandon_running: a revoke may have abandoned the
+            // batch before, while its calls still block on PostgreSQL.
+            if (!cut && forced()) {
+                abandon_running = true;
+                cut = true;
                 cut_for_stop();
+            }
             auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
             last_polled = Clock::now();
             if (m && m->err) {

@@ -225,14 +225,13 @@ std::vector<OffsetCommit> PartitionLedger::take_commits(const std::set<TopicPart
         if (only && !only->count(tp))
             continue;
         auto position = ps.position();
-        const bool failures_changed = ps.failures_changed != ps.failures_sent;
-        if (position < 0 && failures_changed && ps.start_known)
+        if (position < 0 && ps.failures_dirty && ps.start_known)
             position = ps.start_offset; // where it stands: committed before
-        if (position < 0 || (position == ps.committed_next && !failures_changed))
+        if (position < 0 || (position == ps.committed_next && !ps.failures_dirty))
             continue;
         out.push_back({tp, position, failures_metadata(ps.failures, position)});
         ps.committed_next = position;
-        ps.failures_sent = ps.failures_changed;
+        ps.failures_dirty = false;
     }
     return out;
 }
@@ -243,7 +242,7 @@ void PartitionLedger::commit_failed(std::string_view topic, std::int32_t partiti
     if (ps && ps->committed_next == offset) {
         ps->committed_next = -1;
         std::lock_guard<std::mutex> lock(failures_mu_);
-        ps->failures_sent = ps->failures_changed - 1; // its failures go again too
+        ps->failures_dirty = true; // its failures go again too
     }
 }
 
@@ -257,7 +256,7 @@ int PartitionLedger::attempt_of(PartitionState& ps, std::int64_t offset)
 int PartitionLedger::count_failure(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
-    ++ps.failures_changed;
+    ps.failures_dirty = true;
     return ++ps.failures[offset];
 }
 
@@ -265,7 +264,7 @@ void PartitionLedger::forget_failures(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
     if (ps.failures.erase(offset))
-        ++ps.failures_changed;
+        ps.failures_dirty = true;
 }
 
 std::size_t PartitionLedger::inherit_failures(PartitionState& ps, const std::map<std::int64_t, int>& failures,
@@ -286,7 +285,7 @@ void PartitionLedger::forgive_failures()
     for (auto& [tp, ps] : parts_)
         if (!ps.failures.empty()) {
             ps.failures.clear();
-            ++ps.failures_changed; // the commit's metadata forgets them too
+            ps.failures_dirty = true; // the commit's metadata forgets them too
         }
 }
 
@@ -294,7 +293,7 @@ void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
     if (ps.failures.erase(offset))
-        ++ps.failures_changed;
+        ps.failures_dirty = true;
     ps.dead_letter_due.erase(offset);
     ps.dead_lettered.insert(offset);
 }

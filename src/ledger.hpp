@@ -97,8 +97,7 @@ struct PartitionState {
 
     // Guarded by PartitionLedger's failures lock while workers run.
     std::map<std::int64_t, int> failures;         // handler failures by offset
-    std::uint64_t failures_changed = 0;           // bumped at each change of `failures`
-    std::uint64_t failures_sent = 0;              // failures_changed as of the last commit
+    bool failures_dirty = false;                  // `failures` changed since the last commit took them
     std::set<std::int64_t> dead_lettered;         // acknowledged dead letters of this assignment
     std::map<std::int64_t, DeadLetterDue> dead_letter_due; // refused ones
 };

@@ -15,7 +15,8 @@ using kafka::offset_invalid;
 } // namespace
 
 std::optional<std::map<TopicPartition, std::int64_t>>
-StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps)
+StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps,
+                         const std::vector<OffsetCommit>* known)
 {
     std::vector<std::pair<std::string, std::int32_t>> wanted;
     for (const auto& tp : tps)
@@ -45,10 +46,15 @@ StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicParti
         return std::nullopt;
     }
     std::vector<std::pair<TopicPartition, std::int64_t>> committed;
-    for (const auto& tp : tps)
-        committed.push_back({tp, offset_invalid});
-    if (!consumer.committed(committed, std::chrono::milliseconds(10000)))
-        committed.clear(); // unknown: the stored positions decide
+    if (known) {
+        for (const auto& c : *known)
+            committed.push_back({c.tp, c.offset});
+    } else {
+        for (const auto& tp : tps)
+            committed.push_back({tp, offset_invalid});
+        if (!consumer.committed(committed, std::chrono::milliseconds(10000)))
+            committed.clear(); // unknown: the stored positions decide
+    }
     std::map<TopicPartition, std::int64_t> target;
     for (const auto& st : stored) {
         auto* ps = ledger_.find(st.topic, st.partition);

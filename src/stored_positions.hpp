@@ -35,9 +35,11 @@ public:
     /// start (a position behind Kafka's is counted and logged: lost commits).
     /// Nothing when PostgreSQL is unavailable. On a connection of its own
     /// (opened when first needed): at an assignment the workers' connections
-    /// may be busy with a running batch.
-    std::optional<std::map<TopicPartition, std::int64_t>> acquire(kafka::Consumer& consumer,
-                                                                  const std::vector<TopicPartition>& tps);
+    /// may be busy with a running batch. `committed`: Kafka's committed
+    /// offsets of `tps` when the caller has read them already, else read here.
+    std::optional<std::map<TopicPartition, std::int64_t>>
+    acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps,
+            const std::vector<OffsetCommit>* committed = nullptr);
 
     /// Partitions assigned while PostgreSQL was away (paused since): acquires
     /// them now and returns where each must be rewound to.
