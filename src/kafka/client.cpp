@@ -4,7 +4,7 @@
 
 #include "idemkafka/error.hpp"
 #include "idemkafka/redact.hpp"
-#include "log_context.hpp"
+#include "observe/log_context.hpp"
 
 namespace idemkafka::detail::kafka {
 

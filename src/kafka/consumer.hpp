@@ -32,8 +32,8 @@
 #include "kafka/client.hpp"
 #include "kafka/fetch_wakeup.hpp"
 #include "kafka/stats.hpp"
-#include "ledger.hpp"
-#include "log_context.hpp"
+#include "core/ledger.hpp"
+#include "observe/log_context.hpp"
 
 namespace idemkafka::detail::kafka {
 

@@ -4,7 +4,7 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "periodic.hpp"
+#include "core/periodic.hpp"
 
 namespace idemkafka::detail::kafka {
 

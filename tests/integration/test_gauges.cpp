@@ -19,7 +19,7 @@
 #include <idemkafka/store.hpp>
 
 #include "catch_compat.hpp"
-#include "claim_age.hpp"
+#include "consumer/claim_age.hpp"
 #include "pg/exec.hpp"
 #include "test_env.hpp"
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "catch_compat.hpp"
-#include "circuit_breaker.hpp"
+#include "core/circuit_breaker.hpp"
 
 using namespace idemkafka;
 using namespace idemkafka::detail;

@@ -15,7 +15,7 @@
 #include <idemkafka/store.hpp>
 
 #include "catch_compat.hpp"
-#include "metrics_access.hpp"
+#include "observe/metrics_access.hpp"
 #include "pg/claims.hpp"
 
 using namespace idemkafka;

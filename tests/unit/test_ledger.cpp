@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
-#include "ledger.hpp"
+#include "core/ledger.hpp"
 
 using idemkafka::DeadLetterReason;
 using namespace idemkafka::detail;

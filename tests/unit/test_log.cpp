@@ -7,7 +7,7 @@
 #include <idemkafka/redact.hpp>
 
 #include "catch_compat.hpp"
-#include "log_context.hpp"
+#include "observe/log_context.hpp"
 
 using namespace idemkafka;
 

@@ -10,7 +10,7 @@
 
 #include "catch_compat.hpp"
 #include "kafka/stats.hpp"
-#include "metrics_access.hpp"
+#include "observe/metrics_access.hpp"
 
 using namespace idemkafka;
 

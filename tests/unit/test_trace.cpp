@@ -6,7 +6,7 @@
 
 #include "catch_compat.hpp"
 #include "idemkafka/context.hpp"
-#include "trace.hpp"
+#include "observe/trace.hpp"
 
 using namespace idemkafka;
 using namespace idemkafka::detail;

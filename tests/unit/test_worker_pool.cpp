@@ -4,7 +4,7 @@
 #include <idemkafka/metrics.hpp>
 
 #include "catch_compat.hpp"
-#include "worker_pool.hpp"
+#include "core/worker_pool.hpp"
 
 TEST_CASE("worker pool runs every worker of every round exactly once, calls done once, and waits", "[unit]")
 {

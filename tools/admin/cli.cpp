@@ -1,7 +1,7 @@
 #include "cli.hpp"
 
-#include "duration_text.hpp"
-#include "log_context.hpp"
+#include "core/duration_text.hpp"
+#include "observe/log_context.hpp"
 
 #include <algorithm>
 #include <cctype>

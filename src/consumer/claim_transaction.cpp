@@ -1,0 +1,748 @@
+#include "consumer/claim_transaction.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string_view>
+
+#include "idemkafka/error.hpp"
+#include "idemkafka/schema.hpp"
+#include "pg/arrays.hpp"
+#include "pg/claims.hpp"
+#include "pg/exec.hpp"
+#include "pg/tx_guard.hpp"
+#include "observe/trace.hpp"
+#include "core/fnv1a.hpp"
+
+namespace idemkafka::detail {
+namespace {
+
+constexpr const char* claim_statement = "idemkafka_claim";
+
+// Thrown inside the transaction to abandon it on a forced stop.
+struct Abandon {};
+
+// Thrown before COMMIT when the transaction is not the one the claim began.
+struct Replaced {};
+
+} // namespace
+
+void Worker::reset(const Holds& initial)
+{
+    items.clear();
+    holds = initial; // a record held before the transactions is held in every worker
+    info = BatchInfo{};
+    failed = lost_connection = abandoned = one_by_one = false;
+    error = nullptr;
+    stored.clear();
+}
+
+RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
+{
+    const auto spec = SchemaSpec::of(s_.cfg);
+    if (s_.cfg.create_schema)
+        return migrate_schema(db, spec, Maintenance::Existing::keep, s_.log).claims.mode;
+    return require_schema(db, spec).front().mode;
+}
+
+namespace {
+
+// Every library session of a consumer group holds a shared session-level
+// advisory lock on (member_lock_space, member_key(group)): it shows in
+// pg_locks which sessions are the group's members (shared locks never wait).
+// Non-negative int4 keys: pg_locks shows them as the same oids.
+constexpr int member_lock_space = 0x696b6d62; // "ikmb"
+
+int member_key(const std::string& group)
+{
+    return static_cast<int>(fnv1a(group) & 0x7fffffffu);
+}
+
+// How long a member's session may sit idle in a transaction before another
+// member of the group may end it: max.poll.interval.ms, after which a member
+// that stopped polling has lost its partitions anyway.
+std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
+{
+    if (cfg.frozen_member_timeout.count() > 0)
+        return cfg.frozen_member_timeout;
+    if (auto it = cfg.kafka.find("max.poll.interval.ms"); it != cfg.kafka.end())
+        try {
+            return std::chrono::milliseconds(std::stoll(it->second));
+        } catch (const std::exception&) {
+            // librdkafka refuses the value itself
+        }
+    return std::chrono::milliseconds(300000);
+}
+
+} // namespace
+
+void ClaimTransaction::prepare(pqxx::connection& db) const
+{
+    pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
+    db.prepare(claim_statement, pg::commit_guard_cte() + pg::claim_sql(s_.store));
+    pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
+    pg::guard_session(db);
+    {
+        pqxx::nontransaction tx(db);
+        pg::exec_params(tx, "SELECT pg_advisory_lock_shared($1, $2)", member_lock_space, member_key(s_.cfg.group_id));
+    }
+    std::lock_guard<std::mutex> lock(own_pids_mu_);
+    own_pids_.push_back(db.backendpid());
+}
+
+// A claim that waited past lock_timeout may be waiting on a member frozen
+// inside its transaction (SIGSTOP, a paused VM, a process stuck in a
+// handler's infinite loop while its poll thread is stuck too): its claims
+// hold their row locks for as long as it lives, and nothing on the server
+// ends an idle transaction. A session of this group's members idle in a
+// transaction for longer than frozen_member_timeout (max.poll.interval.ms:
+// such a member has lost its partitions) is ended here: its transaction rolls
+// back, claims and effects together, and its records are processed by their
+// new owner. A long handler call of a live member that does no SQL that long
+// is ended too: its record is retried (counted, logged by that member).
+void ClaimTransaction::end_frozen_members(Worker& w)
+{
+    if (!w.db)
+        return;
+    std::string own;
+    {
+        std::lock_guard<std::mutex> lock(own_pids_mu_);
+        own = int_array(own_pids_);
+    }
+    const auto stale = frozen_after(s_.cfg);
+    try {
+        const pg::Watch::Armed armed(w.watch, s_.cfg.db_timeout);
+        pqxx::nontransaction tx(*w.db);
+        const auto ended = pg::exec_params(
+            tx,
+            "SELECT a.pid, (extract(epoch FROM now() - a.state_change) * 1000)::bigint, pg_terminate_backend(a.pid) "
+            "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.classid = $1::int::oid AND l.objid = $2::int::oid AND "
+            "l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND a.pid <> ALL($3::int[]) AND a.state IN ('idle in transaction', 'idle in transaction (aborted)') "
+            "AND a.state_change < now() - $4::bigint * interval '1 millisecond'",
+            member_lock_space, member_key(s_.cfg.group_id), own, static_cast<std::int64_t>(stale.count()));
+        for (const auto& row : ended) {
+            const auto pid = row[0].as<int>();
+            const auto idle_ms = row[1].as<std::int64_t>();
+            if (row[2].as<bool>()) {
+                s_.metrics.frozen_members_ended.add();
+                say(s_.log, LogLevel::warning, {{"pid", std::to_string(pid)}},
+                    "ended PostgreSQL session {} of a member of this group, idle in its transaction for {} ms (over "
+                    "frozen_member_timeout, {} ms): a member frozen with claims; its transaction rolls back and its "
+                    "records are processed by their owner",
+                    pid, idle_ms, stale.count());
+            } else {
+                say(s_.log, LogLevel::warning, {{"pid", std::to_string(pid)}},
+                    "could not end PostgreSQL session {} of a frozen member of this group (idle in its transaction "
+                    "for {} ms): the claims it holds wait for it; grant pg_signal_backend or use the same role",
+                    pid, idle_ms);
+            }
+        }
+    } catch (const std::exception& e) {
+        say(s_.log, LogLevel::warning, error_field(e.what()),
+            "looking for frozen members' sessions failed (the batch runs again after a backoff): {}", e.what());
+    }
+}
+
+Holds ClaimTransaction::screen(Intake& intake, Worker& w, std::vector<Item>& items)
+{
+    Holds holds;
+    for (auto& it : items) {
+        intake.screen(it);
+        if (it.reconcile)
+            reconcile(w, it);
+        if (it.retry_later)
+            holds.add(it.part, it.record.offset, it.retry_failures);
+    }
+    std::vector<Item*> poisoned;
+    for (auto& it : items)
+        if (it.state == ItemState::poison && !holds.covers(it.part, it.record.offset))
+            poisoned.push_back(&it);
+    s_.dead_letters.send(poisoned, holds);
+    return holds;
+}
+
+void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline)
+{
+    Batch b{items, bank, deadline};
+    int conflicts = 0;
+    for (;;) {
+        Failure failure{};
+        const Outcome out = attempt(w, b, failure);
+        s_.circuit.succeeded(w.calls_ok); // before the failure, if any: they ran before it
+        if (out == Outcome::committed)
+            return;
+        if (out == Outcome::split)
+            continue;
+        if (out == Outcome::conflict) {
+            s_.metrics.transaction_retries.add();
+            if (++conflicts <= s_.cfg.transaction_retries) {
+                say(s_.log, LogLevel::warning, error_field(failure.what),
+                    "transaction conflict, running the batch again ({}/{}): {}", conflicts, s_.cfg.transaction_retries,
+                    failure.what);
+                continue;
+            }
+            conflicts = 0; // persistent: a failure of the record that hit it
+            if (failure.batch_call) {
+                // In a call for several records: find which one, one at a time.
+                w.one_by_one = true;
+                continue;
+            }
+            if (failure.index == nobody) {
+                // Not any record's doing: the batch waits for a backoff and
+                // runs again; nobody is dead-lettered for it.
+                s_.metrics.db_failures.add();
+                say(s_.log, LogLevel::error, error_field(failure.what),
+                    "transaction conflict persisted outside the handlers, batch rolled back and retried after a "
+                    "backoff: {}",
+                    failure.what);
+                w.failed = true;
+                return;
+            }
+        }
+        if (out == Outcome::handler_failed || out == Outcome::conflict) {
+            handler_failed(w, b, failure);
+            continue;
+        }
+        w.failed = true;
+        w.abandoned = out == Outcome::abandoned && !w.fenced;
+        return;
+    }
+}
+
+namespace {
+
+// The circuit breaker's identity of a record's key: the key within its
+// partition; a record without a key is a key of its own.
+std::uint64_t circuit_key(const Item& it)
+{
+    constexpr std::uint64_t mix = 0x9e3779b97f4a7c15ull;
+    const std::uint64_t own = it.record.key ? std::hash<std::string_view>{}(*it.record.key)
+                                            : static_cast<std::uint64_t>(it.record.offset) * mix + 1;
+    return own ^ (reinterpret_cast<std::uintptr_t>(it.part) * mix);
+}
+
+} // namespace
+
+void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
+{
+    auto& it = b.items[f.index];
+    if (f.retryable && s_.circuit.enabled()) {
+        const auto verdict =
+            s_.circuit.failed(reinterpret_cast<std::uintptr_t>(it.part), circuit_key(it), f.what, Clock::now());
+        if (verdict != Circuit::Verdict::counted) {
+            not_counted(w, b, f, verdict);
+            return;
+        }
+    }
+    const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
+    s_.metrics.handler_failures.add();
+    const auto where = it.where();
+    auto fields = it.log_fields(f.what);
+    fields.push_back({"attempt", std::to_string(failures)});
+    if (!f.retryable || failures >= s_.cfg.max_attempts) {
+        say(s_.log, LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}", where,
+            it.id.to_string(), failures, s_.cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
+        it.poison(f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable, f.what);
+        s_.dead_letters.send({&it}, w.holds); // done when acknowledged, else held for another try
+        return;
+    }
+    s_.metrics.retries.add();
+    it.error = f.what; // the record's last error (HandlerHarness reports it)
+    const bool by_key = s_.cfg.ordering == Ordering::key;
+    say(s_.log, LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms{}: {}",
+        where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(),
+        by_key ? " (its key waits; the partition's other keys go on)" : "", f.what);
+    // Ordering::key: only the record's key waits behind it (parked);
+    // otherwise its whole partition does.
+    if (by_key)
+        w.holds.park(it.part, it.record.key, it.record.offset, failures);
+    else
+        w.holds.add(it.part, it.record.offset, failures);
+}
+
+// A handler failure the circuit breaker takes for an outage's, or one of
+// its probe: not counted toward max_attempts. While the circuit is open the
+// worker gives back every record it has not finished (they run again after
+// the outage: the engine pauses the assignment); a probe goes on with its
+// other records.
+void ClaimTransaction::not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict)
+{
+    auto& it = b.items[f.index];
+    s_.metrics.handler_failures.add();
+    s_.metrics.retries.add();
+    it.error = f.what;
+    const int failures = s_.ledger.attempt_of(*it.part, it.record.offset) - 1;
+    const bool probe = verdict == Circuit::Verdict::probe;
+    say(s_.log, LogLevel::info, it.log_fields(f.what),
+        "handler failed on {} (event {}) {}; not counted toward max_attempts ({} of {} so far): {}", it.where(),
+        it.id.to_string(),
+        probe ? "in a probe of the open circuit" : "while the circuit is open (an outage, not this record's fault)",
+        failures, s_.cfg.max_attempts, f.what);
+    if (probe) {
+        if (s_.cfg.ordering == Ordering::key)
+            w.holds.park(it.part, it.record.key, it.record.offset, failures);
+        else
+            w.holds.add(it.part, it.record.offset, failures);
+        return;
+    }
+    for (std::size_t j : w.items) {
+        const auto& other = b.items[j];
+        if (other.state == ItemState::pending && !held(w.holds, other))
+            w.holds.add(other.part, other.record.offset, 0);
+    }
+}
+
+bool ClaimTransaction::retryable(const std::exception& e) const
+{
+    if (dynamic_cast<const NonRetryableError*>(&e))
+        return false;
+    if (!s_.cfg.is_retryable)
+        return true;
+    try {
+        return s_.cfg.is_retryable(e);
+    } catch (...) {
+        return true; // a classifier that throws must not lose the record
+    }
+}
+
+// Runs one handler call and times it. False, with `failure` naming record
+// `blame`, when the handler threw; connection loss, an in-doubt commit and
+// serialization failures propagate (they concern the whole transaction).
+template <class Call>
+bool ClaimTransaction::call_handler(std::size_t blame, Failure& failure, Call&& call)
+{
+    const auto t0 = Clock::now();
+    try {
+        call();
+    } catch (const pqxx::broken_connection&) {
+        throw;
+    } catch (const pqxx::in_doubt_error&) {
+        throw;
+    } catch (const pqxx::transaction_rollback&) {
+        throw;
+    } catch (const pqxx::sql_error& e) {
+        if (pg::is_lock_timeout(e))
+            throw; // waiting on others' locks is no record's failure
+        failure = {blame, e.what(), retryable(e)};
+        return false;
+    } catch (const std::exception& e) {
+        failure = {blame, e.what(), retryable(e)};
+        return false;
+    } catch (...) {
+        failure = {blame, "non-standard exception", true};
+        return false;
+    }
+    s_.metrics.handler_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    return true;
+}
+
+// After a handler call that returned normally: a transaction it left aborted
+// (it caught a database error and went on), ended (ROLLBACK, or a COMMIT the
+// commit guard refused) or replaced (ROLLBACK; BEGIN) is that record's
+// failure. Its writes go with the rollback; none of them was committed (the
+// commit guard, and read-only outside the library's transactions: see
+// pg::guard_session).
+bool ClaimTransaction::left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame,
+                                   Failure& failure)
+{
+    const auto state = pg::state_of(tx);
+    if (state == pg::TxState::open && !pg::replaced(tx))
+        return true;
+    if (state == pg::TxState::unknown && !w.db->is_open())
+        throw pqxx::broken_connection("connection lost inside the handler");
+    s_.metrics.handler_aborted_transactions.add();
+    const auto last = pg::last_error(tx);
+    std::string what;
+    if (state == pg::TxState::open)
+        what = fmt::format("{}: it ended the transaction and began another (ROLLBACK; BEGIN, ROLLBACK AND CHAIN or "
+                           "the like) and returned normally; both are rolled back",
+                           pg::transaction_ended);
+    else if (last.find(pg::transaction_ended) != std::string::npos)
+        what = last + " (the handler caught the error and returned normally)";
+    else if (state == pg::TxState::ended && last.empty() && pg::rollback_on_failed_statement)
+        // libpqxx 6 rolls back on the first failed statement: a caught error looks the same.
+        what = "transaction aborted or ended inside the handler: it caught a database error (libpqxx 6 then rolls "
+               "the transaction back), or ran ROLLBACK, ABORT or a COMMIT the library refused, and returned normally; "
+               "everything of the transaction is rolled back";
+    else if (state == pg::TxState::ended && last.empty())
+        what = fmt::format("{}: it ran ROLLBACK or ABORT (or a COMMIT the library refused, and caught the error) and "
+                           "returned normally; everything of the transaction is rolled back",
+                           pg::transaction_ended);
+    else
+        what = "transaction aborted inside the handler: it returned normally with the " + pg::left_unusable(tx, state);
+    failure = {blame, std::move(what), true};
+    return false;
+}
+
+// Releases the claims of the records from first[k] on (their handlers have
+// not run) and holds their partitions there, so this transaction commits
+// only finished work. Returns how many records are given back.
+std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, Batch& b,
+                                        const std::vector<std::size_t>& first, std::size_t k,
+                                        const std::unordered_set<EventId>& claimed)
+{
+    std::vector<EventId> release;
+    for (std::size_t j = k; j < first.size(); ++j) {
+        const auto& it = b.items[first[j]];
+        w.holds.add(it.part, it.record.offset, 0);
+        if (claimed.count(it.id))
+            release.push_back(it.id);
+    }
+    if (!release.empty())
+        pg::exec_params(tx,
+                        fmt::format("DELETE FROM {} WHERE consumer_group = $1 AND event_id = ANY($2::uuid[])",
+                                    s_.store.qualified_name()),
+                        s_.cfg.group_id, pg::uuid_array(release));
+    std::size_t n = 0;
+    for (std::size_t j : w.items)
+        if (held(w.holds, b.items[j]))
+            ++n;
+    return n;
+}
+
+// One transaction over the worker's pending records that are not held.
+ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
+{
+    auto& items = b.items;
+    auto held = [&](const Item& it) { return detail::held(w.holds, it); };
+    std::vector<EventId> ids;
+    std::vector<std::size_t> first; // index of the first pending item per id, in batch order
+    std::unordered_set<EventId> seen;
+    ids.reserve(w.items.size());
+    first.reserve(w.items.size());
+    seen.reserve(w.items.size());
+    std::size_t active = 0;
+    for (std::size_t i : w.items) {
+        const auto& it = items[i];
+        if (it.state != ItemState::pending || held(it))
+            continue;
+        ++active;
+        if (seen.insert(it.id).second) {
+            ids.push_back(it.id);
+            first.push_back(i);
+        }
+    }
+    w.info = BatchInfo{};
+    w.info.records = active;
+    w.calls_ok = 0;
+    if (ids.empty())
+        return Outcome::committed;
+    // Claims in id order: workers that share ids lock them in the same order
+    // and cannot deadlock each other.
+    std::sort(ids.begin(), ids.end());
+
+    std::size_t current = nobody; // the record whose handler runs
+    std::size_t claimed_override = SIZE_MAX;
+    const bool batched = s_.stage.batched();
+    const bool gather = batched && !w.one_by_one;
+    w.call_items.clear();
+    w.call_slots.clear();
+    w.call_contexts.clear();
+    try {
+        // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
+        const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
+        pqxx::work tx(*w.db);
+        pg::open_for_writes(tx, s_.cfg.lock_timeout);
+        auto claimed_list =
+            pg::claimed_ids(pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id));
+        w.watch.arm(s_.cfg.db_timeout);
+        std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
+        std::size_t handled = 0;
+        for (std::size_t k = 0; k < first.size(); ++k) {
+            const std::size_t i = first[k];
+            auto& it = items[i];
+            if (!claimed.count(it.id))
+                continue;
+            if (s_.forced() || s_.revoked())
+                throw Abandon{};
+            if (handled > 0 && Clock::now() >= b.deadline) {
+                // Over the time budget: commit what ran, give the rest back so
+                // the consumer polls again long before max.poll.interval.ms.
+                const auto given_back = give_back(tx, w, b, first, k, claimed);
+                say(s_.log, LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again",
+                    handled, given_back);
+                active = 0;
+                for (std::size_t j : w.items)
+                    if (items[j].state == ItemState::pending && !held(items[j]))
+                        ++active;
+                w.info.records = active;
+                claimed_override = handled;
+                break;
+            }
+            if (!it.key_window_open)
+                s_.metrics.key_window_closed.add();
+            if (gather) {
+                w.call_items.push_back(i);
+                w.call_slots.push_back(it.slot);
+                w.call_contexts.emplace_back(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
+                                             it.key_window_open);
+                continue;
+            }
+            current = i;
+            ++handled;
+            const bool ok = call_handler(i, failure, [&] {
+                const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+                const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
+                                  it.key_window_open);
+                const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
+                if (batched)
+                    s_.stage.handle_batch(b.bank, tx, &it.slot, &ctx, 1);
+                else
+                    s_.stage.handle(b.bank, it.slot, tx, ctx);
+            });
+            if (s_.revoked())
+                throw Abandon{}; // what the call did is not ours to commit any more
+            if (!ok || !left_usable(tx, w, i, failure))
+                return Outcome::handler_failed;
+            ++w.calls_ok;
+            current = nobody;
+        }
+        if (!w.call_items.empty()) {
+            // One call for every claimed record of the transaction.
+            handled = w.call_items.size();
+            current = w.call_items.front();
+            bool ok = call_handler(current, failure, [&] {
+                const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+                // One record: what the handler publishes carries its trace; several: each passes its own.
+                const TraceScope trace(handled == 1 ? &items[current].record : nullptr);
+                s_.stage.handle_batch(b.bank, tx, w.call_slots.data(), w.call_contexts.data(), handled);
+            });
+            if (s_.revoked())
+                throw Abandon{};
+            ok = ok && left_usable(tx, w, current, failure);
+            if (!ok && handled == 1)
+                return Outcome::handler_failed;
+            if (!ok) {
+                s_.metrics.batch_splits.add();
+                say(s_.log, LogLevel::warning, {},
+                    "batch handler failed on {} events; running them one at a time to find the failing record: {}",
+                    handled, failure.what);
+                w.one_by_one = true;
+                return Outcome::split;
+            }
+            w.calls_ok += handled;
+        }
+        current = nobody;
+        std::vector<std::pair<PartitionState*, std::int64_t>> stored;
+        if (s_.offsets && !s_.positions_after_merge)
+            write_positions(tx, positions_of(w, b, &stored));
+        if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+            throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
+        if (!pg::arm_commit(tx))
+            throw Replaced{};
+        if (s_.revoked())
+            throw Abandon{};
+        tx.commit();
+        w.stored = std::move(stored);
+        w.info.claimed = claimed_override != SIZE_MAX ? claimed_override : claimed.size();
+        w.info.duplicates = active - w.info.claimed;
+        return Outcome::committed;
+    } catch (const Abandon&) {
+        return Outcome::abandoned;
+    } catch (const Replaced&) {
+        // A handler ended the transaction and began another, on a server that
+        // does not report it at once (before PostgreSQL 14): which handler is
+        // unknown. Nothing commits; the batch runs again after a backoff.
+        s_.metrics.handler_aborted_transactions.add();
+        s_.metrics.db_failures.add();
+        say(s_.log, LogLevel::error, {},
+            "{}: a handler of this batch ended the transaction and began another (ROLLBACK; BEGIN?); both are rolled "
+            "back and the batch runs again after a backoff. PostgreSQL 14 or later names the record",
+            pg::transaction_ended);
+        return Outcome::db_failed;
+    } catch (const Fenced&) {
+        w.fenced = true;
+        return Outcome::abandoned;
+    } catch (const pqxx::in_doubt_error& e) {
+        // The commit may or may not have happened: never guess. Nothing is
+        // committed to Kafka; redelivery and dedup settle it.
+        lost_connection(w, e.what());
+        return Outcome::db_failed;
+    } catch (const pqxx::broken_connection& e) {
+        lost_connection(w, e.what());
+        return Outcome::db_failed;
+    } catch (const pqxx::check_violation& e) {
+        // 23514 on the claim: maintenance attached the partition for this id
+        // at that moment (handler errors never get here). Run it again.
+        failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
+        return Outcome::conflict;
+    } catch (const pqxx::transaction_rollback& e) {
+        // 40001 / 40P01: the whole transaction is safe to run again. In a
+        // handler call it may be that record's doing; at the claim or at
+        // COMMIT it is nobody's.
+        failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
+        return Outcome::conflict;
+    } catch (const pqxx::sql_error& e) {
+        if (current == nobody && (e.sqlstate() == "42P01" || e.sqlstate() == "26000")) {
+            // The session lost what prepare() gave it (the guard table, the
+            // claim statement): libpqxx 6 reconnected by itself, or a handler
+            // ran DISCARD. A new connection gets them again.
+            s_.metrics.db_failures.add();
+            say(s_.log, LogLevel::error, error_field(e.what()),
+                "the PostgreSQL session lost the library's setup; reconnecting: {}", e.what());
+            w.lost_connection = true;
+            return Outcome::db_failed;
+        }
+        if (!pg::is_lock_timeout(e))
+            return db_error(w, e);
+        s_.metrics.lock_timeouts.add();
+        say(s_.log, LogLevel::warning, error_field(e.what()),
+            "a statement waited for a lock longer than lock_timeout ({} ms){}; the batch is rolled back and runs "
+            "again after a backoff: {}",
+            s_.cfg.lock_timeout.count(),
+            current == nobody ? " at the claim (another member's batch holds these event ids?)" : " in a handler",
+            e.what());
+        if (current == nobody)
+            end_frozen_members(w);
+        return Outcome::db_failed;
+    } catch (const std::exception& e) {
+        return db_error(w, e);
+    }
+}
+
+// Any other PostgreSQL error outside the handlers: the batch is rolled back
+// and runs again after a backoff.
+ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::exception& e)
+{
+    s_.metrics.db_failures.add();
+    say(s_.log, LogLevel::error, error_field(e.what()),
+        "PostgreSQL error outside the handler, batch rolled back and retried after a backoff: {}", e.what());
+    if (w.db && !w.db->is_open())
+        lost_connection(w, e.what());
+    return Outcome::db_failed;
+}
+
+void ClaimTransaction::lost_connection(Worker& w, const char* why)
+{
+    if (w.watch.take_fired()) {
+        s_.metrics.db_timeouts.add();
+        say(s_.log, LogLevel::error, error_field(why),
+            "PostgreSQL did not answer within db_timeout ({} ms, a claim {} ms more): the connection was cut (a "
+            "frozen or unreachable server?); the batch's outcome is unknown until PostgreSQL answers again, so "
+            "nothing of it is committed to Kafka and its records are redelivered and deduplicated",
+            s_.cfg.db_timeout.count(), s_.cfg.lock_timeout.count());
+    }
+    s_.metrics.db_failures.add();
+    say(s_.log, LogLevel::error, error_field(why),
+        "PostgreSQL connection lost ({}); offsets of the batch are not committed, records will be redelivered", why);
+    w.lost_connection = true;
+}
+
+// Next offset per partition of the worker: past every record of this batch
+// that is not held (all of them are finished when the transaction commits).
+std::vector<OffsetStore::Position>
+ClaimTransaction::positions_of(const Worker& w, const Batch& b,
+                               std::vector<std::pair<PartitionState*, std::int64_t>>* of) const
+{
+    std::map<PartitionState*, OffsetStore::Position> by_part;
+    for (std::size_t i : w.items) {
+        const auto& it = b.items[i];
+        if (held(w.holds, it))
+            continue;
+        auto& p = by_part[it.part];
+        if (p.topic.empty()) {
+            p.topic = std::string(it.record.topic);
+            p.partition = it.record.partition;
+            p.epoch = it.part->epoch;
+        }
+        p.next_offset = std::max(p.next_offset, it.record.offset + 1);
+    }
+    std::vector<OffsetStore::Position> out;
+    for (auto& [ps, p] : by_part) {
+        if (of)
+            of->emplace_back(ps, p.next_offset);
+        out.push_back(std::move(p));
+    }
+    return out;
+}
+
+void ClaimTransaction::write_positions(pqxx::transaction_base& tx, const std::vector<OffsetStore::Position>& positions)
+{
+    const auto fenced = s_.offsets->write(tx, s_.cfg.group_id, positions);
+    if (fenced.empty())
+        return;
+    s_.metrics.fenced_writes.add(fenced.size());
+    {
+        std::lock_guard<std::mutex> lock(fenced_mu_);
+        for (const auto& p : fenced)
+            fenced_.push_back({p.topic, p.partition});
+    }
+    for (const auto& p : fenced)
+        say(s_.log, LogLevel::error,
+            {{log_field::topic, p.topic}, {log_field::partition, std::to_string(p.partition)}, {"epoch", std::to_string(p.epoch)}},
+            "position write for {}/{} refused: epoch {} is stale, another member owns the partition now; rolling back "
+            "this transaction",
+            p.topic, p.partition, p.epoch);
+    throw Fenced{};
+}
+
+std::vector<TopicPartition> ClaimTransaction::take_fenced()
+{
+    std::lock_guard<std::mutex> lock(fenced_mu_);
+    return std::exchange(fenced_, {});
+}
+
+void ClaimTransaction::reconcile(Worker& w, Item& it)
+{
+    const auto where = it.where();
+    ReconcileOutcome outcome = ReconcileOutcome::dead_letter;
+    const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
+    try {
+        if (!w.db)
+            throw pqxx::broken_connection("no PostgreSQL connection");
+        const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
+        pqxx::work tx(*w.db);
+        pg::open_for_writes(tx, s_.cfg.lock_timeout);
+        pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
+        {
+            const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the hook's time is its own
+            outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
+        }
+        if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+            throw std::runtime_error("the hook returned with the " + pg::left_unusable(tx, state));
+        // Seen before the skip claim (which would arm a transaction the hook began) and at the arm.
+        const auto replaced_by_hook = [] {
+            return std::runtime_error(
+                fmt::format("{}: the hook ended the transaction and began another", pg::transaction_ended));
+        };
+        if (pg::replaced(tx))
+            throw replaced_by_hook();
+        if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
+            pg::exec_prepared(tx, claim_statement, pg::uuid_array({it.id}), s_.cfg.group_id);
+        if (!pg::arm_commit(tx))
+            throw replaced_by_hook();
+        tx.commit();
+    } catch (const std::exception& e) {
+        const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
+        s_.metrics.handler_failures.add();
+        if (failures >= s_.cfg.max_attempts) {
+            say(s_.log, LogLevel::error, it.log_fields(e.what()), "reconcile hook failed on {} (attempt {} of {}): {}", where,
+                failures, s_.cfg.max_attempts, e.what());
+            it.poison(DeadLetterReason::beyond_dedup_horizon,
+                      fmt::format("reconcile hook failed {} times: {}", failures, e.what()));
+            return;
+        }
+        s_.metrics.retries.add();
+        say(s_.log, LogLevel::warning, it.log_fields(e.what()),
+            "reconcile hook failed on {} (attempt {} of {}): {}; the record comes again", where, failures,
+            s_.cfg.max_attempts, e.what());
+        it.retry_later = true;
+        it.retry_failures = failures;
+        return;
+    }
+    if (outcome == ReconcileOutcome::skip) {
+        say(s_.log, LogLevel::info, it.log_fields(), "reconcile hook skipped {} (event {})", where, it.id.to_string());
+        it.state = ItemState::done;
+        s_.metrics.duplicates.add();
+    } else if (outcome == ReconcileOutcome::dead_letter) {
+        it.poison(DeadLetterReason::beyond_dedup_horizon, "reconcile hook chose the dead letter");
+    } else {
+        s_.metrics.horizon_processed.add();
+    }
+}
+
+} // namespace idemkafka::detail

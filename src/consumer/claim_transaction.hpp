@@ -1,0 +1,175 @@
+#pragma once
+// The claim transaction: one PostgreSQL transaction per worker and batch
+// that claims the records' event ids (INSERT ... ON CONFLICT DO NOTHING),
+// runs the handler on the claimed ones, writes the stored positions
+// (offsets_in_database) and commits. A failing record is held (or
+// dead-lettered) and the rest runs again without its partition's tail.
+// Private to the library.
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "consumer/batch.hpp"
+#include "core/circuit_breaker.hpp"
+#include "consumer/dead_letterer.hpp"
+#include "idemkafka/config.hpp"
+#include "idemkafka/consumer.hpp"
+#include "idemkafka/metrics.hpp"
+#include "idemkafka/offset_store.hpp"
+#include "idemkafka/store.hpp"
+#include "consumer/intake.hpp"
+#include "core/ledger.hpp"
+#include "observe/log_context.hpp"
+#include "pg/watch.hpp"
+
+namespace idemkafka::detail {
+
+/// How long a step that may wait for row locks (a claim, a position write)
+/// may take before its connection is cut: db_timeout plus lock_timeout (zero
+/// when db_timeout is: no bound).
+inline std::chrono::milliseconds locking_bound(const ConsumerConfig& cfg)
+{
+    return cfg.db_timeout.count() > 0 ? cfg.db_timeout + cfg.lock_timeout : std::chrono::milliseconds(0);
+}
+
+/// Thrown inside a transaction when the offset table refused our epoch.
+struct Fenced {};
+
+/// A worker: one PostgreSQL connection (its calls bounded by
+/// ConsumerConfig::db_timeout through the session's watch) and, per batch,
+/// its share of the records.
+struct Worker : pg::Session {
+    std::vector<std::size_t> items; // indices into the batch, in batch order
+    Holds holds;
+    BatchInfo info;
+    bool failed = false;          // nothing of this worker's final transaction committed
+    bool lost_connection = false;
+    bool abandoned = false;       // a forced stop abandoned it
+    bool fenced = false;          // the offset table refused our epoch: we lost a partition
+    bool one_by_one = false;      // batch handler: one call per record (after a failed batch call)
+    std::vector<std::size_t> call_items; // batch handler: the records of the call
+    std::vector<std::size_t> call_slots; // and their Stage slots
+    std::vector<Context> call_contexts;
+    std::size_t calls_ok = 0;     // handler calls (records) of the last transaction that returned normally
+    std::exception_ptr error;     // an unexpected exception, rethrown on the poll thread
+    // offsets_in_database: the positions the final transaction stored, for
+    // the poll thread to note in their states after the batch.
+    std::vector<std::pair<PartitionState*, std::int64_t>> stored;
+
+    /// Ready for the next batch: no records, no holds but `holds`, no outcome.
+    void reset(const Holds& initial);
+};
+
+class ClaimTransaction {
+public:
+    /// What the transactions need of the consumer. `forced` tells whether a
+    /// stop abandons the current transaction before its next handler call;
+    /// `revoked` whether the batch's partitions were taken away while it ran:
+    /// then it is abandoned also right after a handler call returns, and
+    /// before COMMIT.
+    struct Setup {
+        const ConsumerConfig& cfg;
+        Stage& stage;
+        Metrics& metrics;
+        const ProcessedEventStore& store;
+        const std::optional<OffsetStore>& offsets;
+        PartitionLedger& ledger;
+        DeadLetterer& dead_letters;
+        /// Tells an outage's handler failures from a record's own.
+        Circuit& circuit;
+        LogSink log;
+        std::function<bool()> forced;
+        std::function<bool()> revoked;
+        /// Per-key ordering over several workers: positions are written after the merge.
+        bool positions_after_merge;
+    };
+
+    explicit ClaimTransaction(Setup setup) : s_(std::move(setup)) {}
+
+    /// On the first connection: the one schema definition
+    /// (idemkafka/schema.hpp) is created (ConsumerConfig::create_schema) or,
+    /// when a DBA manages it, checked so that a missing table fails now.
+    /// Returns the claims table's layout as found.
+    RetentionMode settle_schema(pqxx::connection& db) const;
+
+    /// Prepares a worker's new connection: the claim statement, lock_timeout,
+    /// and (libpqxx 6) read-only by default.
+    void prepare(pqxx::connection& db) const;
+
+    /// Before a decoded batch goes to the workers (none of them running): each
+    /// record is screened by `intake`, the reconcile hook runs on `db` for
+    /// those that need it, and poison records go to the dead letter. Returns
+    /// the holds every worker starts from (records to retry later, dead
+    /// letters not acknowledged).
+    Holds screen(Intake& intake, Worker& w, std::vector<Item>& items);
+
+    /// Runs the worker's transactions over its records of `items` (decoded in
+    /// Stage bank `bank`) until one commits, the worker's database fails, or
+    /// the batch is abandoned; the outcome is in the worker. Handler calls
+    /// after `deadline` are given back. Never throws for a record's failure.
+    void run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline);
+
+    /// The reconcile hook for a record beyond the dedup horizon, in its own
+    /// transaction on `w`'s connection: skip (claimed, a duplicate), dead
+    /// letter, or process; a throwing hook counts as a failure of the record.
+    void reconcile(Worker& w, Item& it);
+
+    /// Writes stored positions in `tx`; throws Fenced (after recording the
+    /// refused partitions, see take_fenced()) when the table refused our epoch.
+    void write_positions(pqxx::transaction_base& tx, const std::vector<OffsetStore::Position>& positions);
+    /// Partitions whose position write was refused since the last call.
+    std::vector<TopicPartition> take_fenced();
+
+private:
+    enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
+    // A failure of record `index`; nobody when no record is to blame (a
+    // conflict at the claim or at COMMIT).
+    struct Failure {
+        std::size_t index = 0;
+        std::string what;
+        bool retryable = true;
+        bool batch_call = false; // in a batch handler call of several records
+    };
+    static constexpr std::size_t nobody = SIZE_MAX;
+
+    struct Batch {
+        std::vector<Item>& items;
+        std::size_t bank;
+        Clock::time_point deadline;
+    };
+
+    Outcome attempt(Worker& w, Batch& b, Failure& failure);
+    void handler_failed(Worker& w, Batch& b, const Failure& f);
+    void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
+    bool retryable(const std::exception& e) const;
+    template <class Call>
+    bool call_handler(std::size_t blame, Failure& failure, Call&& call);
+    bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
+    std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
+                          std::size_t k, const std::unordered_set<EventId>& claimed);
+    std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b,
+                                                    std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
+    Outcome db_error(Worker& w, const std::exception& e);
+    void lost_connection(Worker& w, const char* why);
+    void end_frozen_members(Worker& w);
+
+    Setup s_;
+    std::mutex fenced_mu_;
+    std::vector<TopicPartition> fenced_;
+    // The backend pids of this member's own sessions: never taken for a
+    // frozen member's (see end_frozen_members()).
+    mutable std::mutex own_pids_mu_;
+    mutable std::vector<std::int64_t> own_pids_;
+};
+
+} // namespace idemkafka::detail

@@ -1,0 +1,125 @@
+#include "consumer/intake.hpp"
+
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+
+namespace idemkafka::detail {
+
+using std::chrono::milliseconds;
+
+void Intake::set_layout(RetentionMode layout)
+{
+    auto g = cfg_.retention;
+    g.mode = layout;
+    guard_.emplace(g);
+}
+
+void Intake::decode(std::vector<Item>& batch, std::size_t bank)
+{
+    stage_.prepare(bank, batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        auto& it = batch[i];
+        it.slot = i;
+        const auto& r = it.record;
+        if (!r.value || r.value->empty()) {
+            it.poison(DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
+            continue;
+        }
+        if (r.value->size() > cfg_.max_payload_bytes) {
+            it.poison(DeadLetterReason::payload_too_large,
+                      fmt::format("payload of {} bytes exceeds max_payload_bytes {}", r.value->size(),
+                                  cfg_.max_payload_bytes));
+            continue;
+        }
+        try {
+            it.id = stage_.decode(bank, i, r);
+            if (it.id.is_nil())
+                throw InvalidEventId("event id is the nil UUID");
+        } catch (const MissingEventId& e) {
+            it.poison(DeadLetterReason::missing_event_id, e.what());
+        } catch (const InvalidEventId& e) {
+            it.poison(DeadLetterReason::invalid_event_id, e.what());
+        } catch (const std::exception& e) {
+            it.poison(DeadLetterReason::decode_error, e.what());
+        } catch (...) {
+            it.poison(DeadLetterReason::decode_error, "non-standard exception");
+        }
+    }
+}
+
+void Intake::screen(Item& it)
+{
+    std::optional<DeadLetterDue> due;
+    if (PartitionLedger::settled(*it.part, it.record.offset, due)) {
+        it.state = ItemState::done;
+        return;
+    }
+    if (due) {
+        it.poison(due->reason, due->error);
+        it.attempts = due->attempts;
+        return;
+    }
+    if (it.state == ItemState::poison) {
+        if (it.reason == DeadLetterReason::invalid_event_id || it.reason == DeadLetterReason::missing_event_id)
+            metrics_.invalid_event_ids.add();
+        else
+            metrics_.decode_errors.add();
+        return;
+    }
+    apply_horizon(it);
+}
+
+// An event whose claim may already be purged is not handed to the handler
+// blindly. The reconcile hook needs PostgreSQL: the engine runs it.
+void Intake::apply_horizon(Item& it)
+{
+    const auto d = guard_->check(it.id);
+    it.key_window_open = d.key_window_open;
+    if (d.beyond_horizon)
+        metrics_.beyond_dedup_horizon.add();
+    if (d.action == HorizonAction::dead_letter) {
+        if (d.reason == DeadLetterReason::non_v7_event_id)
+            it.poison(DeadLetterReason::non_v7_event_id,
+                      "event id " + it.id.to_string() + " is not a UUIDv7; the partitioned claims table needs one");
+        else
+            it.poison(DeadLetterReason::beyond_dedup_horizon,
+                      fmt::format("event {} is {} ms old; dedup horizon is {} ms", it.id.to_string(), d.age.count(),
+                                  std::chrono::duration_cast<milliseconds>(cfg_.retention.dedup_horizon()).count()));
+        explain_default_once(it.reason);
+        return;
+    }
+    if (d.action == HorizonAction::reconcile) {
+        it.reconcile = true;
+        return;
+    }
+    if (d.beyond_horizon) {
+        metrics_.horizon_processed.add();
+        say(log_, LogLevel::warning, it.log_fields(), "{} (event {}) is beyond the dedup horizon; processed by policy",
+            it.where(), it.id.to_string());
+    }
+}
+
+// The first record a default policy dead-letters gets one error line saying
+// which setting decided it and what to change.
+void Intake::explain_default_once(DeadLetterReason reason)
+{
+    if (reason == DeadLetterReason::non_v7_event_id && !std::exchange(non_v7_explained_, true))
+        emit(log_, LogLevel::error,
+             "event ids that are not UUIDv7 are dead-lettered: retention.non_v7 is dead_letter (the default with the "
+             "partitioned claims table, whose partitions expire by the id's time). Producers that send UUIDv4 or "
+             "other ids need retention.non_v7 = NonV7Policy::process or retention.mode = RetentionMode::purge "
+             "(README, \"Event ids\"). Logged once; every such record is dead-lettered with reason non_v7_event_id",
+             "consumer");
+    if (reason == DeadLetterReason::beyond_dedup_horizon && !std::exchange(horizon_explained_, true))
+        emit(log_, LogLevel::error,
+             fmt::format("events older than the dedup horizon ({} h) are dead-lettered: retention.beyond_horizon is "
+                         "dead_letter (the default), as their claims may already be purged. To handle them set "
+                         "beyond_horizon = reconcile with a reconcile hook, or process, or keep claims longer "
+                         "(retention.retention). Logged once; every such record is dead-lettered with reason "
+                         "beyond_dedup_horizon",
+                         std::chrono::duration_cast<std::chrono::hours>(cfg_.retention.dedup_horizon()).count()),
+             "consumer");
+}
+
+} // namespace idemkafka::detail

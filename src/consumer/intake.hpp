@@ -1,0 +1,56 @@
+#pragma once
+// What happens to a polled record before any transaction: decoding into the
+// Stage, the checks that send a record to the dead letter without running
+// the handler (null, empty or too large payload, no usable event id), dead
+// letters settled earlier in the assignment, and the dedup-horizon guard.
+// Private to the library.
+
+#include <optional>
+#include <vector>
+
+#include "consumer/batch.hpp"
+#include "idemkafka/config.hpp"
+#include "idemkafka/consumer.hpp"
+#include "idemkafka/metrics.hpp"
+#include "idemkafka/retention.hpp"
+#include "observe/log_context.hpp"
+
+namespace idemkafka::detail {
+
+class Intake {
+public:
+    Intake(const ConsumerConfig& cfg, Stage& stage, Metrics& metrics, LogSink log)
+        : cfg_(cfg), stage_(stage), metrics_(metrics), log_(std::move(log))
+    {
+    }
+
+    /// The claims table's layout as found at start-up: the guard follows it
+    /// (a plain table kept from before has no reason to refuse non-v7 ids).
+    void set_layout(RetentionMode layout);
+
+    /// Decodes `batch` into Stage bank `bank`; records that cannot run are
+    /// marked for the dead letter (counted later, by screen()).
+    void decode(std::vector<Item>& batch, std::size_t bank);
+
+    /// Before the batch runs, with no batch in the workers' hands: a record
+    /// whose dead letter was written in this assignment is done; one whose
+    /// dead letter was refused goes to the dead letter again, as it was (its
+    /// handler does not run again); a poison record is counted; the others
+    /// pass the dedup-horizon guard, which may mark them for the dead letter
+    /// or for the reconcile hook (Item::reconcile).
+    void screen(Item& it);
+
+private:
+    void apply_horizon(Item& it);
+    void explain_default_once(DeadLetterReason reason);
+
+    const ConsumerConfig& cfg_;
+    Stage& stage_;
+    Metrics& metrics_;
+    LogSink log_;
+    std::optional<HorizonGuard> guard_;
+    bool non_v7_explained_ = false;
+    bool horizon_explained_ = false;
+};
+
+} // namespace idemkafka::detail

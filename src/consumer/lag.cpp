@@ -1,0 +1,79 @@
+#include "consumer/lag.hpp"
+
+#include <algorithm>
+
+#include "observe/metrics_access.hpp"
+
+namespace idemkafka::detail {
+namespace {
+
+using kafka::offset_invalid;
+
+void learn_start_offsets(PartitionLedger& ledger, kafka::Consumer& consumer)
+{
+    std::vector<std::pair<TopicPartition, std::int64_t>> wanted;
+    for (const auto& [tp, ps] : ledger)
+        if (ps.processed_next < 0 && !ps.start_known)
+            wanted.push_back({tp, offset_invalid});
+    if (wanted.empty() || !consumer.committed(wanted, std::chrono::milliseconds(2000)))
+        return; // none, or try again at the next update
+    for (const auto& [tp, offset] : wanted)
+        if (auto* ps = ledger.find(tp.topic, tp.partition); ps && offset != kafka::offset_unknown) {
+            ps->start_offset = offset;
+            ps->start_known = true;
+        }
+}
+
+} // namespace
+
+void update_lag(PartitionLedger& ledger, kafka::Consumer& consumer, Metrics& metrics)
+{
+    metrics.assigned_partitions.set(static_cast<std::int64_t>(ledger.size()));
+    if (ledger.empty()) {
+        metrics.lag.set(-1);
+        set_partitions(metrics, {});
+        return;
+    }
+    learn_start_offsets(ledger, consumer);
+    const auto latest = consumer.statistics();
+    std::vector<PartitionLag> rows;
+    rows.reserve(ledger.size());
+    std::int64_t total = 0;
+    bool known = true;
+    for (const auto& [tp, ps] : ledger) {
+        PartitionLag row;
+        row.topic = tp.topic;
+        row.partition = tp.partition;
+        row.committed = ps.committed_next >= 0 ? ps.committed_next
+                        : ps.start_known        ? std::max<std::int64_t>(-1, ps.start_offset)
+                                                : -1;
+        const auto [lo, hi] = consumer.watermarks(tp);
+        std::int64_t pos = ps.processed_next >= 0 ? ps.processed_next : ps.start_offset;
+        if (pos == offset_invalid)
+            pos = consumer.reset_to_latest() ? hi : lo;
+        row.position = std::max<std::int64_t>(-1, pos);
+        row.high_watermark = std::max<std::int64_t>(-1, hi);
+        if (hi >= 0 && pos >= 0)
+            row.lag = std::max<std::int64_t>(0, hi - std::max(pos, lo));
+        auto st = latest.find(tp);
+        if (st != latest.end() && st->second.at > ps.assigned_at && st->second.stats.lag() >= 0) {
+            const auto& fig = st->second.stats;
+            row.source = LagSource::statistics;
+            row.lag = fig.lag();
+            row.committed = fig.committed_offset;
+            row.high_watermark = fig.hi_offset;
+        }
+        if (row.lag < 0)
+            known = false;
+        else
+            total += row.lag;
+        rows.push_back(std::move(row));
+    }
+    std::sort(rows.begin(), rows.end(), [](const PartitionLag& a, const PartitionLag& b) {
+        return a.topic != b.topic ? a.topic < b.topic : a.partition < b.partition;
+    });
+    metrics.lag.set(known ? total : -1);
+    set_partitions(metrics, std::move(rows));
+}
+
+} // namespace idemkafka::detail

@@ -1,0 +1,20 @@
+#pragma once
+// The lag gauges. Private to the library.
+
+#include "idemkafka/metrics.hpp"
+#include "kafka/consumer.hpp"
+#include "core/ledger.hpp"
+
+namespace idemkafka::detail {
+
+/// Sets the lag gauges: per assigned partition and in total, and the number
+/// of assigned partitions. From the client's cached watermarks and the
+/// processed position: before this member processed anything on a partition,
+/// its position is where it started, the committed offset, fetched once per
+/// assignment (the only broker round trip here). With
+/// statistics.interval.ms set, from librdkafka's consumer_lag instead (end
+/// offset minus committed offset) once a statistics event of this assignment
+/// has it; the watermarks fill in until then.
+void update_lag(PartitionLedger& ledger, kafka::Consumer& consumer, Metrics& metrics);
+
+} // namespace idemkafka::detail

@@ -1,0 +1,69 @@
+#pragma once
+// offsets_in_database: the positions this member keeps in PostgreSQL next
+// to the claims, and its ownership epoch per partition, which fences a
+// previous owner's late writes. Private to the library.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idemkafka/config.hpp"
+#include "idemkafka/offset_store.hpp"
+#include "kafka/consumer.hpp"
+#include "core/ledger.hpp"
+#include "observe/log_context.hpp"
+#include "consumer/claim_transaction.hpp"
+
+namespace idemkafka::detail {
+
+class StoredPositions {
+public:
+    StoredPositions(const ConsumerConfig& cfg, const OffsetStore& store, PartitionLedger& ledger,
+                    ClaimTransaction& claims, Metrics& metrics, LogSink log)
+        : cfg_(cfg), store_(store), ledger_(ledger), claims_(claims), metrics_(metrics), log_(std::move(log))
+    {
+    }
+
+    /// Takes `tps` over in the offset table (a new epoch for each, recorded
+    /// in the ledger, which marks them verified) and returns the stored
+    /// positions that differ from Kafka's committed offsets: where each must
+    /// start (a position behind Kafka's is counted and logged: lost commits).
+    /// Nothing when PostgreSQL is unavailable. On a connection of its own
+    /// (opened when first needed): at an assignment the workers' connections
+    /// may be busy with a running batch. `committed`: Kafka's committed
+    /// offsets of `tps` when the caller has read them already, else read here.
+    std::optional<std::map<TopicPartition, std::int64_t>>
+    acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps,
+            const std::vector<OffsetCommit>* committed = nullptr);
+
+    /// Partitions assigned while PostgreSQL was away (paused since): acquires
+    /// them now and returns where each must be rewound to.
+    std::map<PartitionState*, std::int64_t> verify(kafka::Consumer& consumer);
+
+    /// Closes the connection acquire() uses, so that the next one opens a new
+    /// one: after the workers lost theirs it is most likely dead too (a
+    /// failover), and a first attempt on it would only fail.
+    void reconnect() noexcept { own_.disconnect(); }
+
+    enum class Stored { yes, fenced, failed };
+    /// Writes the merged positions of `moved` in a transaction of their own
+    /// (per-key ordering over several workers). `fenced`: the table refused
+    /// our epoch for some (see ClaimTransaction::take_fenced()).
+    Stored store(Worker& w, const std::set<PartitionState*>& moved);
+
+private:
+    const ConsumerConfig& cfg_;
+    const OffsetStore& store_;
+    PartitionLedger& ledger_;
+    ClaimTransaction& claims_;
+    Metrics& metrics_;
+    LogSink log_;
+    pg::Session own_; // for acquire()
+};
+
+} // namespace idemkafka::detail

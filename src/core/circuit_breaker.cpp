@@ -1,0 +1,182 @@
+#include "core/circuit_breaker.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace idemkafka::detail {
+namespace {
+
+// Bounds the memory of a window full of failures (an outage with thousands
+// of keys); the oldest go first, which only makes the evidence shorter.
+constexpr std::size_t max_failures_kept = 10000;
+
+} // namespace
+
+Circuit::Circuit(const CircuitBreaker& settings)
+    : s_(settings), backoff_(Backoff{settings.backoff, settings.backoff_max})
+{
+}
+
+void Circuit::succeeded(std::size_t calls)
+{
+    if (!s_.enabled || calls == 0)
+        return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::probing)
+        probe_successes_ += calls;
+    else if (state_ == State::closed)
+        successes_ += calls;
+    // open: a batch that began before the circuit opened, no news
+}
+
+Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std::string_view what,
+                                 Clock::time_point now)
+{
+    if (!s_.enabled)
+        return Verdict::counted;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::open)
+        return Verdict::outage;
+    last_error_.assign(what.data(), what.size());
+    if (state_ == State::probing) {
+        ++probe_failures_;
+        return Verdict::probe;
+    }
+    if (!window_.empty())
+        now = std::max(now, window_.back().at); // workers report out of order by a little
+    while (!window_.empty() && (window_.front().at < now - s_.window || window_.size() >= max_failures_kept))
+        forget_oldest();
+    auto [st, fresh] = streaks_.try_emplace(key);
+    if (fresh) {
+        const double r = s_.failure_ratio;
+        const double place = (1 - r) * static_cast<double>(failures_) - r * static_cast<double>(successes_);
+        st->second = Streak{
+            partition, failures_, successes_, now, 0, order_.emplace(place, key), partitions_[partition].insert(place)};
+    }
+    ++st->second.in_window;
+    window_.push_back({now, key});
+    ++failures_;
+    auto evidence = judge(now);
+    if (!evidence)
+        return Verdict::counted;
+    state_ = State::open;
+    opened_at_ = now;
+    evidence->wait = backoff_.next();
+    probe_at_ = now + evidence->wait;
+    opened_ = std::move(evidence);
+    return Verdict::outage;
+}
+
+void Circuit::forget_oldest()
+{
+    auto st = streaks_.find(window_.front().key);
+    window_.pop_front();
+    if (st == streaks_.end() || --st->second.in_window > 0)
+        return;
+    order_.erase(st->second.order);
+    auto p = partitions_.find(st->second.partition);
+    p->second.erase(st->second.in_partition);
+    if (p->second.empty())
+        partitions_.erase(p);
+    streaks_.erase(st);
+}
+
+std::optional<Circuit::Evidence> Circuit::judge(Clock::time_point now) const
+{
+    const double r = s_.failure_ratio;
+    // Rounding must not turn "exactly the ratio" into "less".
+    const double bound = (1 - r) * static_cast<double>(failures_) - r * static_cast<double>(successes_) + 1e-6;
+    std::size_t partitions = 0;
+    for (auto p = partitions_.begin(); p != partitions_.end() && partitions < s_.min_partitions; ++p)
+        partitions += *p->second.begin() <= bound ? 1 : 0;
+    if (partitions < s_.min_partitions)
+        return std::nullopt;
+    // Each key that is evidence failed at least once since the oldest of them
+    // began: past max(min_keys, min_attempts) of them both counts are reached.
+    std::size_t keys = 0;
+    const Streak* first = nullptr;
+    for (auto it = order_.begin(); it != order_.end() && it->first <= bound; ++it) {
+        const Streak& st = streaks_.at(it->second);
+        ++keys;
+        if (!first || st.failures_before < first->failures_before)
+            first = &st;
+        const auto attempts = (failures_ - first->failures_before) + (successes_ - first->successes_before);
+        if (keys < s_.min_keys || attempts < s_.min_attempts)
+            continue;
+        Evidence e;
+        e.failures = failures_ - first->failures_before;
+        e.attempts = attempts;
+        e.keys = keys;
+        e.partitions = partitions;
+        e.span = std::chrono::duration_cast<milliseconds>(now - first->since);
+        e.last_error = last_error_;
+        return e;
+    }
+    return std::nullopt;
+}
+
+Circuit::State Circuit::state() const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_;
+}
+
+std::optional<Circuit::Evidence> Circuit::take_opened()
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(opened_, std::nullopt);
+}
+
+bool Circuit::probe_due(Clock::time_point now)
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::open || now < probe_at_)
+        return false;
+    state_ = State::probing;
+    probe_successes_ = probe_failures_ = 0;
+    return true;
+}
+
+Circuit::Probe Circuit::settle_probe(Clock::time_point now)
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    Probe p;
+    if (state_ != State::probing)
+        return p;
+    p.successes = std::exchange(probe_successes_, 0);
+    p.failures = std::exchange(probe_failures_, 0);
+    p.last_error = last_error_;
+    if (p.successes > 0) {
+        p.outcome = Probe::Outcome::closed;
+        p.open_for = std::chrono::duration_cast<milliseconds>(now - opened_at_);
+        state_ = State::closed;
+        // A fresh start: the outage's failures must not reopen the circuit
+        // at the next failure.
+        window_.clear();
+        streaks_.clear();
+        order_.clear();
+        partitions_.clear();
+        backoff_.reset();
+    } else if (p.failures > 0) {
+        p.outcome = Probe::Outcome::reopened;
+        p.wait = backoff_.next();
+        probe_at_ = now + p.wait;
+        state_ = State::open;
+    }
+    return p;
+}
+
+const char* to_string(Circuit::State state) noexcept
+{
+    switch (state) {
+    case Circuit::State::closed:
+        return "closed";
+    case Circuit::State::open:
+        return "open";
+    case Circuit::State::probing:
+        return "probing";
+    }
+    return "?";
+}
+
+} // namespace idemkafka::detail

@@ -1,0 +1,154 @@
+#pragma once
+// The circuit breaker's judgement, with no I/O: whether handler failures are
+// an outage (a downstream service down: every record fails) rather than the
+// records' own fault. Workers report their handler attempts; the engine asks
+// what to do (pause everything, probe, resume) and carries it out through
+// the Kafka adapter. Thread-safe. Private to the library.
+//
+// States: closed (failures count toward max_attempts) -> open (the
+// evidence below was seen; nothing runs until the backoff is over) ->
+// probing (one probe batch runs) -> closed when a handler call of the probe
+// succeeded, or open again, for a doubled backoff, when it only failed.
+//
+// The evidence, judged at each failure: failures within `window` on at
+// least `min_keys` keys in `min_partitions` partitions, where each of those
+// keys failed as most attempts did: since the key began failing, at least
+// `failure_ratio` of all handler attempts failed (a key that keeps failing
+// while the handler works for other records is its own problem, not
+// evidence); and at least `min_attempts` attempts since the first of them
+// began. Successes are counts, not times: a busy stretch before an outage
+// does not hide it, and a poison record among healthy ones sees healthy
+// successes after its first failure. Per failure O(log n + min_keys +
+// min_attempts + partitions failing), per report of successes O(1).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "core/backoff.hpp"
+#include "idemkafka/config.hpp"
+
+namespace idemkafka::detail {
+
+class Circuit {
+public:
+    using Clock = std::chrono::steady_clock;
+    using milliseconds = std::chrono::milliseconds;
+
+    enum class State { closed, open, probing };
+
+    /// What a handler failure is to its record.
+    enum class Verdict {
+        counted, ///< closed: the record's own failure, toward max_attempts
+        probe,   ///< probing: not counted; the rest of the probe batch goes on
+        outage,  ///< open: not counted; the worker gives its remaining records back
+    };
+
+    /// What opened the circuit.
+    struct Evidence {
+        std::size_t attempts = 0;
+        std::size_t failures = 0;
+        std::size_t keys = 0;       // distinct, counted up to what was needed
+        std::size_t partitions = 0; // likewise
+        milliseconds span{0};       // from the oldest failure counted to the last
+        milliseconds wait{0};       // before the first probe
+        std::string last_error;
+    };
+
+    /// What a probe batch showed.
+    struct Probe {
+        enum class Outcome {
+            closed,    ///< a handler call succeeded: everything resumes
+            reopened,  ///< calls failed and none succeeded: open again for `wait`
+            unsettled, ///< no handler call ran (duplicates only, or nothing): probe again
+        } outcome = Outcome::unsettled;
+        std::size_t successes = 0;
+        std::size_t failures = 0;
+        milliseconds wait{0};
+        milliseconds open_for{0}; // closed: since the circuit opened
+        std::string last_error;
+    };
+
+    explicit Circuit(const CircuitBreaker& settings);
+
+    Circuit(const Circuit&) = delete;
+    Circuit& operator=(const Circuit&) = delete;
+
+    bool enabled() const noexcept { return s_.enabled; }
+
+    // ---- the workers ----------------------------------------------------------
+
+    /// `calls` handler calls returned normally (one per record, also within a
+    /// batch handler call). Reported once per transaction, not per record,
+    /// before that transaction's failure, if any.
+    void succeeded(std::size_t calls);
+    /// A retryable handler failure at `now` of a record whose key (a record
+    /// without one: the record itself) is `key` in `partition` (opaque ids;
+    /// `key` already tells partitions apart). May open the circuit.
+    Verdict failed(std::uint64_t partition, std::uint64_t key, std::string_view what, Clock::time_point now);
+
+    // ---- the poll thread ------------------------------------------------------
+
+    State state() const;
+    /// Once after the circuit opened from closed: what it saw.
+    std::optional<Evidence> take_opened();
+    /// True once when the circuit is open and its backoff is over: it is
+    /// probing from now on.
+    bool probe_due(Clock::time_point now);
+    /// After a batch that ran while probing: closes, opens again, or stays probing.
+    Probe settle_probe(Clock::time_point now);
+
+private:
+    struct Failure {
+        Clock::time_point at;
+        std::uint64_t key;
+    };
+    // Keys are ordered by (1 - r) x failures_before - r x successes_before
+    // (r: failure_ratio): a key failed as most attempts did since it began
+    // failing exactly when that is at most (1 - r) x failures_ - r x
+    // successes_, so the keys that are evidence are a prefix of the order.
+    using Order = std::multimap<double, std::uint64_t>;
+    struct Streak {
+        std::uint64_t partition;
+        std::uint64_t failures_before;  // failures_ when the key began failing
+        std::uint64_t successes_before; // successes_ likewise
+        Clock::time_point since;
+        std::size_t in_window; // its failures within the window; none: the streak ends
+        Order::iterator order;
+        std::multiset<double>::iterator in_partition;
+    };
+
+    void forget_oldest();
+    std::optional<Evidence> judge(Clock::time_point now) const;
+
+    const CircuitBreaker s_;
+    mutable std::mutex mu_;
+    State state_ = State::closed;
+    std::deque<Failure> window_;                        // the failures within the window, oldest first
+    std::unordered_map<std::uint64_t, Streak> streaks_; // the keys with failures in the window
+    Order order_;
+    // Per partition, the places in the order of its keys in `streaks_`.
+    std::unordered_map<std::uint64_t, std::multiset<double>> partitions_;
+    std::uint64_t failures_ = 0;  // every failure judged while closed
+    std::uint64_t successes_ = 0; // every success reported while closed
+    GrowingBackoff backoff_;
+    Clock::time_point opened_at_{};
+    Clock::time_point probe_at_{};
+    std::optional<Evidence> opened_; // not yet taken
+    std::size_t probe_successes_ = 0;
+    std::size_t probe_failures_ = 0;
+    std::string last_error_;
+};
+
+/// "closed", "open", "probing".
+const char* to_string(Circuit::State state) noexcept;
+
+} // namespace idemkafka::detail

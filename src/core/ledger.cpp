@@ -1,0 +1,323 @@
+#include "core/ledger.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <utility>
+
+namespace idemkafka::detail {
+namespace {
+
+constexpr std::string_view failures_tag = "idemkafka.failures=";
+constexpr std::size_t failures_metadata_max = 1000; // brokers allow 4096 (offset.metadata.max.bytes)
+
+} // namespace
+
+std::string failures_metadata(const std::map<std::int64_t, int>& failures, std::int64_t from)
+{
+    std::string out;
+    for (auto it = failures.lower_bound(from); it != failures.end(); ++it) {
+        if (it->second <= 0)
+            continue;
+        const std::string entry = std::to_string(it->first) + ':' + std::to_string(it->second);
+        if (out.size() + entry.size() + 1 > failures_metadata_max)
+            break;
+        out += out.empty() ? std::string(failures_tag) : std::string(",");
+        out += entry;
+    }
+    return out;
+}
+
+std::map<std::int64_t, int> parse_failures_metadata(std::string_view metadata)
+{
+    std::map<std::int64_t, int> out;
+    if (metadata.substr(0, failures_tag.size()) != failures_tag)
+        return out;
+    metadata.remove_prefix(failures_tag.size());
+    while (!metadata.empty()) {
+        const auto comma = metadata.find(',');
+        const auto entry = metadata.substr(0, comma);
+        const auto colon = entry.find(':');
+        std::int64_t offset = -1;
+        int failures = 0;
+        if (colon != std::string_view::npos) {
+            const auto* o = entry.data();
+            const auto* c = entry.data() + colon;
+            const auto* e = entry.data() + entry.size();
+            if (std::from_chars(o, c, offset).ptr == c && std::from_chars(c + 1, e, failures).ptr == e &&
+                offset >= 0 && failures > 0)
+                out[offset] = failures;
+        }
+        if (comma == std::string_view::npos)
+            break;
+        metadata.remove_prefix(comma + 1);
+    }
+    return out;
+}
+
+void Holds::add(PartitionState* ps, std::int64_t offset, int failures)
+{
+    auto [it, fresh] = by_partition_.emplace(ps, Hold{offset, failures});
+    if (!fresh) {
+        it->second.offset = std::min(it->second.offset, offset);
+        it->second.failures = std::max(it->second.failures, failures);
+    }
+}
+
+void Holds::park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures)
+{
+    auto [it, fresh] = by_key_.emplace(std::make_pair(ps, key_id(key)), Hold{offset, failures});
+    if (!fresh) {
+        it->second.offset = std::min(it->second.offset, offset);
+        it->second.failures = std::max(it->second.failures, failures);
+    }
+}
+
+void Holds::merge(const Holds& other)
+{
+    for (const auto& [ps, h] : other)
+        add(ps, h.offset, h.failures);
+    for (const auto& [pk, h] : other.by_key_)
+        park(pk.first, pk.second, h.offset, h.failures);
+}
+
+bool Holds::covers(const PartitionState* ps, std::int64_t offset) const
+{
+    auto h = by_partition_.find(ps);
+    return h != by_partition_.end() && offset >= h->second.offset;
+}
+
+bool Holds::covers(PartitionState* ps, std::int64_t offset, std::optional<std::string_view> key) const
+{
+    if (covers(ps, offset))
+        return true;
+    if (by_key_.empty())
+        return false;
+    auto h = by_key_.find(std::make_pair(ps, key_id(key)));
+    return h != by_key_.end() && offset >= h->second.offset;
+}
+
+PartitionState& PartitionLedger::assign(const TopicPartition& tp)
+{
+    PartitionState ps;
+    ps.tp = tp;
+    ps.worker = next_worker_++; // round robin spreads partitions over the workers
+    auto& slot = parts_[tp];
+    slot = std::move(ps);
+    return slot;
+}
+
+void PartitionLedger::revoke(const std::set<TopicPartition>& tps, bool retire)
+{
+    for (const auto& tp : tps) {
+        auto it = parts_.find(tp);
+        if (it == parts_.end())
+            continue;
+        if (retire)
+            retired_.push_back(parts_.extract(it)); // a node keeps its element's address
+        else
+            parts_.erase(it);
+    }
+}
+
+bool PartitionLedger::owns(const PartitionState* ps) const
+{
+    auto it = parts_.find(ps->tp);
+    return it != parts_.end() && &it->second == ps;
+}
+
+PartitionState* PartitionLedger::find(std::string_view topic, std::int32_t partition)
+{
+    auto it = parts_.find({std::string(topic), partition});
+    return it == parts_.end() ? nullptr : &it->second;
+}
+
+Admission PartitionLedger::admit(PartitionState* ps, std::int64_t offset) noexcept
+{
+    if (!ps)
+        return Admission::foreign;
+    if (ps->resume_from >= 0) {
+        if (offset < ps->resume_from)
+            return Admission::stale;
+        ps->resume_from = -1;
+        ps->needs_seek = false;
+    }
+    return Admission::take;
+}
+
+void PartitionLedger::rewind(PartitionState& ps, std::int64_t offset) noexcept
+{
+    ps.resume_from = offset;
+    ps.needs_seek = true;
+    // What comes again is not finished: the position must not pass it.
+    ps.parked.erase(ps.parked.lower_bound(offset), ps.parked.end());
+    if (ps.processed_next > offset)
+        ps.processed_next = offset;
+}
+
+std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, Clock::time_point now)
+{
+    std::vector<Action> out;
+    for (const auto& [ps, h] : holds) {
+        if (!owns(ps))
+            continue;
+        rewind(*ps, h.offset);
+        const bool pause = h.failures > 0;
+        if (pause) {
+            ps->retry_paused = true;
+            ps->resume_at = now + retry_.after(h.failures);
+        }
+        out.push_back({ps, pause});
+    }
+    return out;
+}
+
+void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
+{
+    ps.processed_next = std::max(ps.processed_next, offset + 1);
+    ps.parked.erase(offset);
+    ps.fenced = 0;
+    if (!ps.failures.empty())
+        forget_failures(ps, offset);
+}
+
+void PartitionLedger::trim(PartitionState& ps)
+{
+    ps.dead_lettered.erase(ps.dead_lettered.begin(), ps.dead_lettered.lower_bound(ps.position()));
+}
+
+PartitionLedger::Due PartitionLedger::due(Clock::time_point now)
+{
+    Due out;
+    for (auto& [tp, ps] : parts_) {
+        if (ps.needs_seek && ps.resume_from < 0)
+            ps.needs_seek = false; // the rewound record arrived: the seek happened
+        if (ps.needs_seek)
+            out.seek.push_back(&ps);
+        if (ps.retry_paused && now >= ps.resume_at && !ps.needs_seek) {
+            ps.retry_paused = false;
+            if (std::exchange(ps.retake, false))
+                ps.position_verified = false; // taken over again before it is resumed
+            out.resume.push_back(&ps);
+        }
+    }
+    return out;
+}
+
+std::optional<std::chrono::milliseconds> PartitionLedger::fence(const TopicPartition& tp, Clock::time_point now)
+{
+    auto it = parts_.find(tp);
+    if (it == parts_.end() || it->second.retake)
+        return std::nullopt;
+    auto& ps = it->second;
+    ++ps.fenced;
+    ps.retake = true;
+    ps.retry_paused = true;
+    const auto wait = fence_.after(ps.fenced);
+    ps.resume_at = now + wait;
+    return wait;
+}
+
+std::vector<OffsetCommit> PartitionLedger::take_commits(const std::set<TopicPartition>* only)
+{
+    std::vector<OffsetCommit> out;
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    for (auto& [tp, ps] : parts_) {
+        if (only && !only->count(tp))
+            continue;
+        auto position = ps.position();
+        if (position < 0 && ps.failures_dirty && ps.start_known)
+            position = ps.start_offset; // where it stands: committed before
+        if (position < 0 || (position == ps.committed_next && !ps.failures_dirty))
+            continue;
+        out.push_back({tp, position, failures_metadata(ps.failures, position)});
+        ps.committed_next = position;
+        ps.failures_dirty = false;
+    }
+    return out;
+}
+
+void PartitionLedger::commit_failed(std::string_view topic, std::int32_t partition, std::int64_t offset)
+{
+    auto* ps = find(topic, partition);
+    if (ps && ps->committed_next == offset) {
+        ps->committed_next = -1;
+        std::lock_guard<std::mutex> lock(failures_mu_);
+        ps->failures_dirty = true; // its failures go again too
+    }
+}
+
+int PartitionLedger::attempt_of(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    auto f = ps.failures.find(offset);
+    return f == ps.failures.end() ? 1 : f->second + 1;
+}
+
+int PartitionLedger::count_failure(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    ps.failures_dirty = true;
+    return ++ps.failures[offset];
+}
+
+void PartitionLedger::forget_failures(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    if (ps.failures.erase(offset))
+        ps.failures_dirty = true;
+}
+
+std::size_t PartitionLedger::inherit_failures(PartitionState& ps, const std::map<std::int64_t, int>& failures,
+                                              std::int64_t from)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    std::size_t n = 0;
+    for (auto it = failures.lower_bound(from); it != failures.end(); ++it, ++n) {
+        int& mine = ps.failures[it->first];
+        mine = std::max(mine, it->second);
+    }
+    return n;
+}
+
+void PartitionLedger::forgive_failures()
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    for (auto& [tp, ps] : parts_)
+        if (!ps.failures.empty()) {
+            ps.failures.clear();
+            ps.failures_dirty = true; // the commit's metadata forgets them too
+        }
+}
+
+void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    if (ps.failures.erase(offset))
+        ps.failures_dirty = true;
+    ps.dead_letter_due.erase(offset);
+    ps.dead_lettered.insert(offset);
+}
+
+int PartitionLedger::dead_letter_refused(PartitionState& ps, std::int64_t offset, DeadLetterReason reason,
+                                         const std::string& error, int attempts)
+{
+    std::lock_guard<std::mutex> lock(failures_mu_);
+    auto& due = ps.dead_letter_due[offset];
+    due.reason = reason;
+    due.error = error;
+    due.attempts = attempts;
+    return ++due.refusals;
+}
+
+bool PartitionLedger::settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due)
+{
+    due.reset();
+    if (ps.dead_lettered.count(offset))
+        return true;
+    auto d = ps.dead_letter_due.find(offset);
+    if (d != ps.dead_letter_due.end())
+        due = d->second;
+    return false;
+}
+
+} // namespace idemkafka::detail

@@ -1,0 +1,293 @@
+#pragma once
+// The partition ledger: what the consumer knows about each assigned
+// partition, with no I/O. It answers "is this polled record stale?", "what
+// may be committed now?", "what must be seeked, paused or resumed?"; the
+// engine carries the answers out through the Kafka adapter. Private to the
+// library.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/backoff.hpp"
+#include "idemkafka/dead_letter.hpp"
+
+namespace idemkafka::detail {
+
+using Clock = std::chrono::steady_clock;
+
+struct TopicPartition {
+    std::string topic;
+    std::int32_t partition = 0;
+
+    friend bool operator<(const TopicPartition& a, const TopicPartition& b)
+    {
+        return a.partition != b.partition ? a.partition < b.partition : a.topic < b.topic;
+    }
+    friend bool operator==(const TopicPartition& a, const TopicPartition& b)
+    {
+        return a.partition == b.partition && a.topic == b.topic;
+    }
+};
+
+/// An offset commit of one partition: the next offset to process and the
+/// commit's metadata (the failures of records at or after it).
+struct OffsetCommit {
+    TopicPartition tp;
+    std::int64_t offset = -1;
+    std::string metadata;
+};
+
+/// The handler failures of the records at or after `from` as the metadata of
+/// an offset commit, so that they survive a rebalance or a crash with the
+/// position they belong to: "idemkafka.failures=<offset>:<failures>,..." (the
+/// lowest offsets first, as many as fit in 1,000 bytes). Empty when none.
+std::string failures_metadata(const std::map<std::int64_t, int>& failures, std::int64_t from);
+/// What failures_metadata() wrote; other metadata (another tool's) gives none.
+std::map<std::int64_t, int> parse_failures_metadata(std::string_view metadata);
+
+/// A dead letter the broker refused: sent again, as it was, before anything
+/// else is done with its record (the handler does not run again).
+struct DeadLetterDue {
+    DeadLetterReason reason = DeadLetterReason::handler_failed;
+    std::string error;
+    int attempts = 0;
+    int refusals = 0;
+};
+
+/// One assigned partition. Offsets are Kafka offsets; -1 means none yet.
+struct PartitionState {
+    TopicPartition tp;
+    std::int64_t processed_next = -1; // next offset after the last processed record
+    std::int64_t committed_next = -1; // last next-offset handed to an offset commit
+    std::int64_t resume_from = -1;    // after a rewind, polled records before it are stale
+    std::int64_t start_offset = -1;   // committed offset at assignment (for the lag gauge)
+    bool start_known = false;
+    Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
+    std::size_t worker = 0;           // runs this partition's transactions (partition ordering)
+    std::int64_t epoch = 0;           // offsets_in_database: our ownership epoch
+    bool position_verified = true;    // offsets_in_database: stored position applied
+    std::int64_t stored_next = -1;    // offsets_in_database: the position last stored (or read) in PostgreSQL
+    bool needs_seek = false;          // a rewind whose seek has not been sent yet
+    bool retry_paused = false;        // waiting out a retry backoff (or a fence)
+    bool retake = false;              // offsets_in_database: take the partition over again when the pause ends
+    int fenced = 0;                   // offsets_in_database: position writes refused in a row
+    Clock::time_point resume_at{};
+    // Ordering::key: offsets taken out of the partition's order (a parked
+    // key's records, also once handed back to a batch) and not finished
+    // yet. The committed position stays at the lowest of them.
+    std::set<std::int64_t> parked;
+
+    /// The position that may be committed: past every finished record, and
+    /// at or before every unfinished one (-1: nothing yet).
+    std::int64_t position() const noexcept
+    {
+        if (parked.empty() || processed_next < 0)
+            return processed_next;
+        return std::min(processed_next, *parked.begin());
+    }
+
+    // Guarded by PartitionLedger's failures lock while workers run.
+    std::map<std::int64_t, int> failures;         // handler failures by offset
+    bool failures_dirty = false;                  // `failures` changed since the last commit took them
+    std::set<std::int64_t> dead_lettered;         // acknowledged dead letters of this assignment
+    std::map<std::int64_t, DeadLetterDue> dead_letter_due; // refused ones
+};
+
+/// Where a partition must stop in a batch: records from `offset` on are not
+/// committed and come again after a rewind (and, for `failures` > 0, a
+/// backoff).
+struct Hold {
+    std::int64_t offset;
+    int failures;
+};
+
+/// A record key as parking tells keys apart: a null key is a key of its own.
+using KeyId = std::optional<std::string>;
+
+inline KeyId key_id(std::optional<std::string_view> key)
+{
+    return key ? KeyId(std::in_place, *key) : KeyId();
+}
+
+/// The holds of one batch (or of one worker's share of it). A partition
+/// hold stops the whole partition; a key hold (Ordering::key, after a
+/// handler failure) stops only the records of one key of it: they are
+/// parked, and the partition's other keys go on.
+class Holds {
+public:
+    using KeyHolds = std::map<std::pair<PartitionState*, KeyId>, Hold>;
+
+    /// Holds `ps` at `offset` or earlier; the larger failure count wins.
+    void add(PartitionState* ps, std::int64_t offset, int failures);
+    /// Holds the records of `key` in `ps` from `offset` (or earlier) on.
+    void park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures);
+    /// Every hold of `other` added to these.
+    void merge(const Holds& other);
+    /// True when the record at `offset` of `ps` is held by a partition hold.
+    bool covers(const PartitionState* ps, std::int64_t offset) const;
+    /// True when the record at `offset` of `ps` with `key` is held by a
+    /// partition hold or by a hold of its key.
+    bool covers(PartitionState* ps, std::int64_t offset, std::optional<std::string_view> key) const;
+    /// True when a partition hold stops `ps`.
+    bool holds(const PartitionState* ps) const { return by_partition_.count(ps) > 0; }
+    bool empty() const noexcept { return by_partition_.empty() && by_key_.empty(); }
+    void clear() noexcept
+    {
+        by_partition_.clear();
+        by_key_.clear();
+    }
+    /// The partition holds.
+    auto begin() const { return by_partition_.begin(); }
+    auto end() const { return by_partition_.end(); }
+    /// The key holds.
+    const KeyHolds& keys() const noexcept { return by_key_; }
+
+private:
+    std::map<PartitionState*, Hold, std::less<>> by_partition_;
+    KeyHolds by_key_;
+};
+
+/// What a poll result is to the consumer.
+enum class Admission {
+    foreign, // not (or no longer) assigned: dropped
+    stale,   // fetched before a rewind to a later offset: dropped, it comes again
+    take,    // to be processed
+};
+
+class PartitionLedger {
+public:
+    /// retry: the backoff of a partition held after handler failures;
+    /// fence: of a partition whose position write was refused.
+    PartitionLedger(Backoff retry, Backoff fence) : retry_(retry), fence_(fence) {}
+
+    PartitionLedger(const PartitionLedger&) = delete;
+    PartitionLedger& operator=(const PartitionLedger&) = delete;
+
+    // ---- assignment -------------------------------------------------------
+
+    /// A newly assigned partition starts empty: nothing processed, nothing
+    /// held, a new worker in round robin. An existing state is replaced.
+    PartitionState& assign(const TopicPartition& tp);
+    /// Forgets revoked (or lost) partitions entirely. With `retire`, their
+    /// states stay in memory, owned by no one, until release_retired(): a
+    /// batch still running in the workers may point to them.
+    void revoke(const std::set<TopicPartition>& tps, bool retire = false);
+    /// Frees the states of partitions retired by revoke().
+    void release_retired() noexcept { retired_.clear(); }
+    /// True when `ps` is the state of a partition assigned now (not retired).
+    bool owns(const PartitionState* ps) const;
+    PartitionState* find(std::string_view topic, std::int32_t partition);
+    bool empty() const noexcept { return parts_.empty(); }
+    std::size_t size() const noexcept { return parts_.size(); }
+    auto begin() { return parts_.begin(); }
+    auto end() { return parts_.end(); }
+    auto begin() const { return parts_.begin(); }
+    auto end() const { return parts_.end(); }
+
+    // ---- polling and rewinds ------------------------------------------------
+
+    /// Whether a polled record at `offset` of `ps` is processed. The first
+    /// record at or past a rewind point (it may be past it: the point can be
+    /// a transaction marker or a deleted offset) shows the seek took effect.
+    static Admission admit(PartitionState* ps, std::int64_t offset) noexcept;
+    /// Records of `ps` from `offset` on come again: polled ones before the
+    /// seek are stale, and parked ones from `offset` on are no longer
+    /// parked (they come again too). The caller seeks and reports with
+    /// seek_sent().
+    static void rewind(PartitionState& ps, std::int64_t offset) noexcept;
+    /// The record at `offset` of `ps` was taken out of the partition's order
+    /// (Ordering::key parking): the position stays at or before it until it
+    /// is finished.
+    static void park(PartitionState& ps, std::int64_t offset) { ps.parked.insert(offset); }
+    /// The seek of a rewind was sent (or queued): no need to send it again.
+    static void seek_sent(PartitionState& ps) noexcept { ps.needs_seek = false; }
+
+    /// What the consumer must do to one partition after a batch.
+    struct Action {
+        PartitionState* ps;
+        bool pause; // for a retry backoff, after the seek
+    };
+    /// Rewinds each held partition to its hold, and starts a retry backoff for
+    /// holds after failures. The caller seeks each (to ps->resume_from) and
+    /// pauses those with `pause`. Holds on retired partitions are not ours
+    /// to apply: they are skipped.
+    std::vector<Action> apply(const Holds& holds, Clock::time_point now);
+    /// The record at `offset` of `ps` is finished (committed in PostgreSQL, or
+    /// dead-lettered): the partition's position moves past it.
+    void complete(PartitionState& ps, std::int64_t offset);
+    /// After completions: forgets acknowledged dead letters behind the position.
+    static void trim(PartitionState& ps);
+
+    /// Partitions whose rewind still needs its seek, and partitions whose
+    /// retry backoff is over (to be resumed). A resumed partition taken over
+    /// again after a fence is unverified until the engine verifies it.
+    struct Due {
+        std::vector<PartitionState*> seek;
+        std::vector<PartitionState*> resume;
+    };
+    Due due(Clock::time_point now);
+
+    /// A refused position write (offsets_in_database): pauses `tp` for a
+    /// backoff that grows with each refusal in a row, then it is taken over
+    /// again. Returns the wait, or nothing when the partition is not ours or
+    /// already waiting.
+    std::optional<std::chrono::milliseconds> fence(const TopicPartition& tp, Clock::time_point now);
+
+    // ---- commits -----------------------------------------------------------
+
+    /// Positions (next offsets) that moved, or whose records' failures
+    /// changed, since they were last handed to a commit, of every partition
+    /// or only of `only`, each with its failures_metadata(); they count as
+    /// handed over. A partition with nothing processed yet commits its start
+    /// offset (as committed at the assignment) when only its failures changed.
+    std::vector<OffsetCommit> take_commits(const std::set<TopicPartition>* only);
+    /// A commit of `offset` for `tp` failed: the next take_commits() sends it again.
+    void commit_failed(std::string_view topic, std::int32_t partition, std::int64_t offset);
+
+    // ---- failures and dead letters (thread-safe: workers call these) ---------
+
+    /// The attempt the next handler call of the record is: 1 + its failures.
+    int attempt_of(PartitionState& ps, std::int64_t offset);
+    /// Counts one failure of the record; returns its failures so far.
+    int count_failure(PartitionState& ps, std::int64_t offset);
+    void forget_failures(PartitionState& ps, std::int64_t offset);
+    /// Failures counted by earlier owners of the partition (the committed
+    /// offset's metadata), for records at or after `from`; a record keeps
+    /// the larger count. Returns how many records had any.
+    std::size_t inherit_failures(PartitionState& ps, const std::map<std::int64_t, int>& failures, std::int64_t from);
+    /// Forgets the failures of every record (the circuit breaker took them
+    /// for an outage's). Not while workers run.
+    void forgive_failures();
+    /// The dead letter of the record was acknowledged.
+    void dead_lettered(PartitionState& ps, std::int64_t offset);
+    /// The dead letter of the record was refused; returns the refusals so far.
+    int dead_letter_refused(PartitionState& ps, std::int64_t offset, DeadLetterReason reason, const std::string& error,
+                            int attempts);
+    /// Before a polled record runs again (no worker running): true when its
+    /// dead letter was acknowledged in this assignment (the record is done);
+    /// a refused one is returned in `due` (the record goes to the dead letter
+    /// again, as it was).
+    static bool settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due);
+
+    /// Backoff after `failures` handler failures or dead-letter refusals.
+    std::chrono::milliseconds retry_backoff(int failures) const noexcept { return retry_.after(failures); }
+
+private:
+    std::map<TopicPartition, PartitionState> parts_;
+    std::vector<std::map<TopicPartition, PartitionState>::node_type> retired_; // same addresses as before
+    std::size_t next_worker_ = 0;
+    Backoff retry_;
+    Backoff fence_;
+    std::mutex failures_mu_;
+};
+
+} // namespace idemkafka::detail
