@@ -2,7 +2,7 @@
 // from the poll thread to the workers.
 //
 // A record's path, in order:
-//  1. run() -> fill_batch(): kafka::Consumer::poll() returns it; the
+//  1. run() -> fill_batch(): kafka::GroupMember::poll() returns it; the
 //     PartitionLedger admits it (records fetched before a rewind are stale).
 //  2. Intake::decode(): the Stage decodes it into the free bank; a record
 //     that cannot run is marked for the dead letter.
@@ -19,8 +19,8 @@
 //     partition's other keys go on, and the position stays at the first
 //     parked record; when the backoff is over fill_batch() takes them again.
 //  6. flush_commits(): the ledger's moved positions go to Kafka as an offset
-//     commit (kafka::Consumer::commit); a failed commit is sent again.
-// Rebalances arrive inside poll() through kafka::ConsumerEvents: the running
+//     commit (kafka::GroupMember::commit); a failed commit is sent again.
+// Rebalances arrive inside poll() through kafka::GroupEvents: the running
 // batch is finished first, then the ledger assigns or forgets partitions.
 // The circuit breaker (Circuit) hears of every handler attempt in step 4;
 // when failures across keys look like an outage it opens, the worker gives
@@ -48,7 +48,7 @@
 #include "idemkafka/retention.hpp"
 #include "idemkafka/store.hpp"
 #include "consumer/intake.hpp"
-#include "kafka/consumer.hpp"
+#include "kafka/group_member.hpp"
 #include "consumer/lag.hpp"
 #include "core/ledger.hpp"
 #include "observe/log_context.hpp"
@@ -74,7 +74,7 @@ constexpr milliseconds inherit_wait{5000};
 
 } // namespace
 
-struct Engine::Impl final : kafka::ConsumerEvents {
+struct Engine::Impl final : kafka::GroupEvents {
     ConsumerConfig cfg;
     Stage& stage;
     Redactor secrets; // of the configuration: masked in every log record and thrown message
@@ -100,7 +100,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
                     std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
-    std::unique_ptr<kafka::Consumer> kafka;
+    std::unique_ptr<kafka::GroupMember> kafka;
 
     // The batch being polled and decoded, and the one the workers process
     // (pipeline: both at once). The poll thread touches `running` and the
@@ -444,7 +444,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
 
     void seek(PartitionState& ps)
     {
-        if (kafka->seek(ps.tp, ps.resume_from) != kafka::Consumer::SeekResult::failed)
+        if (kafka->seek(ps.tp, ps.resume_from) != kafka::GroupMember::SeekResult::failed)
             PartitionLedger::seek_sent(ps);
     }
 
@@ -561,11 +561,11 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                     return;
                 continue;
             }
-            auto* ps = ledger.find(kafka::Consumer::topic_of(*m), m->partition);
+            auto* ps = ledger.find(kafka::GroupMember::topic_of(*m), m->partition);
             if (PartitionLedger::admit(ps, m->offset) != Admission::take)
                 continue; // not ours, or fetched before a rewind: it comes again
             Item it;
-            kafka::Consumer::read(*m, it.record);
+            kafka::GroupMember::read(*m, it.record);
             it.part = ps;
             it.msg = std::move(m);
             metrics.in_flight_records.add(1);
@@ -745,7 +745,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
                 kafka->consumer_error(*m);
             } else if (m) {
                 // Fetched before the pause: it comes again after the resume.
-                auto* ps = ledger.find(kafka::Consumer::topic_of(*m), m->partition);
+                auto* ps = ledger.find(kafka::GroupMember::topic_of(*m), m->partition);
                 if (PartitionLedger::admit(ps, m->offset) == Admission::take)
                     rewind(*ps, m->offset);
             }
@@ -1034,7 +1034,7 @@ struct Engine::Impl final : kafka::ConsumerEvents {
             outbox_relay = OutboxRelay::for_consumer(oc, cfg.postgres, cfg.brokers, cfg.kafka, log);
             outbox_relay->start();
         }
-        kafka = std::make_unique<kafka::Consumer>(cfg, *this, metrics, log, secrets);
+        kafka = std::make_unique<kafka::GroupMember>(cfg, *this, metrics, log, secrets);
         keepalive_after = std::min(milliseconds(10000), kafka->max_poll_interval() / 5);
         revoke_wait = std::min(cfg.shutdown_timeout, kafka->max_poll_interval() / 2);
         if (cfg.max_batch_duration.count() > 0)

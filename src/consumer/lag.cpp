@@ -9,7 +9,7 @@ namespace {
 
 using kafka::offset_invalid;
 
-void learn_start_offsets(PartitionLedger& ledger, kafka::Consumer& consumer)
+void learn_start_offsets(PartitionLedger& ledger, kafka::GroupMember& consumer)
 {
     std::vector<std::pair<TopicPartition, std::int64_t>> wanted;
     for (const auto& [tp, ps] : ledger)
@@ -26,7 +26,7 @@ void learn_start_offsets(PartitionLedger& ledger, kafka::Consumer& consumer)
 
 } // namespace
 
-void update_lag(PartitionLedger& ledger, kafka::Consumer& consumer, Metrics& metrics)
+void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& metrics)
 {
     metrics.assigned_partitions.set(static_cast<std::int64_t>(ledger.size()));
     if (ledger.empty()) {

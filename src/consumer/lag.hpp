@@ -2,7 +2,7 @@
 // The lag gauges. Private to the library.
 
 #include "idemkafka/metrics.hpp"
-#include "kafka/consumer.hpp"
+#include "kafka/group_member.hpp"
 #include "core/ledger.hpp"
 
 namespace idemkafka::detail {
@@ -15,6 +15,6 @@ namespace idemkafka::detail {
 /// statistics.interval.ms set, from librdkafka's consumer_lag instead (end
 /// offset minus committed offset) once a statistics event of this assignment
 /// has it; the watermarks fill in until then.
-void update_lag(PartitionLedger& ledger, kafka::Consumer& consumer, Metrics& metrics);
+void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& metrics);
 
 } // namespace idemkafka::detail

@@ -15,7 +15,7 @@ using kafka::offset_invalid;
 } // namespace
 
 std::optional<std::map<TopicPartition, std::int64_t>>
-StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps,
+StoredPositions::acquire(kafka::GroupMember& consumer, const std::vector<TopicPartition>& tps,
                          const std::vector<OffsetCommit>* known)
 {
     std::vector<std::pair<std::string, std::int32_t>> wanted;
@@ -106,7 +106,7 @@ StoredPositions::acquire(kafka::Consumer& consumer, const std::vector<TopicParti
     return target;
 }
 
-std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::Consumer& consumer)
+std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::GroupMember& consumer)
 {
     std::vector<TopicPartition> unverified;
     for (const auto& [tp, ps] : ledger_)

@@ -14,7 +14,7 @@
 
 #include "idemkafka/config.hpp"
 #include "idemkafka/offset_store.hpp"
-#include "kafka/consumer.hpp"
+#include "kafka/group_member.hpp"
 #include "core/ledger.hpp"
 #include "observe/log_context.hpp"
 #include "consumer/claim_transaction.hpp"
@@ -38,12 +38,12 @@ public:
     /// may be busy with a running batch. `committed`: Kafka's committed
     /// offsets of `tps` when the caller has read them already, else read here.
     std::optional<std::map<TopicPartition, std::int64_t>>
-    acquire(kafka::Consumer& consumer, const std::vector<TopicPartition>& tps,
+    acquire(kafka::GroupMember& consumer, const std::vector<TopicPartition>& tps,
             const std::vector<OffsetCommit>* committed = nullptr);
 
     /// Partitions assigned while PostgreSQL was away (paused since): acquires
     /// them now and returns where each must be rewound to.
-    std::map<PartitionState*, std::int64_t> verify(kafka::Consumer& consumer);
+    std::map<PartitionState*, std::int64_t> verify(kafka::GroupMember& consumer);
 
     /// Closes the connection acquire() uses, so that the next one opens a new
     /// one: after the workers lost theirs it is most likely dead too (a

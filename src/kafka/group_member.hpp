@@ -43,10 +43,10 @@ inline constexpr std::int64_t offset_invalid = RD_KAFKA_OFFSET_INVALID;
 inline constexpr std::int64_t offset_unknown = INT64_MIN;
 
 /// What the consumer reports to its owner, on the thread that polls (inside
-/// Consumer::poll() and Consumer::close()).
-class ConsumerEvents {
+/// GroupMember::poll() and GroupMember::close()).
+class GroupEvents {
 public:
-    virtual ~ConsumerEvents() = default;
+    virtual ~GroupEvents() = default;
     /// Partitions are assigned. The owner may set a start offset for each
     /// (leave it at RD_KAFKA_OFFSET_INVALID for the committed offset) and
     /// returns true to keep them all paused.
@@ -54,7 +54,7 @@ public:
     /// Partitions are revoked (or `lost`: another member may own them
     /// already). The owner settles what runs for them and drops their state;
     /// after a revoke that is not a loss it may commit their positions first
-    /// (Consumer::commit, synchronous).
+    /// (GroupMember::commit, synchronous).
     virtual void revoked(const std::set<TopicPartition>& parts, bool lost) = 0;
     /// An offset commit for one partition failed; it is to be sent again.
     virtual void commit_failed(const TopicPartition& tp, std::int64_t offset) = 0;
@@ -66,18 +66,18 @@ struct StatsEntry {
     std::chrono::steady_clock::time_point at;
 };
 
-class Consumer {
+class GroupMember {
 public:
     /// Creates the client with the consumer's settings and subscribes.
     /// Throws ConfigError for a refused property, KafkaError otherwise.
-    Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& metrics, LogSink sink,
+    GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
              const Redactor& secrets);
-    ~Consumer();
-    Consumer(const Consumer&) = delete;
-    Consumer& operator=(const Consumer&) = delete;
+    ~GroupMember();
+    GroupMember(const GroupMember&) = delete;
+    GroupMember& operator=(const GroupMember&) = delete;
 
     /// The next record (or consumer error, or nothing after `timeout`);
-    /// rebalances are served inside, through ConsumerEvents. Records of
+    /// rebalances are served inside, through GroupEvents. Records of
     /// different partitions come round-robin, each partition's in offset
     /// order; a paused partition's held records wait for its resume.
     MessagePtr poll(std::chrono::milliseconds timeout);
@@ -107,7 +107,7 @@ public:
     /// Commits explicit offsets, each with its metadata. Asynchronous, or
     /// synchronous within `bound` (a commit not confirmed by then is left
     /// pending, and counts as sent). Failed partitions are reported through
-    /// ConsumerEvents::commit_failed.
+    /// GroupEvents::commit_failed.
     void commit(const std::vector<OffsetCommit>& offsets, bool async, std::chrono::milliseconds bound);
     /// Kafka's committed offsets of `tps` (RD_KAFKA_OFFSET_INVALID for none,
     /// offset_unknown for a partition the broker reported an error for);
@@ -135,11 +135,11 @@ public:
 
 private:
     // What librdkafka's opaque points to. Shared with a handle destroyed in
-    // the background (see destroy()), which may log after the Consumer is gone.
+    // the background (see destroy()), which may log after the GroupMember is gone.
     struct Relay : ClientOwner {
-        Consumer* consumer = nullptr;
+        GroupMember* consumer = nullptr;
     };
-    static Consumer& of(void* opaque);
+    static GroupMember& of(void* opaque);
     // Destroys the handle with `flags`; past `bound` the destruction goes on
     // in the background, silenced (librdkafka waits there for commits that
     // wait for a coordinator, up to session.timeout.ms).
@@ -170,7 +170,7 @@ private:
     void set_paused(std::string_view topic, std::int32_t partition, bool paused);
     void forget_queues();
 
-    ConsumerEvents& events_;
+    GroupEvents& events_;
     Metrics& metrics_;
     Redactor secrets_;
     LogSink log_; // this thread's lines

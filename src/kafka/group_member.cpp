@@ -1,4 +1,4 @@
-#include "kafka/consumer.hpp"
+#include "kafka/group_member.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -34,13 +34,13 @@ PartitionListPtr list_of(const std::vector<std::pair<TopicPartition, std::int64_
 
 // librdkafka's opaque is the Relay's ClientOwner base (see make_client). The
 // callbacks other than the log's are served by the thread that polls, while
-// the Consumer lives.
-Consumer& Consumer::of(void* opaque)
+// the GroupMember lives.
+GroupMember& GroupMember::of(void* opaque)
 {
     return *static_cast<Relay*>(static_cast<ClientOwner*>(opaque))->consumer;
 }
 
-Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& metrics, LogSink sink,
+GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
                    const Redactor& secrets)
     : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
       shutdown_timeout_(cfg.shutdown_timeout)
@@ -136,7 +136,7 @@ Consumer::Consumer(const ConsumerConfig& cfg, ConsumerEvents& events, Metrics& m
     say(log_, LogLevel::info, {}, "consumer group {} subscribed to {} topic(s)", cfg.group_id, cfg.topics.size());
 }
 
-Consumer::~Consumer()
+GroupMember::~GroupMember()
 {
     forget_queues();       // messages go before their handle
     fetch_wakeup_.reset(); // uses the handle
@@ -145,7 +145,7 @@ Consumer::~Consumer()
         destroy(RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE, shutdown_timeout_);
 }
 
-void Consumer::destroy(int flags, milliseconds bound) noexcept
+void GroupMember::destroy(int flags, milliseconds bound) noexcept
 {
     rd_kafka_t* rk = rk_.release();
     std::thread t;
@@ -177,28 +177,28 @@ void Consumer::destroy(int flags, milliseconds bound) noexcept
 
 // ---- callbacks --------------------------------------------------------------
 
-void Consumer::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts, void* opaque)
+void GroupMember::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts, void* opaque)
 {
     of(opaque).on_rebalance(err, parts);
 }
 
-void Consumer::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets, void* opaque)
+void GroupMember::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets, void* opaque)
 {
     of(opaque).on_commit(err, offsets);
 }
 
-void Consumer::error_cb(rd_kafka_t*, int err, const char* reason, void* opaque)
+void GroupMember::error_cb(rd_kafka_t*, int err, const char* reason, void* opaque)
 {
     of(opaque).on_error(err, reason);
 }
 
-int Consumer::stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque)
+int GroupMember::stats_cb(rd_kafka_t*, char* json, size_t len, void* opaque)
 {
     of(opaque).on_stats(std::string_view(json, len));
     return 0; // librdkafka frees the text
 }
 
-void Consumer::on_error(int err, const char* reason)
+void GroupMember::on_error(int err, const char* reason)
 {
     metrics_.kafka_errors.add();
     const auto code = static_cast<rd_kafka_resp_err_t>(err);
@@ -208,7 +208,7 @@ void Consumer::on_error(int err, const char* reason)
         "kafka: {}: {}", rd_kafka_err2name(code), reason);
 }
 
-void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
+void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
     metrics_.rebalances.add();
     // NULL while the protocol is unknown, as in the revoke that the close
@@ -280,7 +280,7 @@ void Consumer::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     }
 }
 
-void Consumer::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
+void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
         return;
@@ -311,7 +311,7 @@ void Consumer::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_
 // Statistics are served by the thread that polls the client (ours, through
 // rd_kafka_consumer_poll), but they are kept under stats_mu_ so that serving
 // them from librdkafka's own threads would be safe too.
-void Consumer::on_stats(std::string_view json) noexcept
+void GroupMember::on_stats(std::string_view json) noexcept
 {
     try {
         const auto now = Clock::now();
@@ -334,7 +334,7 @@ void Consumer::on_stats(std::string_view json) noexcept
 // the next queue's oldest record goes out. Only when no queue has one to give
 // does the poll wait: held records of paused partitions never keep it from
 // serving a rebalance.
-MessagePtr Consumer::poll(milliseconds timeout)
+MessagePtr GroupMember::poll(milliseconds timeout)
 {
     while (errors_.empty() && held_records_ < hold_max_records_ && held_bytes_ < hold_max_bytes_) {
         MessagePtr m(rd_kafka_consumer_poll(rk_.get(), 0));
@@ -356,7 +356,7 @@ MessagePtr Consumer::poll(milliseconds timeout)
     return next_held();
 }
 
-Consumer::Queue& Consumer::queue_of(std::string_view topic, std::int32_t partition)
+GroupMember::Queue& GroupMember::queue_of(std::string_view topic, std::int32_t partition)
 {
     const auto is = [&](const Queue& l) { return l.partition == partition && l.topic == topic; };
     if (last_queue_ < queues_.size() && is(queues_[last_queue_]))
@@ -371,7 +371,7 @@ Consumer::Queue& Consumer::queue_of(std::string_view topic, std::int32_t partiti
     return queues_.back();
 }
 
-void Consumer::hold(MessagePtr m)
+void GroupMember::hold(MessagePtr m)
 {
     if (m->err || !m->rkt) {
         errors_.push_back(std::move(m));
@@ -383,7 +383,7 @@ void Consumer::hold(MessagePtr m)
     l.held.push_back(std::move(m));
 }
 
-MessagePtr Consumer::next_held()
+MessagePtr GroupMember::next_held()
 {
     for (std::size_t n = 0; n < queues_.size(); ++n) {
         const auto i = (next_queue_ + n) % queues_.size();
@@ -400,7 +400,7 @@ MessagePtr Consumer::next_held()
     return nullptr;
 }
 
-void Consumer::drop_held(Queue& l)
+void GroupMember::drop_held(Queue& l)
 {
     for (const auto& m : l.held) {
         held_records_ -= 1;
@@ -412,12 +412,12 @@ void Consumer::drop_held(Queue& l)
 // librdkafka's pause drops what its queue holds of the partition and resumes
 // fetching after the last record it handed out, which may be held here: held
 // records of a paused partition wait for its resume, and go out first then.
-void Consumer::set_paused(std::string_view topic, std::int32_t partition, bool paused)
+void GroupMember::set_paused(std::string_view topic, std::int32_t partition, bool paused)
 {
     queue_of(topic, partition).paused = paused;
 }
 
-void Consumer::forget_queues()
+void GroupMember::forget_queues()
 {
     queues_.clear();
     errors_.clear();
@@ -425,7 +425,7 @@ void Consumer::forget_queues()
     next_queue_ = last_queue_ = 0;
 }
 
-void Consumer::consumer_error(const rd_kafka_message_t& m)
+void GroupMember::consumer_error(const rd_kafka_message_t& m)
 {
     metrics_.kafka_errors.add();
     const char* topic = m.rkt ? rd_kafka_topic_name(m.rkt) : "";
@@ -438,13 +438,13 @@ void Consumer::consumer_error(const rd_kafka_message_t& m)
         throw KafkaError(secrets_(fmt::format("fatal Kafka error: {}", reason)));
 }
 
-void Consumer::wake_poll() noexcept
+void GroupMember::wake_poll() noexcept
 {
     if (consumer_queue_)
         rd_kafka_queue_yield(consumer_queue_.get());
 }
 
-void Consumer::read(const rd_kafka_message_t& m, Record& record)
+void GroupMember::read(const rd_kafka_message_t& m, Record& record)
 {
     record.topic = rd_kafka_topic_name(m.rkt);
     record.partition = m.partition;
@@ -473,7 +473,7 @@ void Consumer::read(const rd_kafka_message_t& m, Record& record)
 // batch may have stopped the fetchers; once the batch took it below both
 // halves, wake them (at most every 20 ms). The queue's bytes are estimated
 // from the records taken.
-void Consumer::check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes)
+void GroupMember::check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes)
 {
     if (!fetch_wakeup_)
         return;
@@ -495,7 +495,7 @@ void Consumer::check_prefetch(bool before_batch, std::size_t batch_records, std:
 
 // ---- positions --------------------------------------------------------------
 
-Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offset)
+GroupMember::SeekResult GroupMember::seek(const TopicPartition& tp, std::int64_t offset)
 {
     // Whatever the outcome: records held now were fetched before the seek
     // (after a failed one the seek is sent again).
@@ -524,7 +524,7 @@ Consumer::SeekResult Consumer::seek(const TopicPartition& tp, std::int64_t offse
     return SeekResult::done;
 }
 
-void Consumer::pause(const TopicPartition& tp, bool pause)
+void GroupMember::pause(const TopicPartition& tp, bool pause)
 {
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
@@ -535,7 +535,7 @@ void Consumer::pause(const TopicPartition& tp, bool pause)
     set_paused(tp.topic, tp.partition, pause);
 }
 
-void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused)
+void GroupMember::pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused)
 {
     rd_kafka_topic_partition_list_t* raw = nullptr;
     if (rd_kafka_assignment(rk_.get(), &raw) != RD_KAFKA_RESP_ERR_NO_ERROR || !raw)
@@ -556,7 +556,7 @@ void Consumer::pause_assignment(bool pause, const std::set<TopicPartition>& keep
         set_paused(resume->elems[i].topic, resume->elems[i].partition, false);
 }
 
-void Consumer::commit(const std::vector<OffsetCommit>& offsets, bool async, milliseconds bound)
+void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, milliseconds bound)
 {
     if (offsets.empty())
         return;
@@ -589,7 +589,7 @@ void Consumer::commit(const std::vector<OffsetCommit>& offsets, bool async, mill
 // 45 s default applies, so a revoke or a stop would hang that long for a
 // commit that is only an optimisation (PostgreSQL holds the effects; a
 // redelivery is deduplicated). Its result still reaches on_commit().
-rd_kafka_resp_err_t Consumer::commit_and_wait(rd_kafka_topic_partition_list_t* list, milliseconds bound)
+rd_kafka_resp_err_t GroupMember::commit_and_wait(rd_kafka_topic_partition_list_t* list, milliseconds bound)
 {
     QueuePtr q(rd_kafka_queue_new(rk_.get()));
     if (const auto err = rd_kafka_commit_queue(rk_.get(), list, q.get(), nullptr, nullptr))
@@ -610,7 +610,7 @@ rd_kafka_resp_err_t Consumer::commit_and_wait(rd_kafka_topic_partition_list_t* l
     }
 }
 
-bool Consumer::committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, milliseconds timeout)
+bool GroupMember::committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, milliseconds timeout)
 {
     auto list = list_of(tps);
     if (rd_kafka_committed(rk_.get(), list.get(), static_cast<int>(timeout.count())) != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -620,7 +620,7 @@ bool Consumer::committed(std::vector<std::pair<TopicPartition, std::int64_t>>& t
     return true;
 }
 
-bool Consumer::committed(std::vector<OffsetCommit>& tps, milliseconds timeout)
+bool GroupMember::committed(std::vector<OffsetCommit>& tps, milliseconds timeout)
 {
     auto list = make_list(static_cast<int>(tps.size()));
     for (const auto& c : tps)
@@ -637,14 +637,14 @@ bool Consumer::committed(std::vector<OffsetCommit>& tps, milliseconds timeout)
     return true;
 }
 
-std::pair<std::int64_t, std::int64_t> Consumer::watermarks(const TopicPartition& tp)
+std::pair<std::int64_t, std::int64_t> GroupMember::watermarks(const TopicPartition& tp)
 {
     std::int64_t lo = -1, hi = -1;
     rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &lo, &hi);
     return {lo, hi};
 }
 
-std::map<TopicPartition, StatsEntry> Consumer::statistics()
+std::map<TopicPartition, StatsEntry> GroupMember::statistics()
 {
     if (!stats_enabled_)
         return {};
@@ -658,7 +658,7 @@ std::map<TopicPartition, StatsEntry> Consumer::statistics()
 // under either group protocol). Past the bound the handle goes without the
 // close: the broker drops the member after its session timeout, as after a
 // crash, and the new owners' redeliveries are deduplicated.
-void Consumer::close(milliseconds bound)
+void GroupMember::close(milliseconds bound)
 {
     if (!rk_)
         return;
