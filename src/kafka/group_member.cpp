@@ -41,7 +41,7 @@ GroupMember& GroupMember::of(void* opaque)
 }
 
 GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
-                   const Redactor& secrets)
+                         const Redactor& secrets)
     : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
       shutdown_timeout_(cfg.shutdown_timeout)
 {
@@ -177,12 +177,14 @@ void GroupMember::destroy(int flags, milliseconds bound) noexcept
 
 // ---- callbacks --------------------------------------------------------------
 
-void GroupMember::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts, void* opaque)
+void GroupMember::rebalance_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
+                               void* opaque)
 {
     of(opaque).on_rebalance(err, parts);
 }
 
-void GroupMember::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets, void* opaque)
+void GroupMember::commit_cb(rd_kafka_t*, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
+                            void* opaque)
 {
     of(opaque).on_commit(err, offsets);
 }
@@ -631,8 +633,8 @@ bool GroupMember::committed(std::vector<OffsetCommit>& tps, milliseconds timeout
         const auto& p = list->elems[i];
         auto& c = tps[static_cast<std::size_t>(i)];
         c.offset = p.err ? offset_unknown : p.offset;
-        c.metadata = p.metadata && !p.err ? std::string(static_cast<const char*>(p.metadata), p.metadata_size)
-                                          : std::string();
+        c.metadata =
+            p.metadata && !p.err ? std::string(static_cast<const char*>(p.metadata), p.metadata_size) : std::string();
     }
     return true;
 }

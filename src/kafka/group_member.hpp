@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"
 #include "idemkafka/metrics.hpp"
@@ -32,7 +33,6 @@
 #include "kafka/client.hpp"
 #include "kafka/fetch_wakeup.hpp"
 #include "kafka/stats.hpp"
-#include "core/ledger.hpp"
 #include "observe/log_context.hpp"
 
 namespace idemkafka::detail::kafka {
@@ -71,7 +71,7 @@ public:
     /// Creates the client with the consumer's settings and subscribes.
     /// Throws ConfigError for a refused property, KafkaError otherwise.
     GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
-             const Redactor& secrets);
+                const Redactor& secrets);
     ~GroupMember();
     GroupMember(const GroupMember&) = delete;
     GroupMember& operator=(const GroupMember&) = delete;
