@@ -1,0 +1,237 @@
+// The engine and the group: assignments and revocations (inside poll),
+// rewinds, seeks and fences of partitions, and per-key parking.
+
+#include "consumer/engine_impl.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace idemkafka::detail {
+
+bool Engine::Impl::assigned(std::vector<std::pair<TopicPartition, std::int64_t>>& start)
+{
+    std::vector<TopicPartition> tps;
+    for (const auto& [tp, offset] : start) {
+        ledger.assign(tp);
+        tps.push_back(tp);
+    }
+    const auto committed = inherit_failures(tps);
+    if (positions) {
+        // Each partition starts at its stored position when it has one
+        // (see StoredPositions::acquire()), else at Kafka's committed
+        // offset. Without PostgreSQL it stays unverified and paused until
+        // a reconnect verifies it (see ensure_db).
+        if (auto target = positions->acquire(*kafka, tps, committed ? &*committed : nullptr)) {
+            for (auto& [tp, offset] : start)
+                if (auto t = target->find(tp); t != target->end())
+                    offset = t->second;
+        } else {
+            for (const auto& tp : tps)
+                if (auto* ps = ledger.find(tp.topic, tp.partition))
+                    ps->position_verified = false;
+            if (!db_pause)
+                db_hold();
+        }
+    }
+    return db_pause || keepalive_paused || circuit_pause;
+}
+
+std::optional<std::vector<OffsetCommit>> Engine::Impl::inherit_failures(const std::vector<TopicPartition>& tps)
+{
+    std::vector<OffsetCommit> committed;
+    for (const auto& tp : tps)
+        committed.push_back({tp, kafka::offset_invalid, {}});
+    if (!kafka->committed(committed, inherit_wait)) {
+        say(log, LogLevel::warning, {},
+            "could not read the committed offsets of {} assigned partition(s) within {} ms: handler failures "
+            "counted by their earlier owners are not known, so a failing record may get up to max_attempts more",
+            tps.size(), inherit_wait.count());
+        return std::nullopt;
+    }
+    for (const auto& c : committed) {
+        auto* ps = ledger.find(c.tp.topic, c.tp.partition);
+        if (!ps || c.offset < 0)
+            continue;
+        ps->start_offset = c.offset;
+        ps->start_known = true;
+        const auto failures = parse_failures_metadata(c.metadata);
+        if (failures.empty())
+            continue;
+        const auto n = ledger.inherit_failures(*ps, failures, c.offset);
+        if (n)
+            say(log, LogLevel::info, coordinates(c.tp.topic, c.tp.partition, c.offset),
+                "{}/{}: {} record(s) from offset {} on failed before this assignment (up to {} times); their "
+                "attempts go on from there",
+                c.tp.topic, c.tp.partition, n, c.offset,
+                std::max_element(failures.begin(), failures.end(), [](const auto& a, const auto& b) {
+                    return a.second < b.second;
+                })->second);
+    }
+    return committed;
+}
+
+void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
+{
+    // Records polled for revoked partitions but not processed yet are
+    // dropped: their offsets were never committed, so the new owner reads them.
+    batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; }),
+                batch.end());
+    count_in_flight();
+    // The running batch first: its positions belong to what is revoked.
+    // It is waited for (at most revoke_wait) only when it has records of
+    // the revoked partitions; past that its transactions are abandoned
+    // (rolled back when their handler calls return), and the states it
+    // points to stay in memory until it ends.
+    bool settled = true;
+    if (!running.empty()) {
+        const bool touched =
+            std::any_of(running.begin(), running.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; });
+        // What PostgreSQL holds already is committed before the wait: sent
+        // after a wait the group did not sit out, it would carry a
+        // generation the coordinator has left (ILLEGAL_GENERATION), which
+        // librdkafka answers by dropping the whole assignment, the
+        // partitions this member keeps included.
+        if (touched && !lost && !no_commit)
+            kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
+        if (pool->wait_until(Clock::now() + (touched ? revoke_wait : milliseconds(0))))
+            finish_running_in_callback();
+        else if (touched)
+            abandon_for_revoke(tps.size());
+        settled = running.empty();
+    }
+    if (!lost && !no_commit)
+        kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
+    // Parked records go too: the position committed above stays before them.
+    for (const auto& tp : tps)
+        if (auto* ps = ledger.find(tp.topic, tp.partition))
+            parking.drop(ps);
+    ledger.revoke(tps, !settled);
+    count_in_flight();
+}
+
+void Engine::Impl::abandon_for_revoke(std::size_t revoked)
+{
+    if (abandon_running.exchange(true))
+        return;
+    metrics.revoke_abandons.add();
+    say(log, LogLevel::warning, {},
+        "a rebalance revoked {} partition(s) while a handler call of the running batch has run past the revoke "
+        "wait ({} ms): the batch's transactions roll back when their calls return, and the new owners process "
+        "those records (the claims keep their effects in PostgreSQL once; side effects outside it may happen "
+        "twice)",
+        revoked, revoke_wait.count());
+}
+
+void Engine::Impl::finish_running_in_callback() noexcept
+{
+    try {
+        finish_running();
+    } catch (...) {
+        no_commit = true;
+        if (!deferred_error)
+            deferred_error = std::current_exception();
+    }
+}
+
+void Engine::Impl::commit_failed(const TopicPartition& tp, std::int64_t offset)
+{
+    ledger.commit_failed(tp.topic, tp.partition, offset);
+}
+
+void Engine::Impl::rewind(PartitionState& ps, std::int64_t offset)
+{
+    PartitionLedger::rewind(ps, offset);
+    parking.drop_from(&ps, offset); // they come again from Kafka
+    seek(ps);
+}
+
+void Engine::Impl::seek(PartitionState& ps)
+{
+    if (kafka->seek(ps.tp, ps.resume_from) != kafka::GroupMember::SeekResult::failed)
+        PartitionLedger::seek_sent(ps);
+}
+
+void Engine::Impl::apply_holds(const Holds& holds)
+{
+    for (const auto& action : ledger.apply(holds, Clock::now())) {
+        parking.drop_from(action.ps, action.ps->resume_from); // they come again from Kafka
+        seek(*action.ps);
+        if (action.pause)
+            kafka->pause(action.ps->tp, true);
+    }
+}
+
+void Engine::Impl::pause_fenced()
+{
+    for (const auto& tp : claims.take_fenced()) {
+        const auto wait = ledger.fence(tp, Clock::now());
+        if (!wait)
+            continue;
+        kafka->pause(tp, true);
+        auto* ps = ledger.find(tp.topic, tp.partition);
+        say(log, LogLevel::warning, coordinates(tp.topic, tp.partition, ps->processed_next),
+            "{}/{} is owned by another member in the offset table; paused for {} ms, then taken over again "
+            "from the stored position unless a rebalance revokes it first",
+            tp.topic, tp.partition, wait->count());
+    }
+}
+
+void Engine::Impl::park(Item&& it)
+{
+    metrics.parked.add();
+    parking.add(std::move(it));
+}
+
+void Engine::Impl::park_keys(const Holds& holds)
+{
+    if (holds.keys().empty())
+        return;
+    const auto now = Clock::now();
+    for (const auto& [key, h] : holds.keys())
+        if (ledger.owns(key.first))
+            parking.hold(key.first, key.second, now + ledger.retry_backoff(h.failures));
+    auto waits = [&](const Item& it) { return parking.parked(it.part, it.record.key); };
+    auto first = std::stable_partition(batch.begin(), batch.end(), [&](const Item& it) { return !waits(it); });
+    for (auto i = first; i != batch.end(); ++i)
+        park(std::move(*i));
+    batch.erase(first, batch.end());
+}
+
+void Engine::Impl::bound_parking()
+{
+    if (!parking.over())
+        return;
+    while (parking.over()) {
+        PartitionState* fullest = parking.fullest();
+        if (!fullest)
+            break;
+        const auto first = *fullest->parked.begin();
+        const int failures = std::max(1, ledger.attempt_of(*fullest, first) - 1);
+        metrics.parking_overflows.add();
+        say(log, LogLevel::warning, coordinates(fullest->tp.topic, fullest->tp.partition, first),
+            "{} records are parked behind failed keys, more than fit (max_prefetch_records / 2 = {}, "
+            "max_prefetch_bytes / 2 = {}); {}/{} is held as a whole: rewound to {} and paused for the retry "
+            "backoff",
+            parking.records(), std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
+            std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2), fullest->tp.topic, fullest->tp.partition, first);
+        parking.drop(fullest);
+        Holds hold;
+        hold.add(fullest, first, failures);
+        apply_holds(hold);
+        batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return held(hold, it); }),
+                    batch.end());
+    }
+    count_in_flight();
+}
+
+std::size_t Engine::Impl::worker_of(const Item& it) const
+{
+    if (workers.size() == 1)
+        return 0;
+    if (cfg.ordering == Ordering::key && it.record.key)
+        return std::hash<std::string_view>{}(*it.record.key) % workers.size();
+    return it.part->worker % workers.size();
+}
+
+} // namespace idemkafka::detail
