@@ -50,8 +50,8 @@ bool has(const std::vector<std::string>& v, const std::string& s)
 
 } // namespace
 
-TEST_CASE("candidates: an expired partition whose DROP times out is counted as kept until a run drops it",
-          "[retention][candidates]")
+TEST_CASE("an expired partition whose DROP times out is counted as kept until a run drops it",
+          "[retention]")
 {
     const ProcessedEventStore store("public", unique_name("pe_kept"));
     DropTable drop{store.qualified_name()};

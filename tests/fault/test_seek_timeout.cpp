@@ -5,7 +5,7 @@
 //
 // This program replaces rd_kafka_seek_partitions() for everything linked into
 // it: the real seek runs, then the call reports RD_KAFKA_RESP_ERR__TIMED_OUT
-// every time. That makes the load-dependent path of the [candidates] seek test
+// every time. That makes the load-dependent path of the seek test in test_recovery_edges.cpp
 // deterministic. It is its own program so no other test sees the replacement.
 
 #include <dlfcn.h>

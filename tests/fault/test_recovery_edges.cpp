@@ -1,4 +1,4 @@
-// Paths fixed in e2dde55, each pinned by a test (see each test's comment for
+// Recovery paths, each pinned by a test (see each test's comment for
 // what went wrong before): a fenced partition that is still ours, publish_all
 // calls sharing one producer, a connection lost before the merged positions
 // are stored, and a seek whose call reported a timeout although it happened.
@@ -78,8 +78,8 @@ struct JoinOnExit {
 // Before: a refused position write rewound the batch at once; every later
 // write of the partition was refused again (the epoch never came back), so the
 // partition made no progress and fenced_writes grew without bound.
-TEST_CASE("candidates: a partition fenced by an operator's epoch bump is taken over again and finishes",
-          "[fault][candidates]")
+TEST_CASE("a partition fenced by an operator's epoch bump is taken over again and finishes",
+          "[fault]")
 {
     Fixture f(1);
     f.publish(100);
@@ -113,7 +113,7 @@ TEST_CASE("candidates: a partition fenced by an operator's epoch bump is taken o
 
 // Before: publish_all purged every undelivered record of the producer on its
 // timeout, including records of another thread's publish_all in flight.
-TEST_CASE("candidates: a publish_all that times out does not purge another call's records", "[fault][candidates]")
+TEST_CASE("a publish_all that times out does not purge another call's records", "[fault]")
 {
     const auto topic = unique_name("shared_producer");
     create_topic(topic, 1);
@@ -169,8 +169,8 @@ TEST_CASE("candidates: a publish_all that times out does not purge another call'
 // Before: with workers > 1 in per-key mode, a batch whose lane 0 lost its
 // connection while another lane committed stored the merged positions
 // through lanes.front().db, reset by then: a null dereference.
-TEST_CASE("candidates: backends terminated repeatedly under per-key ordering with 3 workers: no crash, exact effects",
-          "[fault][candidates]")
+TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers: no crash, exact effects",
+          "[fault]")
 {
     constexpr int events = 2000;
     Fixture f(4);
@@ -221,7 +221,7 @@ TEST_CASE("candidates: backends terminated repeatedly under per-key ordering wit
 // needs_seek set when the seek call had reported a timeout (librdkafka 2.0.2
 // waits 5000 us, not ms); the next housekeeping then seeked to -1, the end of
 // the log, and the records in between were lost.
-TEST_CASE("candidates: rewinds whose seek call times out under load lose nothing", "[fault][candidates]")
+TEST_CASE("rewinds whose seek call times out under load lose nothing", "[fault]")
 {
     constexpr int events = 700;
     Fixture f(4);
