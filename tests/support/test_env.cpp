@@ -310,17 +310,6 @@ void exec(const std::string& sql)
     tx.exec(sql);
 }
 
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout)
-{
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!done()) {
-        if (std::chrono::steady_clock::now() >= deadline)
-            return done();
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return true;
-}
-
 bool consumer_protocol()
 {
     const char* v = std::getenv("IDEMKAFKA_TEST_GROUP_PROTOCOL");

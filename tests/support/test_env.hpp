@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <idemkafka/consumer.hpp>
+#include <idemkafka/testing.hpp>
 
 namespace idemkafka::test {
 
@@ -58,8 +59,8 @@ std::vector<ReadRecord> read_topic(const std::string& topic, std::size_t count, 
 std::int64_t scalar(const std::string& sql);
 /// Runs SQL statements.
 void exec(const std::string& sql);
-/// Polls `done` every 20 ms until it is true or `timeout` passes.
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+/// The test kit's: polls `done` every 20 ms until it is true or `timeout` passes.
+using idemkafka::wait_until;
 
 /// Consumer settings for tests: fast group joins on the mock broker. Under
 /// the consumer group protocol (see consumer_protocol()) they set
