@@ -105,9 +105,9 @@ bool matches(const Options& o, const DeadLetter& d)
     return true;
 }
 
-// Reads `o.topic` from the low to the high watermark of every partition, as of
-// the start, and calls `each` for every record until it returns false.
-template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
+// A consumer that joins no group: partitions are assigned by hand and
+// offsets never stored.
+Owned<rd_kafka_t> topic_reader(const Options& o)
 {
     char errstr[512];
     Owned<rd_kafka_conf_t> conf(rd_kafka_conf_new());
@@ -119,8 +119,7 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
         }
     };
     set("bootstrap.servers", o.brokers, false);
-    // A group id is required by the consumer API, but nothing joins or commits:
-    // partitions are assigned by hand and offsets never stored.
+    // A group id is required by the consumer API, but nothing joins or commits.
     set("group.id", "idemkafka-admin", false);
     set("enable.auto.commit", "false", false);
     set("enable.auto.offset.store", "false", false);
@@ -137,12 +136,18 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
         throw KafkaError(fmt::format("cannot create Kafka consumer: {}", errstr));
     conf.release();
     rd_kafka_poll_set_consumer(rk.get());
+    return rk;
+}
 
+// Assigns every non-empty partition of `o.topic` from its low watermark;
+// returns each one's high watermark as of now (where reading stops).
+std::map<std::int32_t, std::int64_t> assign_whole_topic(rd_kafka_t* rk, const Options& o)
+{
     const int meta_timeout = static_cast<int>(std::min<std::int64_t>(o.timeout.count(), 30000));
     // Metadata of all topics, not of this one: a request naming a topic lets a broker
     // with auto.create.topics.enable create it, and a typo would become a topic.
     const rd_kafka_metadata_t* md_raw = nullptr;
-    const auto merr = rd_kafka_metadata(rk.get(), 1, nullptr, &md_raw, meta_timeout);
+    const auto merr = rd_kafka_metadata(rk, 1, nullptr, &md_raw, meta_timeout);
     Owned<const rd_kafka_metadata_t> md(md_raw);
     if (merr != RD_KAFKA_RESP_ERR_NO_ERROR)
         throw KafkaError(fmt::format("cannot reach Kafka at {}: {}", o.brokers, rd_kafka_err2str(merr)));
@@ -156,11 +161,11 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
         throw KafkaError(fmt::format("topic {}: {}", o.topic, rd_kafka_err2str(topic->err)));
 
     Owned<rd_kafka_topic_partition_list_t> assignment(rd_kafka_topic_partition_list_new(topic->partition_cnt));
-    std::map<std::int32_t, std::int64_t> end; // partition -> high watermark still to reach
+    std::map<std::int32_t, std::int64_t> end;
     for (int i = 0; i < topic->partition_cnt; ++i) {
         const std::int32_t p = topic->partitions[i].id;
         std::int64_t lo = 0, hi = 0;
-        const auto werr = rd_kafka_query_watermark_offsets(rk.get(), o.topic.c_str(), p, &lo, &hi, meta_timeout);
+        const auto werr = rd_kafka_query_watermark_offsets(rk, o.topic.c_str(), p, &lo, &hi, meta_timeout);
         if (werr != RD_KAFKA_RESP_ERR_NO_ERROR)
             throw KafkaError(fmt::format("reading the offsets of {}/{}: {}", o.topic, p, rd_kafka_err2str(werr)));
         if (hi > lo) {
@@ -168,11 +173,45 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
             end[p] = hi;
         }
     }
-    if (end.empty())
-        return 0;
-    if (const auto aerr = rd_kafka_assign(rk.get(), assignment.get()))
-        throw KafkaError(fmt::format("assigning {}: {}", o.topic, rd_kafka_err2str(aerr)));
+    if (!end.empty())
+        if (const auto aerr = rd_kafka_assign(rk, assignment.get()))
+            throw KafkaError(fmt::format("assigning {}: {}", o.topic, rd_kafka_err2str(aerr)));
+    return end;
+}
 
+DeadLetter dead_letter_of(rd_kafka_message_t* m)
+{
+    DeadLetter d;
+    d.partition = m->partition;
+    d.offset = m->offset;
+    d.timestamp_ms = rd_kafka_message_timestamp(m, nullptr);
+    if (m->key)
+        d.key.emplace(static_cast<const char*>(m->key), m->key_len);
+    if (m->payload)
+        d.value.emplace(static_cast<const char*>(m->payload), m->len);
+    rd_kafka_headers_t* hdrs = nullptr;
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
+        const char* name = nullptr;
+        const void* value = nullptr;
+        std::size_t size = 0;
+        for (std::size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
+             ++i) {
+            Header h;
+            h.name = name;
+            if (value)
+                h.value.emplace(static_cast<const char*>(value), size);
+            d.headers.push_back(std::move(h));
+        }
+    }
+    return d;
+}
+
+// Reads `o.topic` from the low to the high watermark of every partition, as of
+// the start, and calls `each` for every record until it returns false.
+template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
+{
+    Owned<rd_kafka_t> rk = topic_reader(o);
+    std::map<std::int32_t, std::int64_t> end = assign_whole_topic(rk.get(), o); // still to reach
     std::uint64_t read = 0;
     bool go_on = true;
     const auto deadline = std::chrono::steady_clock::now() + o.timeout;
@@ -193,35 +232,13 @@ template <class Each> std::uint64_t read_topic(const Options& o, Each&& each)
             last_error = rd_kafka_message_errstr(m.get());
             continue;
         }
-        DeadLetter d;
-        d.partition = m->partition;
-        d.offset = m->offset;
-        d.timestamp_ms = rd_kafka_message_timestamp(m.get(), nullptr);
-        if (m->key)
-            d.key.emplace(static_cast<const char*>(m->key), m->key_len);
-        if (m->payload)
-            d.value.emplace(static_cast<const char*>(m->payload), m->len);
-        rd_kafka_headers_t* hdrs = nullptr;
-        if (rd_kafka_message_headers(m.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
-            const char* name = nullptr;
-            const void* value = nullptr;
-            std::size_t size = 0;
-            for (std::size_t i = 0;
-                 rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
-                Header h;
-                h.name = name;
-                if (value)
-                    h.value.emplace(static_cast<const char*>(value), size);
-                d.headers.push_back(std::move(h));
-            }
-        }
         ++read;
         if (read % 10000 == 0)
             err(fmt::format("idemkafka-admin: {} records read from {} ...", read, o.topic));
         auto e = end.find(m->partition);
         if (e != end.end() && m->offset + 1 >= e->second)
             end.erase(e);
-        go_on = each(d);
+        go_on = each(dead_letter_of(m.get()));
     }
     rd_kafka_consumer_close(rk.get());
     return read;

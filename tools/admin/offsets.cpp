@@ -18,8 +18,8 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
-#include "pg/exec.hpp"
 #include "pg/connect.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka::detail::admin {
 namespace {
@@ -76,8 +76,8 @@ kafka_view(const std::string& brokers, const std::vector<std::pair<std::string, 
             if (!e && !list->elems[i].err)
                 v.committed = list->elems[i].offset;
             std::int64_t lo = -1, hi = -1;
-            if (rd_kafka_query_watermark_offsets(rk, list->elems[i].topic, list->elems[i].partition, &lo, &hi,
-                                                 10000) == RD_KAFKA_RESP_ERR_NO_ERROR)
+            if (rd_kafka_query_watermark_offsets(rk, list->elems[i].topic, list->elems[i].partition, &lo, &hi, 10000) ==
+                RD_KAFKA_RESP_ERR_NO_ERROR)
                 v.high = hi;
             out[{group, list->elems[i].topic, list->elems[i].partition}] = v;
         }
@@ -101,119 +101,113 @@ std::string json_number(std::int64_t v)
 
 } // namespace
 
-int run_offsets(std::vector<std::string> args)
-{
+namespace {
+
+struct OffsetsOptions {
     std::string action = "list";
+    std::string postgres, schema = "public", table = "consumer_offset", brokers, group, topic;
+    std::optional<std::int64_t> partition, offset;
+    bool json = false, dry_run = false, help = false;
+};
+
+OffsetsOptions parse_offsets_args(std::vector<std::string> args)
+{
+    OffsetsOptions o;
     if (!args.empty() && (args.front() == "list" || args.front() == "set")) {
-        action = args.front();
+        o.action = args.front();
         args.erase(args.begin());
     }
     ArgReader a("offsets", std::move(args));
-    std::string postgres, schema = "public", table = "consumer_offset", brokers, group, topic;
-    std::optional<std::int64_t> partition, offset;
-    bool json = false, dry_run = false;
     while (a.more()) {
         if (a.option("--postgres"))
-            postgres = a.value();
+            o.postgres = a.value();
         else if (a.option("--schema"))
-            schema = a.value();
+            o.schema = a.value();
         else if (a.option("--table"))
-            table = a.value();
+            o.table = a.value();
         else if (a.option("--brokers"))
-            brokers = a.value();
+            o.brokers = a.value();
         else if (a.option("--group"))
-            group = a.value();
+            o.group = a.value();
         else if (a.option("--topic"))
-            topic = a.value();
+            o.topic = a.value();
         else if (a.option("--partition"))
-            partition = static_cast<std::int64_t>(parse_count(a.value(), "--partition"));
+            o.partition = static_cast<std::int64_t>(parse_count(a.value(), "--partition"));
         else if (a.option("--offset"))
-            offset = static_cast<std::int64_t>(parse_count(a.value(), "--offset"));
+            o.offset = static_cast<std::int64_t>(parse_count(a.value(), "--offset"));
         else if (a.option("--json"))
-            json = true;
+            o.json = true;
         else if (a.option("--dry-run"))
-            dry_run = true;
+            o.dry_run = true;
         else if (a.option("--help") || a.option("-h")) {
-            out(offsets_help);
-            return exit_ok;
+            o.help = true;
+            return o;
         } else
             a.unknown();
     }
-    if (postgres.empty()) {
+    if (o.postgres.empty()) {
         const char* env = std::getenv("IDEMKAFKA_POSTGRES");
         if (!env || !*env)
             throw UsageError("offsets: no database: pass --postgres CONNINFO or set IDEMKAFKA_POSTGRES");
-        postgres = env;
+        o.postgres = env;
     }
-    redactor().add_conninfo(postgres);
-    if (brokers.empty() && std::getenv("IDEMKAFKA_BROKERS"))
-        brokers = std::getenv("IDEMKAFKA_BROKERS");
-    std::unique_ptr<OffsetStore> store;
-    try {
-        store = std::make_unique<OffsetStore>(schema, table);
-    } catch (const ConfigError& e) {
-        throw UsageError(fmt::format("offsets: {}", e.what()));
-    }
-    if (action == "set" && (group.empty() || topic.empty() || !partition || !offset))
+    if (o.brokers.empty() && std::getenv("IDEMKAFKA_BROKERS"))
+        o.brokers = std::getenv("IDEMKAFKA_BROKERS");
+    if (o.action == "set" && (o.group.empty() || o.topic.empty() || !o.partition || !o.offset))
         throw UsageError("offsets set: --group, --topic, --partition and --offset are required");
+    return o;
+}
 
-    std::unique_ptr<pqxx::connection> conn;
-    try {
-        conn = pg::connect(postgres);
-    } catch (const std::exception& e) {
-        throw DatabaseError(fmt::format("cannot connect to PostgreSQL: {}", e.what()));
-    }
-    pqxx::work tx(*conn);
-    if (pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", store->qualified_name())[0][0].as<bool>() == false)
-        throw DatabaseError(fmt::format("{} does not exist: no consumer runs with offsets_in_database here "
-                                        "(or pass --schema/--table)",
-                                        store->qualified_name()));
-
-    if (action == "set") {
-        const auto rows = store->read(tx, group);
-        std::optional<std::int64_t> before;
-        for (const auto& [g, s] : rows)
-            if (s.topic == topic && s.partition == *partition)
-                before = s.next_offset;
-        const auto line = fmt::format("{} {}/{}: stored position {} -> {}", group, topic, *partition,
-                                      before ? std::to_string(*before) : std::string("none"), *offset);
-        if (dry_run) {
-            out("dry run: " + line);
-            return exit_ok;
-        }
-        store->set(tx, group, topic, static_cast<std::int32_t>(*partition), *offset);
-        tx.commit();
-        out(line);
+int set_position(pqxx::work& tx, const OffsetStore& store, const OffsetsOptions& o)
+{
+    const auto rows = store.read(tx, o.group);
+    std::optional<std::int64_t> before;
+    for (const auto& [g, s] : rows)
+        if (s.topic == o.topic && s.partition == *o.partition)
+            before = s.next_offset;
+    const auto line = fmt::format("{} {}/{}: stored position {} -> {}", o.group, o.topic, *o.partition,
+                                  before ? std::to_string(*before) : std::string("none"), *o.offset);
+    if (o.dry_run) {
+        out("dry run: " + line);
         return exit_ok;
     }
-
-    const auto rows = store->read(tx, group);
+    store.set(tx, o.group, o.topic, static_cast<std::int32_t>(*o.partition), *o.offset);
     tx.commit();
-    std::map<std::tuple<std::string, std::string, std::int32_t>, KafkaView> kafka;
-    if (!brokers.empty() && !rows.empty())
-        kafka = kafka_view(brokers, rows);
-    if (json) {
-        std::string s = "[";
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-            const auto& [g, r] = rows[i];
-            const auto k = kafka.find({g, r.topic, r.partition});
-            const KafkaView v = k == kafka.end() ? KafkaView{} : k->second;
-            const std::int64_t stored = r.next_offset.value_or(-1);
-            s += fmt::format("{}{{\"group\":{},\"topic\":{},\"partition\":{},\"stored\":{},\"epoch\":{},"
-                             "\"kafka_committed\":{},\"log_end\":{},\"lag\":{}}}",
-                             i ? "," : "", json_string(g), json_string(r.topic), r.partition, json_number(stored),
-                             r.epoch, json_number(v.committed), json_number(v.high),
-                             v.high >= 0 && stored >= 0 ? json_number(std::max<std::int64_t>(0, v.high - stored))
-                                                        : "null");
-        }
-        out(s + "]");
-        return exit_ok;
+    out(line);
+    return exit_ok;
+}
+
+using StoredRows = std::vector<std::pair<std::string, OffsetStore::Stored>>;
+using KafkaViews = std::map<std::tuple<std::string, std::string, std::int32_t>, KafkaView>;
+
+KafkaView view_of(const KafkaViews& kafka, const std::string& group, const std::string& topic, std::int32_t partition)
+{
+    const auto k = kafka.find({group, topic, partition});
+    return k == kafka.end() ? KafkaView{} : k->second;
+}
+
+void print_positions_json(const StoredRows& rows, const KafkaViews& kafka)
+{
+    std::string s = "[";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        const auto& [g, r] = rows[i];
+        const KafkaView v = view_of(kafka, g, r.topic, r.partition);
+        const std::int64_t stored = r.next_offset.value_or(-1);
+        s += fmt::format("{}{{\"group\":{},\"topic\":{},\"partition\":{},\"stored\":{},\"epoch\":{},"
+                         "\"kafka_committed\":{},\"log_end\":{},\"lag\":{}}}",
+                         i ? "," : "", json_string(g), json_string(r.topic), r.partition, json_number(stored), r.epoch,
+                         json_number(v.committed), json_number(v.high),
+                         v.high >= 0 && stored >= 0 ? json_number(std::max<std::int64_t>(0, v.high - stored)) : "null");
     }
-    out(fmt::format("{:<24} {:<32} {:>9} {:>12} {:>12} {:>12} {:>10}", "group", "topic", "partition", "stored",
-                    "kafka", "log end", "lag"));
+    out(s + "]");
+}
+
+void print_positions_table(const StoredRows& rows, const KafkaViews& kafka)
+{
+    out(fmt::format("{:<24} {:<32} {:>9} {:>12} {:>12} {:>12} {:>10}", "group", "topic", "partition", "stored", "kafka",
+                    "log end", "lag"));
     for (const auto& [g, r] : rows) {
-        const auto k = kafka.find({g, r.topic, r.partition});
-        const KafkaView v = k == kafka.end() ? KafkaView{} : k->second;
+        const KafkaView v = view_of(kafka, g, r.topic, r.partition);
         const std::int64_t stored = r.next_offset.value_or(-1);
         out(fmt::format("{:<24} {:<32} {:>9} {:>12} {:>12} {:>12} {:>10}", g, r.topic, r.partition,
                         number_or_dash(stored), number_or_dash(v.committed), number_or_dash(v.high),
@@ -222,6 +216,47 @@ int run_offsets(std::vector<std::string> args)
     }
     if (rows.empty())
         out("no stored positions");
+}
+
+} // namespace
+
+int run_offsets(std::vector<std::string> args)
+{
+    const OffsetsOptions o = parse_offsets_args(std::move(args));
+    if (o.help) {
+        out(offsets_help);
+        return exit_ok;
+    }
+    redactor().add_conninfo(o.postgres);
+    std::unique_ptr<OffsetStore> store;
+    try {
+        store = std::make_unique<OffsetStore>(o.schema, o.table);
+    } catch (const ConfigError& e) {
+        throw UsageError(fmt::format("offsets: {}", e.what()));
+    }
+    std::unique_ptr<pqxx::connection> conn;
+    try {
+        conn = pg::connect(o.postgres);
+    } catch (const std::exception& e) {
+        throw DatabaseError(fmt::format("cannot connect to PostgreSQL: {}", e.what()));
+    }
+    pqxx::work tx(*conn);
+    if (pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", store->qualified_name())[0][0].as<bool>() == false)
+        throw DatabaseError(fmt::format("{} does not exist: no consumer runs with offsets_in_database here "
+                                        "(or pass --schema/--table)",
+                                        store->qualified_name()));
+    if (o.action == "set")
+        return set_position(tx, *store, o);
+
+    const auto rows = store->read(tx, o.group);
+    tx.commit();
+    KafkaViews kafka;
+    if (!o.brokers.empty() && !rows.empty())
+        kafka = kafka_view(o.brokers, rows);
+    if (o.json)
+        print_positions_json(rows, kafka);
+    else
+        print_positions_table(rows, kafka);
     return exit_ok;
 }
 
