@@ -72,6 +72,15 @@ bool ends_with(const std::string& text, std::string_view tail)
     return text.size() >= tail.size() && text.compare(text.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// The record is marked for the dead letter with `reason` and `error`.
+void check_poison(const Item& it, DeadLetterReason reason, const std::string& error)
+{
+    CAPTURE(it.record.offset);
+    CHECK(it.state == ItemState::poison);
+    CHECK(it.reason == reason);
+    CHECK(it.error == error);
+}
+
 // Intake as the engine builds it: the consumer's configuration, the typed
 // Stage IdempotentConsumer holds, the consumer's Metrics and log sink; the
 // records' partition from the ledger.
@@ -181,18 +190,13 @@ TEST_CASE("intake: a decoder that throws makes its record poison (decode_error) 
     f.poll("int");
     f.intake.decode(f.batch, 0);
     CHECK(f.decoder_calls == 4);
-    CHECK(f.batch[0].state == ItemState::poison);
-    CHECK(f.batch[0].reason == DeadLetterReason::decode_error);
-    CHECK(f.batch[0].error == "not an order: boom!");
+    check_poison(f.batch[0], DeadLetterReason::decode_error, "not an order: boom!");
     CHECK(f.batch[0].id.is_nil());
     CHECK(f.batch[1].state == ItemState::pending);
     CHECK(f.batch[1].id == good);
     CHECK(f.batch[1].slot == 1);
-    CHECK(f.batch[2].reason == DeadLetterReason::decode_error);
-    CHECK(f.batch[2].error == "std failure");
-    CHECK(f.batch[3].state == ItemState::poison);
-    CHECK(f.batch[3].reason == DeadLetterReason::decode_error);
-    CHECK(f.batch[3].error == "non-standard exception");
+    check_poison(f.batch[2], DeadLetterReason::decode_error, "std failure");
+    check_poison(f.batch[3], DeadLetterReason::decode_error, "non-standard exception");
     // Counted when screened (handed to the workers), not when decoded.
     CHECK(f.metrics.snapshot().decode_errors == 0);
 
@@ -217,16 +221,11 @@ TEST_CASE("intake: null, empty and oversized payloads are poison before the deco
     f.poll(payload_of(id, "abcd"));
     f.take();
     CHECK(f.decoder_calls == 1);
-    CHECK(f.batch[0].state == ItemState::poison);
-    CHECK(f.batch[0].reason == DeadLetterReason::empty_payload);
-    CHECK(f.batch[0].error == "null payload");
-    CHECK(f.batch[1].reason == DeadLetterReason::empty_payload);
-    CHECK(f.batch[1].error == "empty payload");
+    check_poison(f.batch[0], DeadLetterReason::empty_payload, "null payload");
+    check_poison(f.batch[1], DeadLetterReason::empty_payload, "empty payload");
     CHECK(f.batch[2].state == ItemState::pending);
     CHECK(f.batch[2].id == id);
-    CHECK(f.batch[3].state == ItemState::poison);
-    CHECK(f.batch[3].reason == DeadLetterReason::payload_too_large);
-    CHECK(f.batch[3].error == "payload of 41 bytes exceeds max_payload_bytes 40");
+    check_poison(f.batch[3], DeadLetterReason::payload_too_large, "payload of 41 bytes exceeds max_payload_bytes 40");
     // They are counted with the decode errors (dead_lettered tells the reasons apart).
     const auto m = f.metrics.snapshot();
     CHECK(m.decode_errors == 3);
@@ -249,13 +248,9 @@ TEST_CASE("intake: a nil, missing or malformed event id is poison with its own r
     REQUIRE_FALSE(parse_error.empty());
     f.take();
     CHECK(f.decoder_calls == 3);
-    CHECK(f.batch[0].state == ItemState::poison);
-    CHECK(f.batch[0].reason == DeadLetterReason::invalid_event_id);
-    CHECK(f.batch[0].error == "event id is the nil UUID");
-    CHECK(f.batch[1].reason == DeadLetterReason::missing_event_id);
-    CHECK(f.batch[1].error == "no eventId field");
-    CHECK(f.batch[2].reason == DeadLetterReason::invalid_event_id);
-    CHECK(f.batch[2].error == parse_error);
+    check_poison(f.batch[0], DeadLetterReason::invalid_event_id, "event id is the nil UUID");
+    check_poison(f.batch[1], DeadLetterReason::missing_event_id, "no eventId field");
+    check_poison(f.batch[2], DeadLetterReason::invalid_event_id, parse_error);
     const auto m = f.metrics.snapshot();
     CHECK(m.invalid_event_ids == 3);
     CHECK(m.decode_errors == 0);
@@ -499,9 +494,7 @@ TEST_CASE("intake: a record whose dead letter was acknowledged is done; one whos
     f.poll(payload_of(aged(hours(24 * 9))), 8); // beyond the horizon
     f.take();
     CHECK(f.batch[0].state == ItemState::done);
-    CHECK(f.batch[1].state == ItemState::poison);
-    CHECK(f.batch[1].reason == DeadLetterReason::handler_failed);
-    CHECK(f.batch[1].error == "handler said no");
+    check_poison(f.batch[1], DeadLetterReason::handler_failed, "handler said no");
     CHECK(f.batch[1].attempts == 3);
     CHECK(f.batch[2].state == ItemState::poison);
     CHECK(f.batch[2].reason == DeadLetterReason::decode_error);

@@ -59,32 +59,53 @@ std::vector<std::pair<KeyId, std::int64_t>> keys_and_offsets(const std::vector<I
 
 const KeyId null_key{};
 
+// Three assigned partitions of a ledger, parking with room for 100 records
+// and 1000 bytes, and the time the case starts.
+struct ParkingCase {
+    PartitionLedger ledger = make_ledger();
+    PartitionState& a = ledger.assign({"t", 0});
+    PartitionState& b = ledger.assign({"t", 1});
+    PartitionState& c = ledger.assign({"t", 2});
+    Parking parking{100, 1000};
+    const Clock::time_point t0 = Clock::now();
+
+    void park(PartitionState& ps, std::int64_t offset, std::optional<std::string_view> key,
+              std::optional<std::string_view> value)
+    {
+        parking.add(polled(ps, offset, key, value));
+    }
+
+    std::vector<Item> take(milliseconds after)
+    {
+        std::vector<Item> out;
+        parking.take_due(t0 + after, out);
+        return out;
+    }
+};
+
 } // namespace
 
-TEST_CASE("parking: a held key parks its records; other keys, the null key and other partitions go on",
-          "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase,
+                 "parking: a held key parks its records; other keys, the null key and other partitions "
+                 "go on",
+                 "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& a = ledger.assign({"t", 0});
-    auto& b = ledger.assign({"t", 1});
-    Parking parking(10, 1000);
     CHECK(parking.empty());
-    CHECK_FALSE(parking.parked(&a, std::string_view("k")));
+    CHECK_FALSE(parking.parked(&a, "k"));
 
-    const auto t0 = Clock::now();
     parking.hold(&a, KeyId("k"), t0 + milliseconds(100));
-    CHECK(parking.parked(&a, std::string_view("k")));
-    CHECK_FALSE(parking.parked(&a, std::string_view("j")));
-    CHECK_FALSE(parking.parked(&a, std::nullopt));          // a null key is a key of its own
-    CHECK_FALSE(parking.parked(&a, std::string_view("")));  // and so is the empty one
-    CHECK_FALSE(parking.parked(&b, std::string_view("k"))); // keys are per partition
+    CHECK(parking.parked(&a, "k"));
+    CHECK_FALSE(parking.parked(&a, "j"));
+    CHECK_FALSE(parking.parked(&a, std::nullopt)); // a null key is a key of its own
+    CHECK_FALSE(parking.parked(&a, ""));           // and so is the empty one
+    CHECK_FALSE(parking.parked(&b, "k"));          // keys are per partition
     CHECK(parking.keys() == 1);
     CHECK(parking.records() == 0);
     CHECK(parking.bytes() == 0);
     CHECK_FALSE(parking.empty());
 
-    parking.add(polled(a, 5, std::string_view("k"), std::string_view("xyz")));
-    parking.add(polled(a, 9, std::string_view("k"), std::nullopt));
+    park(a, 5, "k", "xyz");
+    park(a, 9, "k", std::nullopt);
     CHECK(parking.records() == 2);
     CHECK(parking.bytes() == 5); // key and payload bytes: "k" + "xyz", then "k"
     CHECK(parking.keys() == 1);
@@ -95,20 +116,15 @@ TEST_CASE("parking: a held key parks its records; other keys, the null key and o
     CHECK(b.parked.empty());
 }
 
-TEST_CASE("parking: a null key parks and is taken back like any other", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: a null key parks and is taken back like any other", "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& ps = ledger.assign({"t", 0});
-    Parking parking(10, 1000);
-    const auto t0 = Clock::now();
-    parking.hold(&ps, null_key, t0 + milliseconds(10));
-    CHECK(parking.parked(&ps, std::nullopt));
-    CHECK_FALSE(parking.parked(&ps, std::string_view("")));
-    parking.add(polled(ps, 3, std::nullopt, std::string_view("abcd")));
+    parking.hold(&a, null_key, t0 + milliseconds(10));
+    CHECK(parking.parked(&a, std::nullopt));
+    CHECK_FALSE(parking.parked(&a, ""));
+    park(a, 3, std::nullopt, "abcd");
     CHECK(parking.bytes() == 4);
 
-    std::vector<Item> out;
-    parking.take_due(t0 + milliseconds(10), out);
+    const auto out = take(milliseconds(10));
     REQUIRE(out.size() == 1);
     CHECK_FALSE(out[0].record.key.has_value());
     CHECK(out[0].record.value == std::optional<std::string_view>("abcd"));
@@ -116,51 +132,39 @@ TEST_CASE("parking: a null key parks and is taken back like any other", "[unit][
     CHECK(parking.bytes() == 0);
 }
 
-TEST_CASE("parking: the later deadline of two holds of a key wins", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: the later deadline of two holds of a key wins", "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& ps = ledger.assign({"t", 0});
-    Parking parking(10, 1000);
-    const auto t0 = Clock::now();
-    parking.hold(&ps, KeyId("k"), t0 + milliseconds(100));
-    parking.hold(&ps, KeyId("k"), t0 + milliseconds(50)); // earlier: changes nothing
+    parking.hold(&a, KeyId("k"), t0 + milliseconds(100));
+    parking.hold(&a, KeyId("k"), t0 + milliseconds(50)); // earlier: changes nothing
     CHECK(parking.keys() == 1);
-    parking.add(polled(ps, 1, std::string_view("k"), std::string_view("v")));
+    park(a, 1, "k", "v");
 
-    std::vector<Item> out;
-    parking.take_due(t0 + milliseconds(99), out);
-    CHECK(out.empty());
-    parking.hold(&ps, KeyId("k"), t0 + milliseconds(200)); // a later failure of the key
-    parking.take_due(t0 + milliseconds(150), out);
-    CHECK(out.empty());
-    CHECK(parking.parked(&ps, std::string_view("k")));
-    parking.take_due(t0 + milliseconds(200), out);
-    CHECK(offsets_of(out) == std::vector<std::int64_t>{1});
+    CHECK(take(milliseconds(99)).empty());
+    parking.hold(&a, KeyId("k"), t0 + milliseconds(200)); // a later failure of the key
+    CHECK(take(milliseconds(150)).empty());
+    CHECK(parking.parked(&a, "k"));
+    CHECK(offsets_of(take(milliseconds(200))) == std::vector<std::int64_t>{1});
     CHECK(parking.keys() == 0);
 }
 
-TEST_CASE("parking: take_due hands back each due key's records in offset order, keys in key order, at their "
-          "deadlines",
-          "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase,
+                 "parking: take_due hands back each due key's records in offset order, keys in key "
+                 "order, at their deadlines",
+                 "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& ps = ledger.assign({"t", 0});
-    Parking parking(100, 1000);
-    const auto t0 = Clock::now();
-    parking.hold(&ps, KeyId("b"), t0 + milliseconds(50));
-    parking.hold(&ps, KeyId("a"), t0 + milliseconds(50));
-    parking.hold(&ps, null_key, t0 + milliseconds(50));
-    parking.hold(&ps, KeyId("c"), t0 + milliseconds(80));
+    parking.hold(&a, KeyId("b"), t0 + milliseconds(50));
+    parking.hold(&a, KeyId("a"), t0 + milliseconds(50));
+    parking.hold(&a, null_key, t0 + milliseconds(50));
+    parking.hold(&a, KeyId("c"), t0 + milliseconds(80));
     // Added out of offset order: a rewind brings earlier records after later ones.
     for (auto [offset, key] : std::vector<std::pair<std::int64_t, const char*>>{
              {7, "b"}, {3, "b"}, {9, "a"}, {2, "a"}, {4, "c"}, {1, "c"}, {8, nullptr}, {6, nullptr}})
-        parking.add(
-            polled(ps, offset, key ? std::optional<std::string_view>(key) : std::nullopt, std::string_view("v")));
+        park(a, offset, key ? std::optional<std::string_view>(key) : std::nullopt, "v");
     CHECK(parking.records() == 8);
     CHECK(parking.keys() == 4);
 
     std::vector<Item> out;
-    out.push_back(polled(ps, 100, std::string_view("z"), std::string_view("already there")));
+    out.push_back(polled(a, 100, "z", "already there"));
     parking.take_due(t0 + milliseconds(49), out);
     CHECK(out.size() == 1);
 
@@ -172,30 +176,26 @@ TEST_CASE("parking: take_due hands back each due key's records in offset order, 
     CHECK(parking.records() == 2);
     CHECK(parking.keys() == 1);
     CHECK(parking.bytes() == 4);
-    CHECK_FALSE(parking.parked(&ps, std::string_view("a")));
-    CHECK(parking.parked(&ps, std::string_view("c")));
+    CHECK_FALSE(parking.parked(&a, "a"));
+    CHECK(parking.parked(&a, "c"));
 
-    out.clear();
-    parking.take_due(t0 + milliseconds(80), out);
-    CHECK(keys_and_offsets(out) == std::vector<std::pair<KeyId, std::int64_t>>{{KeyId("c"), 1}, {KeyId("c"), 4}});
+    CHECK(keys_and_offsets(take(milliseconds(80))) ==
+          std::vector<std::pair<KeyId, std::int64_t>>{{KeyId("c"), 1}, {KeyId("c"), 4}});
     CHECK(parking.empty());
     CHECK(parking.records() == 0);
     CHECK(parking.keys() == 0);
     CHECK(parking.bytes() == 0);
     // The ledger counts them as parked until they are finished.
-    CHECK(ps.parked == std::set<std::int64_t>{1, 2, 3, 4, 6, 7, 8, 9});
-    ledger.complete(ps, 0);
-    CHECK(ps.position() == 1);
+    CHECK(a.parked == std::set<std::int64_t>{1, 2, 3, 4, 6, 7, 8, 9});
+    ledger.complete(a, 0);
+    CHECK(a.position() == 1);
 }
 
-TEST_CASE("parking: a record taken back is fresh: decoded again, with nothing of its last attempt", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: a record taken back is fresh: decoded again, with nothing of its last attempt",
+                 "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& ps = ledger.assign({"t", 0});
-    Parking parking(10, 1000);
-    const auto t0 = Clock::now();
-    parking.hold(&ps, KeyId("k"), t0);
-    auto it = polled(ps, 4, std::string_view("k"), std::string_view("payload"));
+    parking.hold(&a, KeyId("k"), t0);
+    auto it = polled(a, 4, "k", "payload");
     it.record.timestamp_ms = 1234;
     it.record.headers.push_back({"h", std::string("x")});
     it.id = idemkafka::EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398f");
@@ -208,11 +208,10 @@ TEST_CASE("parking: a record taken back is fresh: decoded again, with nothing of
     it.key_window_open = false;
     parking.add(std::move(it));
 
-    std::vector<Item> out;
-    parking.take_due(t0, out);
+    const auto out = take(milliseconds(0));
     REQUIRE(out.size() == 1);
     const auto& back = out[0];
-    CHECK(back.part == &ps);
+    CHECK(back.part == &a);
     CHECK(back.record.topic == "t");
     CHECK(back.record.offset == 4);
     CHECK(back.record.timestamp_ms == 1234);
@@ -231,21 +230,17 @@ TEST_CASE("parking: a record taken back is fresh: decoded again, with nothing of
     CHECK(back.key_window_open);
 }
 
-TEST_CASE("parking: drop_from forgets the records a rewind brings again; their keys stay parked", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: drop_from forgets the records a rewind brings again; their keys stay parked",
+                 "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& a = ledger.assign({"t", 0});
-    auto& b = ledger.assign({"t", 1});
-    Parking parking(100, 1000);
-    const auto t0 = Clock::now();
     parking.hold(&a, KeyId("x"), t0 + milliseconds(10));
     parking.hold(&a, KeyId("y"), t0 + milliseconds(10));
     parking.hold(&b, KeyId("x"), t0 + milliseconds(10));
     for (std::int64_t o : {3, 5, 8})
-        parking.add(polled(a, o, std::string_view("x"), std::string_view("12")));
+        park(a, o, "x", "12");
     for (std::int64_t o : {4, 6})
-        parking.add(polled(a, o, std::string_view("y"), std::string_view("1234")));
-    parking.add(polled(b, 5, std::string_view("x"), std::string_view("1")));
+        park(a, o, "y", "1234");
+    park(b, 5, "x", "1");
     CHECK(parking.records() == 6);
     CHECK(parking.bytes() == 3 * 3 + 2 * 5 + 2);
 
@@ -258,8 +253,8 @@ TEST_CASE("parking: drop_from forgets the records a rewind brings again; their k
     CHECK(parking.records() == 3);
     CHECK(parking.bytes() == 3 + 5 + 2);
     CHECK(parking.keys() == 3);
-    CHECK(parking.parked(&a, std::string_view("x")));
-    CHECK(parking.parked(&a, std::string_view("y")));
+    CHECK(parking.parked(&a, "x"));
+    CHECK(parking.parked(&a, "y"));
     CHECK(b.parked == std::set<std::int64_t>{5});
 
     // Every parked record of a key gone: the key still waits out its backoff,
@@ -267,123 +262,103 @@ TEST_CASE("parking: drop_from forgets the records a rewind brings again; their k
     parking.drop_from(&a, 0);
     CHECK(parking.records() == 1);
     CHECK(parking.keys() == 3);
-    CHECK(parking.parked(&a, std::string_view("x")));
-    parking.add(polled(a, 5, std::string_view("x"), std::string_view("12")));
+    CHECK(parking.parked(&a, "x"));
+    park(a, 5, "x", "12");
 
-    std::vector<Item> out;
-    parking.take_due(t0 + milliseconds(10), out);
     std::map<std::int32_t, std::vector<std::int64_t>> taken;
-    for (const auto& it : out)
+    for (const auto& it : take(milliseconds(10)))
         taken[it.part->tp.partition].push_back(it.record.offset);
     CHECK(taken == std::map<std::int32_t, std::vector<std::int64_t>>{{0, {5}}, {1, {5}}});
     CHECK(parking.empty());
     CHECK(parking.keys() == 0);
 
-    Parking other(1, 1);
-    other.drop_from(&a, 0); // a partition with nothing parked
-    CHECK(other.empty());
+    parking.drop_from(&c, 0); // a partition with nothing parked
+    CHECK(parking.empty());
 }
 
-TEST_CASE("parking: drop forgets a partition's keys and records, and only its", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: drop forgets a partition's keys and records, and only its", "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& a = ledger.assign({"t", 0});
-    auto& b = ledger.assign({"t", 1});
-    Parking parking(100, 1000);
-    const auto t0 = Clock::now();
     parking.hold(&a, KeyId("x"), t0);
     parking.hold(&a, null_key, t0);
     parking.hold(&b, KeyId("x"), t0);
-    parking.add(polled(a, 1, std::string_view("x"), std::string_view("aa")));
-    parking.add(polled(a, 2, std::nullopt, std::string_view("aaa")));
-    parking.add(polled(b, 1, std::string_view("x"), std::string_view("b")));
+    park(a, 1, "x", "aa");
+    park(a, 2, std::nullopt, "aaa");
+    park(b, 1, "x", "b");
 
     parking.drop(&a);
     CHECK(parking.records() == 1);
     CHECK(parking.bytes() == 2);
     CHECK(parking.keys() == 1);
-    CHECK_FALSE(parking.parked(&a, std::string_view("x")));
+    CHECK_FALSE(parking.parked(&a, "x"));
     CHECK_FALSE(parking.parked(&a, std::nullopt));
-    CHECK(parking.parked(&b, std::string_view("x")));
+    CHECK(parking.parked(&b, "x"));
     parking.drop(&a); // twice: nothing more
     CHECK(parking.records() == 1);
     CHECK(parking.keys() == 1);
 
-    std::vector<Item> out;
-    parking.take_due(t0, out);
+    const auto out = take(milliseconds(0));
     REQUIRE(out.size() == 1);
     CHECK(out[0].part == &b);
     CHECK(parking.empty());
 }
 
-TEST_CASE("parking: over() past either bound; fullest() is the partition with the most records", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: over() past either bound; fullest() is the partition with the most records",
+                 "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& a = ledger.assign({"t", 0});
-    auto& b = ledger.assign({"t", 1});
-    auto& c = ledger.assign({"t", 2});
-    const auto t0 = Clock::now();
-
     SECTION("records")
     {
-        Parking parking(3, 1000);
-        CHECK(parking.fullest() == nullptr);
-        parking.hold(&a, KeyId("k"), t0);
-        parking.hold(&b, KeyId("k"), t0);
-        parking.hold(&c, KeyId("k"), t0);
-        CHECK(parking.fullest() == nullptr); // keys held, nothing parked
-        parking.add(polled(a, 1, std::string_view("k"), std::string_view("v")));
-        parking.add(polled(b, 1, std::string_view("k"), std::string_view("v")));
-        parking.add(polled(b, 2, std::string_view("k"), std::string_view("v")));
-        CHECK_FALSE(parking.over()); // at the bound
-        CHECK(parking.fullest() == &b);
-        parking.add(polled(a, 2, std::string_view("k"), std::string_view("v")));
-        parking.add(polled(a, 3, std::string_view("k"), std::string_view("v")));
-        CHECK(parking.over());
-        CHECK(parking.fullest() == &a);
+        Parking three(3, 1000);
+        CHECK(three.fullest() == nullptr);
+        three.hold(&a, KeyId("k"), t0);
+        three.hold(&b, KeyId("k"), t0);
+        three.hold(&c, KeyId("k"), t0);
+        CHECK(three.fullest() == nullptr); // keys held, nothing parked
+        three.add(polled(a, 1, "k", "v"));
+        three.add(polled(b, 1, "k", "v"));
+        three.add(polled(b, 2, "k", "v"));
+        CHECK_FALSE(three.over()); // at the bound
+        CHECK(three.fullest() == &b);
+        three.add(polled(a, 2, "k", "v"));
+        three.add(polled(a, 3, "k", "v"));
+        CHECK(three.over());
+        CHECK(three.fullest() == &a);
 
         // The engine's bound_parking(): the fullest partition is held as a whole until it fits.
         std::vector<PartitionState*> dropped;
-        while (parking.over()) {
-            auto* fullest = parking.fullest();
+        while (three.over()) {
+            auto* fullest = three.fullest();
             REQUIRE(fullest != nullptr);
             dropped.push_back(fullest);
-            parking.drop(fullest);
+            three.drop(fullest);
         }
         CHECK(dropped == std::vector<PartitionState*>{&a});
-        CHECK(parking.records() == 2);
-        CHECK(parking.keys() == 2); // b's, and c's with nothing parked
+        CHECK(three.records() == 2);
+        CHECK(three.keys() == 2); // b's, and c's with nothing parked
     }
     SECTION("bytes")
     {
-        Parking parking(100, 10);
-        parking.hold(&a, KeyId("k"), t0);
-        parking.hold(&c, KeyId("key"), t0);
-        parking.add(polled(a, 1, std::string_view("k"), std::string_view("123456789"))); // 10 bytes
-        CHECK_FALSE(parking.over());
-        parking.add(polled(c, 1, std::string_view("key"), std::nullopt));
-        CHECK(parking.bytes() == 13);
-        CHECK(parking.over());
-        parking.drop(&c);
-        CHECK_FALSE(parking.over());
-        CHECK(parking.fullest() == &a);
+        Parking ten_bytes(100, 10);
+        ten_bytes.hold(&a, KeyId("k"), t0);
+        ten_bytes.hold(&c, KeyId("key"), t0);
+        ten_bytes.add(polled(a, 1, "k", "123456789")); // 10 bytes
+        CHECK_FALSE(ten_bytes.over());
+        ten_bytes.add(polled(c, 1, "key", std::nullopt));
+        CHECK(ten_bytes.bytes() == 13);
+        CHECK(ten_bytes.over());
+        ten_bytes.drop(&c);
+        CHECK_FALSE(ten_bytes.over());
+        CHECK(ten_bytes.fullest() == &a);
     }
 }
 
-TEST_CASE("parking: the same record parked twice is kept and counted once", "[unit][parking]")
+TEST_CASE_METHOD(ParkingCase, "parking: the same record parked twice is kept and counted once", "[unit][parking]")
 {
-    auto ledger = make_ledger();
-    auto& ps = ledger.assign({"t", 0});
-    Parking parking(10, 1000);
-    const auto t0 = Clock::now();
-    parking.hold(&ps, KeyId("k"), t0);
-    parking.add(polled(ps, 4, std::string_view("k"), std::string_view("abc")));
-    parking.add(polled(ps, 4, std::string_view("k"), std::string_view("abc")));
+    parking.hold(&a, KeyId("k"), t0);
+    park(a, 4, "k", "abc");
+    park(a, 4, "k", "abc");
     CHECK(parking.records() == 1);
     CHECK(parking.bytes() == 4);
-    std::vector<Item> out;
-    parking.take_due(t0, out);
-    CHECK(offsets_of(out) == std::vector<std::int64_t>{4});
+    CHECK(offsets_of(take(milliseconds(0))) == std::vector<std::int64_t>{4});
     CHECK(parking.records() == 0);
     CHECK(parking.bytes() == 0);
 }
