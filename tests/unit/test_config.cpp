@@ -1,7 +1,7 @@
+// ConsumerConfig::validate(): what it refuses, and that each refusal names
+// the field (or Kafka property) to change.
+
 #include <cmath>
-#include <regex>
-#include <set>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -10,13 +10,8 @@
 
 #include <idemkafka/config.hpp>
 #include <idemkafka/error.hpp>
-#include <idemkafka/metrics.hpp>
-#include <idemkafka/publisher.hpp>
-#include <idemkafka/store.hpp>
 
 #include "catch_compat.hpp"
-#include "observe/metrics_access.hpp"
-#include "pg/claims.hpp"
 
 using namespace idemkafka;
 
@@ -171,99 +166,6 @@ TEST_CASE("the dead-letter topic: a valid Kafka name, never consumed by its own 
     c.dead_letter_topic.clear();
     c.topics = {"^orders-[0-9]+$"}; // does not match orders-x.dlq
     CHECK(error_of(c).empty());
-}
-
-TEST_CASE("identifiers are quoted, quotes doubled", "[unit]")
-{
-    CHECK(quote_identifier("processed_event") == "\"processed_event\"");
-    CHECK(quote_identifier("a\"; DROP TABLE x; --") == "\"a\"\"; DROP TABLE x; --\"");
-    REQUIRE_THROWS_AS(quote_identifier(""), ConfigError);
-    REQUIRE_THROWS_AS(quote_identifier(std::string("a\0b", 3)), ConfigError);
-    ProcessedEventStore s("my schema", "Processed");
-    CHECK(s.qualified_name() == "\"my schema\".\"Processed\"");
-    CHECK(detail::pg::claim_sql(s).find("INSERT INTO \"my schema\".\"Processed\"") == 0);
-    CHECK(detail::pg::claim_sql(s).find("ON CONFLICT DO NOTHING RETURNING event_id") != std::string::npos);
-}
-
-TEST_CASE("claim array literal", "[unit]")
-{
-    const auto a = EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398f");
-    const auto b = EventId::parse("017f22e2-79b0-7cc3-98c4-dc0c0c07398e");
-    CHECK(detail::pg::uuid_array({}) == "{}");
-    CHECK(detail::pg::uuid_array({a, b}) ==
-          "{017f22e2-79b0-7cc3-98c4-dc0c0c07398f,017f22e2-79b0-7cc3-98c4-dc0c0c07398e}");
-}
-
-TEST_CASE("publisher refuses a non-idempotent configuration", "[unit]")
-{
-    PublisherConfig p;
-    p.brokers = "localhost:9092";
-    REQUIRE_NOTHROW(p.validate());
-    p.kafka["enable.idempotence"] = "false";
-    REQUIRE_THROWS_AS(p.validate(), ConfigError);
-    p.kafka.clear();
-    p.kafka["acks"] = "1";
-    REQUIRE_THROWS_AS(p.validate(), ConfigError);
-}
-
-TEST_CASE("metrics render as Prometheus text", "[unit]")
-{
-    Metrics m;
-    m.consumed.add(3);
-    m.duplicates.add();
-    const auto text = m.snapshot().to_prometheus("bill\"ing");
-    CHECK(text.find("# TYPE idemkafka_consumed_total counter\n") != std::string::npos);
-    CHECK(text.find("idemkafka_consumed_total{group=\"bill\\\"ing\"} 3\n") != std::string::npos);
-    CHECK(text.find("idemkafka_duplicates_total{group=\"bill\\\"ing\"} 1\n") != std::string::npos);
-}
-
-TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
-{
-    Metrics m;
-    m.handler_seconds.observe(0.0003);
-    m.handler_seconds.observe(2);
-    m.batch_records.observe(500);
-    m.dead_lettered[static_cast<std::size_t>(DeadLetterReason::decode_error)].add(2);
-    detail::set_partitions(m, {{"orders", 0, 3, 7, 7, 10, LagSource::watermarks},
-                               {"odd\"topic\\with\nbreak", 1, -1, -1, -1, -1, LagSource::statistics}});
-    m.oldest_claim_unix_ms.set(0);
-    const auto text = m.snapshot().to_prometheus("billing");
-    const std::regex help(R"(# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .+)");
-    const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
-    const std::regex sample(
-        R"(([a-zA-Z_:][a-zA-Z0-9_:]*)\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*)\} (-?[0-9.e+-]+|\+Inf|NaN))");
-    std::istringstream in(text);
-    std::string line, typed;
-    std::set<std::string> families;
-    int samples = 0;
-    while (std::getline(in, line)) {
-        std::smatch mt;
-        if (std::regex_match(line, help))
-            continue;
-        if (std::regex_match(line, mt, type)) {
-            typed = mt[1];
-            CHECK(families.insert(typed).second); // each family declared once
-            continue;
-        }
-        INFO(line);
-        REQUIRE(std::regex_match(line, mt, sample));
-        const std::string name = mt[1];
-        // A sample belongs to the family declared just before it.
-        CHECK((name == typed || name == typed + "_bucket" || name == typed + "_sum" || name == typed + "_count"));
-        ++samples;
-    }
-    CHECK(samples > 20);
-    CHECK(text.find("idemkafka_handler_seconds_bucket{group=\"billing\",le=\"0.0005\"} 1\n") != std::string::npos);
-    CHECK(text.find("idemkafka_handler_seconds_bucket{group=\"billing\",le=\"+Inf\"} 2\n") != std::string::npos);
-    CHECK(text.find("idemkafka_handler_seconds_count{group=\"billing\"} 2\n") != std::string::npos);
-    CHECK(text.find("idemkafka_dead_lettered_total{group=\"billing\",reason=\"decode_error\"} 2\n") !=
-          std::string::npos);
-    CHECK(text.find("idemkafka_consumer_lag{group=\"billing\",topic=\"orders\",partition=\"0\"} 3\n") !=
-          std::string::npos);
-    CHECK(families.count("idemkafka_consumer_lag") == 1);
-    CHECK(families.count("idemkafka_in_flight_records") == 1);
-    CHECK(families.count("idemkafka_in_flight_bytes") == 1);
-    CHECK(families.count("idemkafka_oldest_claim_age_seconds") == 1);
 }
 
 TEST_CASE("group.protocol: consumer refuses the settings the broker owns, naming what replaces them", "[unit]")

@@ -1,7 +1,11 @@
 // Gauges of the metrics registry: per-partition lag, in-flight records, the
-// oldest claim's age, and the statistics parser behind the lag.
+// oldest claim's age, and the statistics parser behind the lag; the
+// Prometheus text exposition of every counter, gauge and histogram.
 
 #include <chrono>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include <idemkafka/config.hpp>
@@ -187,4 +191,64 @@ TEST_CASE("circuit breaker metrics in the snapshot and the exposition", "[unit]"
     CHECK(has_line(text, R"(idemkafka_circuit_opened_total{group="g"} 1)"));
     CHECK(has_line(text, "# TYPE idemkafka_circuit_open_seconds_total counter"));
     CHECK(has_line(text, R"(idemkafka_circuit_open_seconds_total{group="g"} 2.5)"));
+}
+
+TEST_CASE("metrics render as Prometheus text", "[unit]")
+{
+    Metrics m;
+    m.consumed.add(3);
+    m.duplicates.add();
+    const auto text = m.snapshot().to_prometheus("bill\"ing");
+    CHECK(text.find("# TYPE idemkafka_consumed_total counter\n") != std::string::npos);
+    CHECK(text.find("idemkafka_consumed_total{group=\"bill\\\"ing\"} 3\n") != std::string::npos);
+    CHECK(text.find("idemkafka_duplicates_total{group=\"bill\\\"ing\"} 1\n") != std::string::npos);
+}
+
+TEST_CASE("Prometheus exposition follows the text format rules", "[unit]")
+{
+    Metrics m;
+    m.handler_seconds.observe(0.0003);
+    m.handler_seconds.observe(2);
+    m.batch_records.observe(500);
+    m.dead_lettered[static_cast<std::size_t>(DeadLetterReason::decode_error)].add(2);
+    detail::set_partitions(m, {{"orders", 0, 3, 7, 7, 10, LagSource::watermarks},
+                               {"odd\"topic\\with\nbreak", 1, -1, -1, -1, -1, LagSource::statistics}});
+    m.oldest_claim_unix_ms.set(0);
+    const auto text = m.snapshot().to_prometheus("billing");
+    const std::regex help(R"(# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .+)");
+    const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
+    const std::regex sample(
+        R"(([a-zA-Z_:][a-zA-Z0-9_:]*)\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*)\} (-?[0-9.e+-]+|\+Inf|NaN))");
+    std::istringstream in(text);
+    std::string line, typed;
+    std::set<std::string> families;
+    int samples = 0;
+    while (std::getline(in, line)) {
+        std::smatch mt;
+        if (std::regex_match(line, help))
+            continue;
+        if (std::regex_match(line, mt, type)) {
+            typed = mt[1];
+            CHECK(families.insert(typed).second); // each family declared once
+            continue;
+        }
+        INFO(line);
+        REQUIRE(std::regex_match(line, mt, sample));
+        const std::string name = mt[1];
+        // A sample belongs to the family declared just before it.
+        CHECK((name == typed || name == typed + "_bucket" || name == typed + "_sum" || name == typed + "_count"));
+        ++samples;
+    }
+    CHECK(samples > 20);
+    CHECK(text.find("idemkafka_handler_seconds_bucket{group=\"billing\",le=\"0.0005\"} 1\n") != std::string::npos);
+    CHECK(text.find("idemkafka_handler_seconds_bucket{group=\"billing\",le=\"+Inf\"} 2\n") != std::string::npos);
+    CHECK(text.find("idemkafka_handler_seconds_count{group=\"billing\"} 2\n") != std::string::npos);
+    CHECK(text.find("idemkafka_dead_lettered_total{group=\"billing\",reason=\"decode_error\"} 2\n") !=
+          std::string::npos);
+    CHECK(text.find("idemkafka_consumer_lag{group=\"billing\",topic=\"orders\",partition=\"0\"} 3\n") !=
+          std::string::npos);
+    CHECK(families.count("idemkafka_consumer_lag") == 1);
+    CHECK(families.count("idemkafka_in_flight_records") == 1);
+    CHECK(families.count("idemkafka_in_flight_bytes") == 1);
+    CHECK(families.count("idemkafka_oldest_claim_age_seconds") == 1);
 }
