@@ -381,6 +381,59 @@ std::int64_t TestBroker::produce(const std::string& topic, std::int32_t partitio
     return impl_->produce(topic, partition, key, value, headers);
 }
 
+namespace {
+
+TestRecord record_of(const std::string& topic, const rd_kafka_message_t* m)
+{
+    TestRecord r;
+    r.topic = topic;
+    r.partition = m->partition;
+    r.offset = m->offset;
+    if (m->key)
+        r.key.emplace(static_cast<const char*>(m->key), m->key_len);
+    if (m->payload)
+        r.value.emplace(static_cast<const char*>(m->payload), m->len);
+    rd_kafka_headers_t* hdrs = nullptr; // owned by the message
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        const char* name = nullptr;
+        const void* val = nullptr;
+        size_t size = 0;
+        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
+            r.headers.push_back(
+                Header{name, val ? std::optional<std::string>(std::in_place, static_cast<const char*>(val), size)
+                                 : std::nullopt});
+    }
+    return r;
+}
+
+// Assigns every non-empty partition from its beginning; returns each one's
+// high watermark (partition -> the end still to reach).
+template <class Fail>
+std::map<std::int32_t, std::int64_t> assign_to_ends(rd_kafka_t* rk, const std::string& topic, int partitions,
+                                                    std::chrono::steady_clock::time_point deadline, const Fail& fail)
+{
+    std::map<std::int32_t, std::int64_t> ends;
+    PartitionListPtr assignment{rd_kafka_topic_partition_list_new(partitions)};
+    for (std::int32_t p = 0; p < partitions; ++p) {
+        std::int64_t low = 0;
+        std::int64_t high = 0;
+        const rd_kafka_resp_err_t err =
+            rd_kafka_query_watermark_offsets(rk, topic.c_str(), p, &low, &high, std::max(1, ms_left(deadline)));
+        if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+            throw fail(fmt::format("watermarks of partition {}: {}", p, err_text(err)));
+        if (high > low) {
+            ends[p] = high;
+            rd_kafka_topic_partition_list_add(assignment.get(), topic.c_str(), p)->offset = RD_KAFKA_OFFSET_BEGINNING;
+        }
+    }
+    if (!ends.empty())
+        if (const rd_kafka_resp_err_t err = rd_kafka_assign(rk, assignment.get()))
+            throw fail("assign: " + err_text(err));
+    return ends;
+}
+
+} // namespace
+
 std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chrono::milliseconds timeout) const
 {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -409,26 +462,11 @@ std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chro
         throw fail("metadata: " + err_text(md.topic_err));
 
     // The end of each partition as the call starts; partitions already at it are done.
-    std::map<std::int32_t, std::int64_t> ends; // partition -> high watermark still to reach
-    PartitionListPtr assignment{rd_kafka_topic_partition_list_new(md.partitions)};
-    for (std::int32_t p = 0; p < md.partitions; ++p) {
-        std::int64_t low = 0;
-        std::int64_t high = 0;
-        const rd_kafka_resp_err_t err =
-            rd_kafka_query_watermark_offsets(rk.get(), topic.c_str(), p, &low, &high, std::max(1, ms_left(deadline)));
-        if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-            throw fail(fmt::format("watermarks of partition {}: {}", p, err_text(err)));
-        if (high > low) {
-            ends[p] = high;
-            rd_kafka_topic_partition_list_add(assignment.get(), topic.c_str(), p)->offset = RD_KAFKA_OFFSET_BEGINNING;
-        }
-    }
+    std::map<std::int32_t, std::int64_t> ends = assign_to_ends(rk.get(), topic, md.partitions, deadline, fail);
     std::vector<TestRecord> out;
     if (ends.empty())
         return out;
     const std::map<std::int32_t, std::int64_t> limits = ends;
-    if (const rd_kafka_resp_err_t err = rd_kafka_assign(rk.get(), assignment.get()))
-        throw fail("assign: " + err_text(err));
 
     while (!ends.empty()) {
         const int wait = std::min(100, ms_left(deadline));
@@ -453,24 +491,7 @@ std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chro
                 continue;
             throw fail(fmt::format("{}", rd_kafka_message_errstr(m.get())));
         }
-        TestRecord r;
-        r.topic = topic;
-        r.partition = m->partition;
-        r.offset = m->offset;
-        if (m->key)
-            r.key.emplace(static_cast<const char*>(m->key), m->key_len);
-        if (m->payload)
-            r.value.emplace(static_cast<const char*>(m->payload), m->len);
-        rd_kafka_headers_t* hdrs = nullptr; // owned by the message
-        if (rd_kafka_message_headers(m.get(), &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-            const char* name = nullptr;
-            const void* val = nullptr;
-            size_t size = 0;
-            for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
-                r.headers.push_back(
-                    Header{name, val ? std::optional<std::string>(std::in_place, static_cast<const char*>(val), size)
-                                     : std::nullopt});
-        }
+        TestRecord r = record_of(topic, m.get());
         const auto it = ends.find(r.partition);
         if (it != ends.end() && r.offset + 1 >= it->second)
             ends.erase(it);
