@@ -436,89 +436,112 @@ private:
         report(normalized, execute(words));
     }
 
+    static std::string wrong_arity(const char* synopsis) { return std::string("error: usage: ") + synopsis; }
+
+    static std::string result(rd_kafka_resp_err_t err)
+    {
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            return "ok";
+        }
+        return std::string("error: ") + rd_kafka_err2name(err) + ": " + rd_kafka_err2str(err);
+    }
+
     std::string execute(const std::vector<std::string>& words)
     {
         const std::string& cmd = words.front();
-        const size_t argc = words.size() - 1;
-        const auto wrong_arity = [&](const char* synopsis) { return std::string("error: usage: ") + synopsis; };
-        const auto result = [](rd_kafka_resp_err_t err) -> std::string {
-            if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-                return "ok";
-            }
-            return std::string("error: ") + rd_kafka_err2name(err) + ": " + rd_kafka_err2str(err);
-        };
-
         if (cmd == "ping") {
-            return argc == 0 ? "ok" : wrong_arity("ping");
+            return words.size() == 1 ? "ok" : wrong_arity("ping");
         }
         if (cmd == "create-topic") {
-            if (argc != 2) {
-                return wrong_arity("create-topic NAME PARTITIONS");
-            }
-            const auto partitions = parse_integer(words[2], 1, 100000);
-            if (!partitions) {
-                return "error: PARTITIONS must be a number from 1 to 100000";
-            }
-            return result(rd_kafka_mock_topic_create(mcluster_, words[1].c_str(), static_cast<int>(*partitions), 1));
+            return create_topic(words);
         }
         if (cmd == "push-errors" || cmd == "clear-errors") {
-            const bool push = cmd == "push-errors";
-            if (push ? argc < 2 : argc != 1) {
-                return wrong_arity(push ? "push-errors APIKEY ERRCODE [ERRCODE...]" : "clear-errors APIKEY");
-            }
-            const auto api_key = parse_api_key(words[1]);
-            if (!api_key) {
-                return "error: unknown APIKEY '" + words[1] + "'";
-            }
-            if (!push) {
-                rd_kafka_mock_clear_request_errors(mcluster_, *api_key);
-                return "ok";
-            }
-            std::vector<rd_kafka_resp_err_t> errors;
-            for (size_t i = 2; i < words.size(); ++i) {
-                const auto err = parse_error_code(words[i]);
-                if (!err) {
-                    return "error: unknown ERRCODE '" + words[i] + "'";
-                }
-                errors.push_back(*err);
-            }
-            rd_kafka_mock_push_request_errors_array(mcluster_, *api_key, errors.size(), errors.data());
-            return "ok";
+            return request_errors(words);
         }
         if (cmd == "group-consumer-timeouts") {
-            if (argc != 2) {
-                return wrong_arity("group-consumer-timeouts SESSION_MS HEARTBEAT_MS");
-            }
-            const auto session_ms = parse_integer(words[1], 1, 3600000);
-            const auto heartbeat_ms = parse_integer(words[2], 1, 3600000);
-            if (!session_ms || !heartbeat_ms) {
-                return "error: SESSION_MS and HEARTBEAT_MS must be milliseconds from 1 to 3600000";
-            }
-            const std::string why =
-                set_group_consumer_timeouts(mcluster_, static_cast<int>(*session_ms), static_cast<int>(*heartbeat_ms));
-            return why.empty() ? "ok" : "error: " + why;
+            return group_consumer_timeouts(words);
         }
         if (cmd == "broker-down" || cmd == "broker-up" || cmd == "rtt") {
-            const bool is_rtt = cmd == "rtt";
-            if (argc != (is_rtt ? 2U : 1U)) {
-                return wrong_arity(is_rtt ? "rtt ID MS" : (cmd == "broker-up" ? "broker-up ID" : "broker-down ID"));
-            }
-            const auto id = parse_integer(words[1], 0, std::numeric_limits<int32_t>::max());
-            if (!id) {
-                return "error: ID must be a broker id";
-            }
-            const auto broker_id = static_cast<int32_t>(*id);
-            if (is_rtt) {
-                const auto ms = parse_integer(words[2], 0, std::numeric_limits<int>::max());
-                if (!ms) {
-                    return "error: MS must be a non-negative number of milliseconds";
-                }
-                return result(rd_kafka_mock_broker_set_rtt(mcluster_, broker_id, static_cast<int>(*ms)));
-            }
-            return result(cmd == "broker-up" ? rd_kafka_mock_broker_set_up(mcluster_, broker_id)
-                                             : rd_kafka_mock_broker_set_down(mcluster_, broker_id));
+            return broker_state(words);
         }
         return "error: unknown command '" + cmd + "'";
+    }
+
+    std::string create_topic(const std::vector<std::string>& words)
+    {
+        if (words.size() != 3) {
+            return wrong_arity("create-topic NAME PARTITIONS");
+        }
+        const auto partitions = parse_integer(words[2], 1, 100000);
+        if (!partitions) {
+            return "error: PARTITIONS must be a number from 1 to 100000";
+        }
+        return result(rd_kafka_mock_topic_create(mcluster_, words[1].c_str(), static_cast<int>(*partitions), 1));
+    }
+
+    std::string request_errors(const std::vector<std::string>& words)
+    {
+        const bool push = words.front() == "push-errors";
+        const size_t argc = words.size() - 1;
+        if (push ? argc < 2 : argc != 1) {
+            return wrong_arity(push ? "push-errors APIKEY ERRCODE [ERRCODE...]" : "clear-errors APIKEY");
+        }
+        const auto api_key = parse_api_key(words[1]);
+        if (!api_key) {
+            return "error: unknown APIKEY '" + words[1] + "'";
+        }
+        if (!push) {
+            rd_kafka_mock_clear_request_errors(mcluster_, *api_key);
+            return "ok";
+        }
+        std::vector<rd_kafka_resp_err_t> errors;
+        for (size_t i = 2; i < words.size(); ++i) {
+            const auto err = parse_error_code(words[i]);
+            if (!err) {
+                return "error: unknown ERRCODE '" + words[i] + "'";
+            }
+            errors.push_back(*err);
+        }
+        rd_kafka_mock_push_request_errors_array(mcluster_, *api_key, errors.size(), errors.data());
+        return "ok";
+    }
+
+    std::string group_consumer_timeouts(const std::vector<std::string>& words)
+    {
+        if (words.size() != 3) {
+            return wrong_arity("group-consumer-timeouts SESSION_MS HEARTBEAT_MS");
+        }
+        const auto session_ms = parse_integer(words[1], 1, 3600000);
+        const auto heartbeat_ms = parse_integer(words[2], 1, 3600000);
+        if (!session_ms || !heartbeat_ms) {
+            return "error: SESSION_MS and HEARTBEAT_MS must be milliseconds from 1 to 3600000";
+        }
+        const std::string why =
+            set_group_consumer_timeouts(mcluster_, static_cast<int>(*session_ms), static_cast<int>(*heartbeat_ms));
+        return why.empty() ? "ok" : "error: " + why;
+    }
+
+    std::string broker_state(const std::vector<std::string>& words)
+    {
+        const std::string& cmd = words.front();
+        const bool is_rtt = cmd == "rtt";
+        if (words.size() - 1 != (is_rtt ? 2U : 1U)) {
+            return wrong_arity(is_rtt ? "rtt ID MS" : (cmd == "broker-up" ? "broker-up ID" : "broker-down ID"));
+        }
+        const auto id = parse_integer(words[1], 0, std::numeric_limits<int32_t>::max());
+        if (!id) {
+            return "error: ID must be a broker id";
+        }
+        const auto broker_id = static_cast<int32_t>(*id);
+        if (is_rtt) {
+            const auto ms = parse_integer(words[2], 0, std::numeric_limits<int>::max());
+            if (!ms) {
+                return "error: MS must be a non-negative number of milliseconds";
+            }
+            return result(rd_kafka_mock_broker_set_rtt(mcluster_, broker_id, static_cast<int>(*ms)));
+        }
+        return result(cmd == "broker-up" ? rd_kafka_mock_broker_set_up(mcluster_, broker_id)
+                                         : rd_kafka_mock_broker_set_down(mcluster_, broker_id));
     }
 
     void report(const std::string& command, const std::string& outcome)
@@ -539,22 +562,17 @@ private:
     unsigned long long handled_ = 0;
 };
 
-int run(const Options& options)
+// The mock cluster needs a client handle to host its thread and logger; this producer is
+// never used to produce anything. Null (after a message) if it cannot be made.
+RdKafkaPtr host_handle(const Options& options, int& status)
 {
-    std::string error;
-    if (!install_signal_handlers(error)) {
-        std::fprintf(stderr, "%s: %s\n", program_name, error.c_str());
-        return exit_failure;
-    }
-
-    // The mock cluster needs a client handle to host its thread and logger; this producer is
-    // never used to produce anything.
     RdKafkaConfPtr conf{rd_kafka_conf_new()};
     char errstr[512];
     if (!options.debug.empty() &&
         rd_kafka_conf_set(conf.get(), "debug", options.debug.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
         std::fprintf(stderr, "%s: --debug: %s\n", program_name, errstr);
-        return exit_usage;
+        status = exit_usage;
+        return nullptr;
     }
     rd_kafka_conf_set(conf.get(), "client.id", program_name, errstr, sizeof errstr);
     if (options.debug.empty()) {
@@ -564,10 +582,50 @@ int run(const Options& options)
     RdKafkaPtr rk{rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr)};
     if (!rk) {
         std::fprintf(stderr, "%s: rd_kafka_new: %s\n", program_name, errstr);
-        return exit_failure;
+        status = exit_failure;
+        return nullptr;
     }
     [[maybe_unused]] rd_kafka_conf_t* owned_by_rk = conf.release(); // rd_kafka_new took it
+    return rk;
+}
 
+// Serves the control channel until a signal, or until the watched process is gone.
+int serve(const Options& options, ControlChannel* control)
+{
+    for (;;) {
+        pollfd fds[2] = {{signal_pipe[0], POLLIN, 0}, {control ? control->fd() : -1, POLLIN, 0}};
+        const int timeout_ms = options.watch_pid > 0 ? 1000 : -1;
+        const int n = poll(fds, 2, timeout_ms);
+        if (n < 0 && errno != EINTR) {
+            std::fprintf(stderr, "%s: poll: %s\n", program_name, std::strerror(errno));
+            return exit_failure;
+        }
+        if (fds[0].revents != 0) {
+            return 0;
+        }
+        if (control && fds[1].revents != 0) {
+            control->on_readable();
+        }
+        if (options.watch_pid > 0 && kill(options.watch_pid, 0) != 0 && errno == ESRCH) {
+            std::fprintf(stderr, "%s: process %d is gone, exiting\n", program_name,
+                         static_cast<int>(options.watch_pid));
+            return 0;
+        }
+    }
+}
+
+int run(const Options& options)
+{
+    std::string error;
+    if (!install_signal_handlers(error)) {
+        std::fprintf(stderr, "%s: %s\n", program_name, error.c_str());
+        return exit_failure;
+    }
+    int status = 0;
+    RdKafkaPtr rk = host_handle(options, status);
+    if (!rk) {
+        return status;
+    }
     MockClusterPtr mcluster{rd_kafka_mock_cluster_new(rk.get(), options.brokers)};
     if (!mcluster) {
         std::fprintf(stderr, "%s: could not create the mock cluster\n", program_name);
@@ -607,34 +665,14 @@ int run(const Options& options)
     std::printf("bootstrap=%s\n", bootstraps.c_str());
     std::fflush(stdout);
 
-    for (;;) {
-        pollfd fds[2] = {{signal_pipe[0], POLLIN, 0}, {control ? control->fd() : -1, POLLIN, 0}};
-        const int timeout_ms = options.watch_pid > 0 ? 1000 : -1;
-        const int n = poll(fds, 2, timeout_ms);
-        if (n < 0 && errno != EINTR) {
-            std::fprintf(stderr, "%s: poll: %s\n", program_name, std::strerror(errno));
-            return exit_failure;
-        }
-        if (fds[0].revents != 0) {
-            break;
-        }
-        if (control && fds[1].revents != 0) {
-            control->on_readable();
-        }
-        if (options.watch_pid > 0 && kill(options.watch_pid, 0) != 0 && errno == ESRCH) {
-            std::fprintf(stderr, "%s: process %d is gone, exiting\n", program_name,
-                         static_cast<int>(options.watch_pid));
-            break;
-        }
-    }
-
+    status = serve(options, control.get());
     control.reset();
     mcluster.reset();
     rk.reset();
     if (!options.bootstrap_file.empty()) {
         unlink(options.bootstrap_file.c_str());
     }
-    return 0;
+    return status;
 }
 
 } // namespace
