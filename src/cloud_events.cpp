@@ -44,7 +44,10 @@ std::string shown(std::string_view text)
     return out;
 }
 
-char lower(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+char lower(char c) noexcept
+{
+    return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 bool iequals(std::string_view a, std::string_view b) noexcept
 {
@@ -110,15 +113,23 @@ bool nested_too_deep(std::string_view json) noexcept
     return false;
 }
 
-const char* type_name(const Json& value) noexcept { return value.type_name(); }
+const char* type_name(const Json& value) noexcept
+{
+    return value.type_name();
+}
 
 int base64_value(char c) noexcept
 {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+')
+        return 62;
+    if (c == '/')
+        return 63;
     return -1;
 }
 
@@ -180,8 +191,7 @@ std::optional<std::string> string_member(const Json& doc, const char* name, bool
         return std::nullopt;
     }
     if (!it->is_string())
-        throw DecodeError(std::string("CloudEvents envelope: '") + name + "' must be a string, got " +
-                          type_name(*it));
+        throw DecodeError(std::string("CloudEvents envelope: '") + name + "' must be a string, got " + type_name(*it));
     auto value = it->get<std::string>();
     if (required && value.empty())
         throw DecodeError(std::string("CloudEvents envelope: '") + name + "' is empty");
@@ -195,8 +205,15 @@ Json parse_json(std::string_view json)
     Json doc;
     try {
         doc = Json::parse(json.begin(), json.end());
+    } catch (const Json::parse_error& e) {
+        // nlohmann's message ends with the token it read last, which can be as
+        // long as the payload: cut there and give the byte position instead.
+        std::string what = e.what();
+        what = what.substr(0, what.find("; last read"));
+        throw DecodeError("CloudEvents envelope is not JSON: " + what.substr(0, max_shown * 3) + " (byte " +
+                          std::to_string(e.byte) + ")");
     } catch (const Json::exception& e) {
-        throw DecodeError(std::string("CloudEvents envelope is not JSON: ") + e.what());
+        throw DecodeError("CloudEvents envelope is not JSON: " + std::string(e.what()).substr(0, max_shown * 3));
     }
     if (!doc.is_object())
         throw DecodeError(std::string("CloudEvents envelope must be a JSON object, got ") + type_name(doc));
@@ -206,8 +223,8 @@ Json parse_json(std::string_view json)
 bool is_attribute(std::string_view name) noexcept
 {
     static constexpr std::array<std::string_view, 10> known = {
-        "id",   "source",  "type",           "specversion", "time",
-        "subject", "datacontenttype", "dataschema", "data", "data_base64"};
+        "id",      "source",          "type",       "specversion", "time",
+        "subject", "datacontenttype", "dataschema", "data",        "data_base64"};
     for (const auto k : known)
         if (k == name)
             return true;
@@ -234,8 +251,8 @@ CloudEvent from_envelope(const Json& doc)
         else if (value.is_number() || value.is_boolean())
             ev.extensions.emplace(name, value.dump());
         else
-            throw DecodeError("CloudEvents envelope: extension '" + name + "' must be a string, number or boolean, got " +
-                              type_name(value));
+            throw DecodeError("CloudEvents envelope: extension " + shown(name) +
+                              " must be a string, number or boolean, got " + type_name(value));
     }
     const auto data = doc.find("data");
     const auto base64 = doc.find("data_base64");
@@ -301,7 +318,10 @@ std::optional<std::string> header_value(const Record& record, const char* name, 
 
 } // namespace
 
-EventId cloud_event_namespace() noexcept { return EventId(namespace_bytes); }
+EventId cloud_event_namespace() noexcept
+{
+    return EventId(namespace_bytes);
+}
 
 EventId cloud_event_id(std::string_view source, std::string_view id)
 {
@@ -333,7 +353,10 @@ EventId cloud_event_id(std::string_view source, std::string_view id)
     return EventId(b);
 }
 
-CloudEvent parse_cloud_event(std::string_view json) { return from_envelope(parse_json(json)); }
+CloudEvent parse_cloud_event(std::string_view json)
+{
+    return from_envelope(parse_json(json));
+}
 
 CloudEvent decode_cloud_event(const Record& record)
 {

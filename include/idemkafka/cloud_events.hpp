@@ -65,10 +65,10 @@ IDEMKAFKA_API EventId cloud_event_id(std::string_view source, std::string_view i
 
 /// A CloudEvent as decode_cloud_event() reads it from a record.
 struct CloudEvent {
-    std::string id;          ///< `id`: never empty
-    std::string source;      ///< `source`: never empty
-    std::string type;        ///< `type`: never empty
-    std::string specversion; ///< `specversion` as sent (e.g. "1.0")
+    std::string id;                             ///< `id`: never empty
+    std::string source;                         ///< `source`: never empty
+    std::string type;                           ///< `type`: never empty
+    std::string specversion;                    ///< `specversion` as sent (e.g. "1.0")
     std::optional<std::string> time;            ///< `time` as sent (RFC 3339 text; not checked)
     std::optional<std::string> subject;         ///< `subject`
     std::optional<std::string> datacontenttype; ///< `datacontenttype` (binary mode: the `content-type` header)
