@@ -28,13 +28,13 @@ namespace idemkafka {
 /// Header names of the CloudEvents Kafka binding (binary mode), and the
 /// content type of structured mode.
 namespace cloud_event_header {
-inline constexpr const char* id = "ce_id";
-inline constexpr const char* source = "ce_source";
-inline constexpr const char* type = "ce_type";
-inline constexpr const char* specversion = "ce_specversion";
-inline constexpr const char* time = "ce_time";
-inline constexpr const char* subject = "ce_subject";
-inline constexpr const char* dataschema = "ce_dataschema";
+inline constexpr const char* id = "ce_id";                   ///< `id` (with `source`, the identity)
+inline constexpr const char* source = "ce_source";           ///< `source`
+inline constexpr const char* type = "ce_type";               ///< `type`
+inline constexpr const char* specversion = "ce_specversion"; ///< `specversion`
+inline constexpr const char* time = "ce_time";               ///< `time`
+inline constexpr const char* subject = "ce_subject";         ///< `subject`
+inline constexpr const char* dataschema = "ce_dataschema";   ///< `dataschema`
 /// Prefix of every attribute header; other `ce_*` headers are extensions.
 inline constexpr const char* prefix = "ce_";
 /// The record's content type: `datacontenttype` in binary mode,
