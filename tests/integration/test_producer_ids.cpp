@@ -69,14 +69,39 @@ std::int64_t claims(const std::string& group)
     return scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", group));
 }
 
-// Every dead letter of `group`: its original offset -> (reason, error).
-std::map<std::int64_t, std::pair<std::string, std::string>> dead_letters(const std::string& group, std::size_t n)
+// A record no id can be taken from, and the dead letter it must become.
+struct Poison {
+    Sent record;
+    std::string reason;
+    std::string says; ///< part of the dead letter's error
+};
+
+// Runs `consumer` until it consumed `records` records and dead-lettered `dead` of them.
+template <class Consumer> void consume(Consumer& consumer, std::size_t records, std::size_t dead)
 {
-    std::map<std::int64_t, std::pair<std::string, std::string>> out;
-    for (const auto& r : read_topic(group + ".dlq", n, 30s))
-        out[std::stoll(r.header("idemkafka.original.offset"))] = {r.header("idemkafka.reason"),
+    Runner<Consumer> run(consumer);
+    REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= records; }, 60s));
+    REQUIRE(wait_until([&] { return consumer.metrics().snapshot().dead_lettered_total() == dead; }, 30s));
+    run.join();
+    REQUIRE_FALSE(run.error());
+}
+
+// The dead letters of `group`, one per poison record, sent from offset `first` on.
+void check_dead_letters(const std::string& group, std::int64_t first, const std::vector<Poison>& poison)
+{
+    std::map<std::int64_t, std::pair<std::string, std::string>> dlq;
+    for (const auto& r : read_topic(group + ".dlq", poison.size(), 30s))
+        dlq[std::stoll(r.header("idemkafka.original.offset"))] = {r.header("idemkafka.reason"),
                                                                   r.header("idemkafka.error")};
-    return out;
+    REQUIRE(dlq.size() == poison.size());
+    for (std::size_t i = 0; i < poison.size(); ++i) {
+        const auto offset = first + static_cast<std::int64_t>(i);
+        INFO("offset " << offset);
+        REQUIRE(dlq.count(offset) == 1);
+        INFO(dlq.at(offset).second);
+        CHECK(dlq.at(offset).first == poison[i].reason);
+        CHECK(dlq.at(offset).second.find(poison[i].says) != std::string::npos);
+    }
 }
 
 } // namespace
@@ -111,39 +136,45 @@ TEST_CASE("CloudEvents in binary and structured mode: re-sent with new offsets, 
         records.push_back(cloud_event_record(events[i].source, events[i].id, fmt::format("o-{}", i),
                                              static_cast<int>(100 + i), i % 2 == 1));
     // Poison, each at a known offset (40..45).
-    const std::vector<std::pair<Sent, std::pair<std::string, std::string>>> poison = {
+    const std::vector<Poison> poison = {
         {{"p",
           "{}",
           {{"ce_specversion", std::string("1.0")},
            {"ce_source", std::string("/orders")},
            {"ce_type", std::string("t")}}},
-         {"missing_event_id", "has no 'ce_id' header"}},
+         "missing_event_id",
+         "has no 'ce_id' header"},
         {{"p",
           "{}",
           {{"ce_specversion", std::string("1.0")},
            {"ce_id", std::string()},
            {"ce_source", std::string("/orders")},
            {"ce_type", std::string("t")}}},
-         {"missing_event_id", "has an empty 'ce_id' header"}},
+         "missing_event_id",
+         "has an empty 'ce_id' header"},
         {{"p",
           R"({"specversion":"1.0","id":"x-1","type":"t","data":{}})",
           {{"content-type", std::string("application/cloudevents+json")}}},
-         {"missing_event_id", "CloudEvents envelope has no 'source' attribute"}},
+         "missing_event_id",
+         "CloudEvents envelope has no 'source' attribute"},
         {{"p",
           R"({"specversion":"1.0","id":7,"source":"/orders","type":"t"})",
           {{"content-type", std::string("application/cloudevents+json")}}},
-         {"invalid_event_id", "'id' must be a string, got number"}},
+         "invalid_event_id",
+         "'id' must be a string, got number"},
         {{"p",
           R"({"specversion":"1.0","id":"x-2","source":"/orders","type":"t","data":{"a":1})",
           {{"content-type", std::string("application/cloudevents+json")}}},
-         {"decode_error", "CloudEvents envelope is not JSON"}},
+         "decode_error",
+         "CloudEvents envelope is not JSON"},
         {{"p",
           R"({"specversion":"1.0","id":"x-3","source":"/orders","type":"t","data":1,"data_base64":"AA=="})",
           {{"content-type", std::string("application/cloudevents+json")}}},
-         {"decode_error", "both 'data' and 'data_base64'"}},
+         "decode_error",
+         "both 'data' and 'data_base64'"},
     };
     for (const auto& p : poison)
-        records.push_back(p.first);
+        records.push_back(p.record);
     // Every event again at new offsets: the first half as it was, the second
     // half in the other mode (the same event's key in either mode).
     for (std::size_t i = 0; i < events.size(); ++i)
@@ -162,13 +193,7 @@ TEST_CASE("CloudEvents in binary and structured mode: re-sent with new offsets, 
                                                 effects),
                                     ctx.event_id().to_string(), ev.source, ev.id, ev.data.value_or(""), ev.structured);
         });
-    {
-        Runner<IdempotentConsumer<CloudEvent>> run(consumer);
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= records.size(); }, 60s));
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().dead_lettered_total() == poison.size(); }, 30s));
-        run.join();
-        REQUIRE_FALSE(run.error());
-    }
+    consume(consumer, records.size(), poison.size());
     const auto m = consumer.metrics().snapshot();
     CHECK(m.consumed == records.size());
     CHECK(m.claimed == events.size());
@@ -195,16 +220,7 @@ TEST_CASE("CloudEvents in binary and structured mode: re-sent with new offsets, 
         scalar(fmt::format(R"(SELECT count(*) FROM {} WHERE data::jsonb ? 'order_id' AND data::jsonb ? 'amount_cents')",
                            effects)) == static_cast<std::int64_t>(events.size()));
 
-    const auto dlq = dead_letters(group, poison.size());
-    REQUIRE(dlq.size() == poison.size());
-    for (std::size_t i = 0; i < poison.size(); ++i) {
-        const auto offset = static_cast<std::int64_t>(events.size() + i);
-        INFO("offset " << offset);
-        REQUIRE(dlq.count(offset) == 1);
-        INFO(dlq.at(offset).second);
-        CHECK(dlq.at(offset).first == poison[i].second.first);
-        CHECK(dlq.at(offset).second.find(poison[i].second.second) != std::string::npos);
-    }
+    check_dead_letters(group, static_cast<std::int64_t>(events.size()), poison);
 }
 
 TEST_CASE("CloudEvents binary mode with the service's own decoder: the id comes from the headers", "[integration]")
@@ -235,12 +251,7 @@ TEST_CASE("CloudEvents binary mode with the service's own decoder: the id comes 
             std::lock_guard<std::mutex> lock(mu);
             handled.insert(std::string(*ctx.header("ce_id")) + " " + o.payload);
         });
-    {
-        Runner<IdempotentConsumer<Order>> run(consumer);
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= records.size(); }, 60s));
-        run.join();
-        REQUIRE_FALSE(run.error());
-    }
+    consume(consumer, records.size(), 0);
     const auto m = consumer.metrics().snapshot();
     CHECK(m.claimed == 30);
     CHECK(m.duplicates == 30);
@@ -279,15 +290,16 @@ TEST_CASE("Debezium outbox records: the id header bare or quoted, re-sent with n
     std::vector<Sent> records;
     for (std::size_t i = 0; i < ids.size(); ++i)
         records.push_back(row(i, false));
-    const std::vector<std::pair<Sent, std::pair<std::string, std::string>>> poison = {
-        {{"aggregate-0", "{}", {}}, {"missing_event_id", "record has no 'id' header"}},
+    const std::vector<Poison> poison = {
+        {{"aggregate-0", "{}", {}}, "missing_event_id", "record has no 'id' header"},
         {{"aggregate-0", "{}", {{"id", std::string()}}},
-         {"missing_event_id", "'id' header (Debezium outbox event id) is empty"}},
-        {{"aggregate-0", "{}", {{"id", std::string("\"\"")}}}, {"missing_event_id", "is empty"}},
-        {{"aggregate-0", "{}", {{"id", std::string("1001")}}}, {"invalid_event_id", "expected 36 characters, got 4"}},
+         "missing_event_id",
+         "'id' header (Debezium outbox event id) is empty"},
+        {{"aggregate-0", "{}", {{"id", std::string("\"\"")}}}, "missing_event_id", "is empty"},
+        {{"aggregate-0", "{}", {{"id", std::string("1001")}}}, "invalid_event_id", "expected 36 characters, got 4"},
     };
     for (const auto& p : poison)
-        records.push_back(p.first);
+        records.push_back(p.record);
     // Every row again (a connector restarted from an older position), now
     // through JsonConverter: the same id in quotes.
     for (std::size_t i = 0; i < ids.size(); ++i)
@@ -306,13 +318,7 @@ TEST_CASE("Debezium outbox records: the id header bare or quoted, re-sent with n
                 tx, fmt::format("INSERT INTO {} (event_id, aggregate, payload) VALUES ($1::uuid, $2, $3)", effects),
                 ctx.event_id().to_string(), std::string(ctx.key().value_or("")), e.payload);
         });
-    {
-        Runner<IdempotentConsumer<OrderEvent>> run(consumer);
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().consumed >= records.size(); }, 60s));
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().dead_lettered_total() == poison.size(); }, 30s));
-        run.join();
-        REQUIRE_FALSE(run.error());
-    }
+    consume(consumer, records.size(), poison.size());
     const auto m = consumer.metrics().snapshot();
     CHECK(m.consumed == records.size());
     CHECK(m.claimed == ids.size());
@@ -326,14 +332,5 @@ TEST_CASE("Debezium outbox records: the id header bare or quoted, re-sent with n
                                  effects, ids[i].to_string(), i % 5)) == 1);
     }
 
-    const auto dlq = dead_letters(group, poison.size());
-    REQUIRE(dlq.size() == poison.size());
-    for (std::size_t i = 0; i < poison.size(); ++i) {
-        const auto offset = static_cast<std::int64_t>(ids.size() + i);
-        INFO("offset " << offset);
-        REQUIRE(dlq.count(offset) == 1);
-        INFO(dlq.at(offset).second);
-        CHECK(dlq.at(offset).first == poison[i].second.first);
-        CHECK(dlq.at(offset).second.find(poison[i].second.second) != std::string::npos);
-    }
+    check_dead_letters(group, static_cast<std::int64_t>(ids.size()), poison);
 }
