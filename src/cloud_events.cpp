@@ -3,7 +3,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,16 +17,11 @@ namespace idemkafka {
 namespace {
 
 using detail::last_header;
-using Json = nlohmann::ordered_json;
 
 // UUIDv5(NAMESPACE_URL, "urn:idemkafka:cloudevents"), pinned by a unit test:
 // changing it would change every CloudEvents dedup key.
 constexpr EventId::Bytes namespace_bytes = {0x9d, 0x34, 0x0a, 0x48, 0x9e, 0x6d, 0x5a, 0xd6,
                                             0x9e, 0xa3, 0xd5, 0x1f, 0xd4, 0x76, 0x69, 0xb9};
-
-// Data nested deeper than this is refused before parsing: re-printing it as
-// JSON recurses once per level, and no event's data needs more.
-constexpr std::size_t max_depth = 256;
 
 // Error messages show this much of a producer's text at most.
 constexpr std::size_t max_shown = 64;
@@ -89,35 +86,6 @@ bool is_json_media_type(const std::optional<std::string>& content_type) noexcept
     return iequals(m, "application/json") || iequals(m, "text/json") || ends_with_ci(m, "+json");
 }
 
-// Depth of [ and { outside strings; stops counting once past the limit.
-bool nested_too_deep(std::string_view json) noexcept
-{
-    std::size_t depth = 0;
-    bool in_string = false;
-    for (std::size_t i = 0; i < json.size(); ++i) {
-        const char c = json[i];
-        if (in_string) {
-            if (c == '\\')
-                ++i;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > max_depth)
-                return true;
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            --depth;
-        }
-    }
-    return false;
-}
-
-const char* type_name(const Json& value) noexcept
-{
-    return value.type_name();
-}
-
 int base64_value(char c) noexcept
 {
     if (c >= 'A' && c <= 'Z')
@@ -164,60 +132,176 @@ std::string decode_base64(std::string_view text)
     return out;
 }
 
+// ---- the envelope ----------------------------------------------------------
+//
+// The envelope is validated whole by nlohmann's acceptor (no document built),
+// then its top-level members are found by a scan that may assume valid JSON.
+// `data` is handed on as the producer wrote it, byte for byte: no number is
+// re-printed (amounts keep every digit) and nothing is parsed twice.
+
+bool is_ws(char c) noexcept
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+std::size_t skip_ws(std::string_view json, std::size_t i) noexcept
+{
+    while (i < json.size() && is_ws(json[i]))
+        ++i;
+    return i;
+}
+
+// `i` at the opening quote; returns the index after the closing one.
+std::size_t skip_string(std::string_view json, std::size_t i) noexcept
+{
+    for (++i; i < json.size() && json[i] != '"'; ++i)
+        if (json[i] == '\\')
+            ++i;
+    return i + 1;
+}
+
+std::size_t skip_value(std::string_view json, std::size_t i) noexcept
+{
+    if (json[i] == '"')
+        return skip_string(json, i);
+    if (json[i] != '{' && json[i] != '[') {
+        while (i < json.size() && json[i] != ',' && json[i] != '}' && json[i] != ']' && !is_ws(json[i]))
+            ++i;
+        return i;
+    }
+    std::size_t depth = 0;
+    while (i < json.size()) {
+        const char c = json[i];
+        if (c == '"') {
+            i = skip_string(json, i);
+            continue;
+        }
+        if (c == '{' || c == '[')
+            ++depth;
+        else if ((c == '}' || c == ']') && --depth == 0)
+            return i + 1;
+        ++i;
+    }
+    return i;
+}
+
+// A JSON string's value; `raw` is valid JSON string text with its quotes.
+std::string unquote(std::string_view raw)
+{
+    if (raw.find('\\') == std::string_view::npos)
+        return std::string(raw.substr(1, raw.size() - 2));
+    return nlohmann::json::parse(raw.begin(), raw.end()).get<std::string>();
+}
+
+const char* type_name(std::string_view raw) noexcept
+{
+    switch (raw.empty() ? 'n' : raw.front()) {
+    case '"':
+        return "string";
+    case '{':
+        return "object";
+    case '[':
+        return "array";
+    case 't':
+    case 'f':
+        return "boolean";
+    case 'n':
+        return "null";
+    default:
+        return "number";
+    }
+}
+
+struct Member {
+    std::string name;
+    std::string_view raw; ///< the value's JSON text
+};
+
+// The top-level members of an envelope, in order. Throws DecodeError naming
+// what is wrong when it is not a JSON object.
+std::vector<Member> members_of(std::string_view json)
+{
+    if (!nlohmann::json::accept(json.begin(), json.end())) {
+        // Only now is the error worth its price. nlohmann's message ends with
+        // the token it read last, which can be as long as the payload: cut
+        // there and give the byte position instead.
+        try {
+            const auto unexpected = nlohmann::json::parse(json.begin(), json.end());
+            (void)unexpected;
+        } catch (const nlohmann::json::parse_error& e) {
+            std::string what = e.what();
+            what = what.substr(0, what.find("; last read"));
+            throw DecodeError("CloudEvents envelope is not JSON: " + what.substr(0, max_shown * 3) + " (byte " +
+                              std::to_string(e.byte) + ")");
+        } catch (const nlohmann::json::exception& e) {
+            throw DecodeError("CloudEvents envelope is not JSON: " + std::string(e.what()).substr(0, max_shown * 3));
+        }
+        throw DecodeError("CloudEvents envelope is not JSON");
+    }
+    std::size_t i = 0;
+    if (json.substr(0, 3) == "\xEF\xBB\xBF") // a byte order mark, which the acceptor skips too
+        i = 3;
+    i = skip_ws(json, i);
+    if (json[i] != '{')
+        throw DecodeError(std::string("CloudEvents envelope must be a JSON object, got ") + type_name(json.substr(i)));
+    std::vector<Member> out;
+    i = skip_ws(json, i + 1);
+    while (json[i] != '}') {
+        const auto name_end = skip_string(json, i);
+        auto name = unquote(json.substr(i, name_end - i));
+        const auto value = skip_ws(json, skip_ws(json, name_end) + 1);
+        const auto value_end = skip_value(json, value);
+        out.push_back({std::move(name), json.substr(value, value_end - value)});
+        i = skip_ws(json, value_end);
+        if (json[i] == ',')
+            i = skip_ws(json, i + 1);
+    }
+    return out;
+}
+
+// The value of member `name` (the last one, as a JSON object's duplicate keys
+// are commonly read), nothing when absent; `null` counts as absent unless asked.
+std::optional<std::string_view> member(const std::vector<Member>& members, std::string_view name,
+                                       bool null_too = false) noexcept
+{
+    for (auto it = members.rbegin(); it != members.rend(); ++it)
+        if (it->name == name)
+            return it->raw == "null" && !null_too ? std::nullopt : std::optional<std::string_view>(it->raw);
+    return std::nullopt;
+}
+
 // id and source make the dedup key, so their absence is a missing event id
 // (missing_event_id) and their wrong type an invalid one (invalid_event_id).
-std::string identity_member(const Json& doc, const char* name)
+std::string identity_member(const std::vector<Member>& members, const char* name)
 {
-    const auto it = doc.find(name);
-    if (it == doc.end())
+    const auto raw = member(members, name, true);
+    if (!raw)
         throw MissingEventId(std::string("CloudEvents envelope has no '") + name + "' attribute");
-    if (it->is_null())
+    if (*raw == "null")
         throw MissingEventId(std::string("CloudEvents envelope: '") + name + "' is null");
-    if (!it->is_string())
+    if (raw->front() != '"')
         throw InvalidEventId(std::string("CloudEvents envelope: '") + name + "' must be a string, got " +
-                             type_name(*it));
-    auto value = it->get<std::string>();
+                             type_name(*raw));
+    auto value = unquote(*raw);
     if (value.empty())
         throw MissingEventId(std::string("CloudEvents envelope: '") + name + "' is empty");
     return value;
 }
 
-std::optional<std::string> string_member(const Json& doc, const char* name, bool required)
+std::optional<std::string> string_member(const std::vector<Member>& members, const char* name, bool required)
 {
-    const auto it = doc.find(name);
-    if (it == doc.end() || it->is_null()) {
+    const auto raw = member(members, name);
+    if (!raw) {
         if (required)
             throw DecodeError(std::string("CloudEvents envelope has no '") + name + "' attribute");
         return std::nullopt;
     }
-    if (!it->is_string())
-        throw DecodeError(std::string("CloudEvents envelope: '") + name + "' must be a string, got " + type_name(*it));
-    auto value = it->get<std::string>();
+    if (raw->front() != '"')
+        throw DecodeError(std::string("CloudEvents envelope: '") + name + "' must be a string, got " + type_name(*raw));
+    auto value = unquote(*raw);
     if (required && value.empty())
         throw DecodeError(std::string("CloudEvents envelope: '") + name + "' is empty");
     return value;
-}
-
-Json parse_json(std::string_view json)
-{
-    if (nested_too_deep(json))
-        throw DecodeError("CloudEvents envelope nests deeper than " + std::to_string(max_depth) + " levels");
-    Json doc;
-    try {
-        doc = Json::parse(json.begin(), json.end());
-    } catch (const Json::parse_error& e) {
-        // nlohmann's message ends with the token it read last, which can be as
-        // long as the payload: cut there and give the byte position instead.
-        std::string what = e.what();
-        what = what.substr(0, what.find("; last read"));
-        throw DecodeError("CloudEvents envelope is not JSON: " + what.substr(0, max_shown * 3) + " (byte " +
-                          std::to_string(e.byte) + ")");
-    } catch (const Json::exception& e) {
-        throw DecodeError("CloudEvents envelope is not JSON: " + std::string(e.what()).substr(0, max_shown * 3));
-    }
-    if (!doc.is_object())
-        throw DecodeError(std::string("CloudEvents envelope must be a JSON object, got ") + type_name(doc));
-    return doc;
 }
 
 bool is_attribute(std::string_view name) noexcept
@@ -231,45 +315,41 @@ bool is_attribute(std::string_view name) noexcept
     return false;
 }
 
-CloudEvent from_envelope(const Json& doc)
+CloudEvent from_envelope(const std::vector<Member>& members)
 {
     CloudEvent ev;
     ev.structured = true;
-    ev.id = identity_member(doc, "id");
-    ev.source = identity_member(doc, "source");
-    ev.specversion = *string_member(doc, "specversion", true);
-    ev.type = *string_member(doc, "type", true);
-    ev.time = string_member(doc, "time", false);
-    ev.subject = string_member(doc, "subject", false);
-    ev.datacontenttype = string_member(doc, "datacontenttype", false);
-    ev.dataschema = string_member(doc, "dataschema", false);
-    for (const auto& [name, value] : doc.items()) {
-        if (is_attribute(name) || value.is_null())
+    ev.id = identity_member(members, "id");
+    ev.source = identity_member(members, "source");
+    ev.specversion = *string_member(members, "specversion", true);
+    ev.type = *string_member(members, "type", true);
+    ev.time = string_member(members, "time", false);
+    ev.subject = string_member(members, "subject", false);
+    ev.datacontenttype = string_member(members, "datacontenttype", false);
+    ev.dataschema = string_member(members, "dataschema", false);
+    for (const auto& m : members) {
+        if (is_attribute(m.name) || m.raw == "null")
             continue;
-        if (value.is_string())
-            ev.extensions.emplace(name, value.get<std::string>());
-        else if (value.is_number() || value.is_boolean())
-            ev.extensions.emplace(name, value.dump());
-        else
-            throw DecodeError("CloudEvents envelope: extension " + shown(name) +
-                              " must be a string, number or boolean, got " + type_name(value));
+        const auto c = m.raw.front();
+        if (c == '{' || c == '[')
+            throw DecodeError("CloudEvents envelope: extension " + shown(m.name) +
+                              " must be a string, number or boolean, got " + type_name(m.raw));
+        ev.extensions[m.name] = c == '"' ? unquote(m.raw) : std::string(m.raw);
     }
-    const auto data = doc.find("data");
-    const auto base64 = doc.find("data_base64");
-    const bool has_data = data != doc.end() && !data->is_null();
-    const bool has_base64 = base64 != doc.end() && !base64->is_null();
-    if (has_data && has_base64)
+    const auto data = member(members, "data");
+    const auto base64 = member(members, "data_base64");
+    if (data && base64)
         throw DecodeError("CloudEvents envelope has both 'data' and 'data_base64'");
-    if (has_base64) {
-        if (!base64->is_string())
+    if (base64) {
+        if (base64->front() != '"')
             throw DecodeError(std::string("CloudEvents envelope: 'data_base64' must be a string, got ") +
                               type_name(*base64));
-        ev.data = decode_base64(base64->get_ref<const std::string&>());
-    } else if (has_data) {
-        if (data->is_string() && !is_json_media_type(ev.datacontenttype))
-            ev.data = data->get<std::string>();
+        ev.data = decode_base64(unquote(*base64));
+    } else if (data) {
+        if (data->front() == '"' && !is_json_media_type(ev.datacontenttype))
+            ev.data = unquote(*data);
         else
-            ev.data = data->dump();
+            ev.data = std::string(*data);
     }
     return ev;
 }
@@ -355,7 +435,7 @@ EventId cloud_event_id(std::string_view source, std::string_view id)
 
 CloudEvent parse_cloud_event(std::string_view json)
 {
-    return from_envelope(parse_json(json));
+    return from_envelope(members_of(json));
 }
 
 CloudEvent decode_cloud_event(const Record& record)
@@ -393,9 +473,9 @@ EventId cloud_event_record_id(const Record& record)
     // The id is checked before the source, as decode_cloud_event() does, so
     // both name the same problem first.
     if (mode_of(record) == Mode::structured) {
-        const auto doc = parse_json(structured_value(record));
-        const auto id = identity_member(doc, "id");
-        return cloud_event_id(identity_member(doc, "source"), id);
+        const auto members = members_of(structured_value(record));
+        const auto id = identity_member(members, "id");
+        return cloud_event_id(identity_member(members, "source"), id);
     }
     const auto id = header_value(record, cloud_event_header::id, Need::identity);
     return cloud_event_id(*header_value(record, cloud_event_header::source, Need::identity), *id);

@@ -79,9 +79,8 @@ struct CloudEvent {
     /// The event data, nothing when there is none (or it is JSON `null`).
     /// Binary mode: the record's value, byte for byte. Structured mode:
     /// `data_base64` decoded; a string `data` whose datacontenttype is not
-    /// JSON, as the string; any other `data` as compact JSON text (key order
-    /// kept; integers beyond 64 bits and decimals beyond a double's 17
-    /// digits are re-printed as doubles).
+    /// JSON, as the string; any other `data` as its JSON text, byte for byte
+    /// as the producer wrote it (every digit of a number kept).
     std::optional<std::string> data;
     /// True when the record was in structured mode.
     bool structured = false;
@@ -97,7 +96,7 @@ struct CloudEvent {
 /// booleans), and at most one of `data` and `data_base64`. Throws
 /// MissingEventId when `id` or `source` is absent, null or empty;
 /// InvalidEventId when either is not a string; DecodeError for anything else
-/// (not JSON, not an object, nested deeper than 256 levels, a required
+/// (not JSON, not an object, a required
 /// attribute missing, an attribute of the wrong type, both data members,
 /// `data_base64` not base64), each naming what is wrong.
 IDEMKAFKA_API CloudEvent parse_cloud_event(std::string_view json);

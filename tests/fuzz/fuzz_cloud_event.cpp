@@ -5,6 +5,8 @@
 //  - an accepted envelope has a non-empty id, source, type and specversion, and
 //    its dedup key is cloud_event_id(source, id): version 5, or 7 with the
 //    id's own time when the id is a UUIDv7, always of the RFC variant;
+//  - what it reads agrees with nlohmann's own document of the input: the id,
+//    the source, and the data (its JSON text parses to the document's `data`);
 //  - the record id function agrees with the parser on every envelope (the same
 //    key, or a rejection of the same kind), and the same bytes as a binary-mode
 //    ce_id header give the key of (ce_source, those bytes).
@@ -13,6 +15,8 @@
 
 #include <idemkafka/cloud_events.hpp>
 #include <idemkafka/error.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +79,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(parsed_key.version() == (v7 ? 7 : 5), "version %d", parsed_key.version());
         if (v7)
             FUZZ_CHECK(parsed_key.unix_ms() == given.unix_ms(), "time of a UUIDv7 id not kept");
+        const auto doc = nlohmann::json::parse(input.begin(), input.end());
+        FUZZ_CHECK(doc.is_object() && doc.at("id") == ev.id && doc.at("source") == ev.source,
+                   "id or source differs from the document's");
+        const auto data = doc.find("data");
+        if (data != doc.end() && !data->is_null()) {
+            FUZZ_CHECK(ev.data.has_value(), "data lost");
+            const bool as_text = data->is_string() && *ev.data == data->get<std::string>();
+            if (!as_text)
+                FUZZ_CHECK(nlohmann::json::accept(*ev.data) && nlohmann::json::parse(*ev.data) == *data,
+                           "data differs from the document's: %s", ev.data->c_str());
+        }
     }
 
     Record structured;
