@@ -121,12 +121,13 @@ class TypedStage final : public Stage {
 public:
     using Decoder = std::function<Event(const Record&)>;
     using EventIdOf = std::function<EventId(const Event&)>;
+    using RecordEventIdOf = std::function<EventId(const Record&, const Event&)>;
     using Handler = std::function<void(pqxx::work& tx, const Event& event, const Context& ctx)>;
     using BatchHandler = std::function<void(pqxx::work& tx, const Batch<Event>& batch)>;
 
-    template <class Decode, class Handle>
-    TypedStage(Decode&& decode, EventIdOf event_id_of, Handle&& handle)
-        : decode_(wrap_decoder(std::forward<Decode>(decode))), id_of_(std::move(event_id_of))
+    template <class Decode, class IdOf, class Handle>
+    TypedStage(Decode&& decode, IdOf&& event_id_of, Handle&& handle)
+        : decode_(wrap_decoder(std::forward<Decode>(decode))), id_of_(wrap_id_of(std::forward<IdOf>(event_id_of)))
     {
         wrap_handler(std::forward<Handle>(handle));
     }
@@ -139,7 +140,7 @@ public:
     {
         auto& slot = slots_[bank][i];
         slot.emplace(decode_(record));
-        return id_of_(*slot);
+        return id_of_(record, *slot);
     }
     void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) override
     {
@@ -169,6 +170,28 @@ private:
         }
     }
 
+    // Ids in the payload come from the event; ids in headers (CloudEvents'
+    // binary mode, Debezium's outbox) need the record.
+    template <class IdOf>
+    static RecordEventIdOf wrap_id_of(IdOf&& id_of)
+    {
+        using F = std::decay_t<IdOf>;
+        if constexpr (std::is_invocable_r_v<EventId, F&, const Event&>) {
+            return [f = F(std::forward<IdOf>(id_of))](const Record&, const Event& e) mutable -> EventId {
+                return std::invoke(f, e);
+            };
+        } else if constexpr (std::is_invocable_r_v<EventId, F&, const Record&, const Event&>) {
+            return RecordEventIdOf(std::forward<IdOf>(id_of));
+        } else {
+            static_assert(std::is_invocable_r_v<EventId, F&, const Record&>,
+                          "event id function must be callable with (const Event&), "
+                          "(const idemkafka::Record&, const Event&) or (const idemkafka::Record&)");
+            return [f = F(std::forward<IdOf>(id_of))](const Record& r, const Event&) mutable -> EventId {
+                return std::invoke(f, r);
+            };
+        }
+    }
+
     template <class Handle>
     void wrap_handler(Handle&& handle)
     {
@@ -183,7 +206,7 @@ private:
     }
 
     Decoder decode_;
-    EventIdOf id_of_;
+    RecordEventIdOf id_of_;
     Handler handle_;
     BatchHandler handle_batch_;
     std::vector<std::optional<Event>> slots_[Stage::banks];
@@ -238,6 +261,9 @@ public:
     using Decoder = typename detail::TypedStage<Event>::Decoder;
     /// Returns the event id carried in the event's payload.
     using EventIdOf = typename detail::TypedStage<Event>::EventIdOf;
+    /// Returns the event id of a record whose id is outside the payload (in
+    /// a header, say) or made of both.
+    using RecordEventIdOf = typename detail::TypedStage<Event>::RecordEventIdOf;
     /// Applies the event's business effect inside `tx`. Throwing rolls back.
     using Handler = typename detail::TypedStage<Event>::Handler;
     /// Applies the effects of all newly claimed events of a transaction inside
@@ -245,12 +271,17 @@ public:
     using BatchHandler = typename detail::TypedStage<Event>::BatchHandler;
 
     /// `decode` may take `const Record&` or just the payload (`std::string_view`;
-    /// a null payload is then a decode error). `handle` is a per-record Handler
-    /// or a BatchHandler (chosen by what it can be called with). Throws
-    /// ConfigError for invalid configuration. Nothing connects until run().
-    template <class Decode, class Handle>
-    IdempotentConsumer(ConsumerConfig config, Decode&& decode, EventIdOf event_id_of, Handle&& handle)
-        : stage_(std::forward<Decode>(decode), std::move(event_id_of), std::forward<Handle>(handle)),
+    /// a null payload is then a decode error). `event_id_of` is called after
+    /// `decode` with `(const Event&)` (an EventIdOf: the id in the payload),
+    /// `(const Record&, const Event&)` (a RecordEventIdOf) or `(const Record&)`
+    /// (the id in headers: cloud_event_record_id, DebeziumOutboxId), whichever
+    /// it takes, in that order; it throws MissingEventId or InvalidEventId for
+    /// a record without a usable id. `handle` is a per-record Handler or a
+    /// BatchHandler (chosen by what it can be called with). Throws ConfigError
+    /// for invalid configuration. Nothing connects until run().
+    template <class Decode, class IdOf, class Handle>
+    IdempotentConsumer(ConsumerConfig config, Decode&& decode, IdOf&& event_id_of, Handle&& handle)
+        : stage_(std::forward<Decode>(decode), std::forward<IdOf>(event_id_of), std::forward<Handle>(handle)),
           engine_(std::move(config), stage_)
     {
     }

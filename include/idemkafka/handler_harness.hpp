@@ -151,6 +151,8 @@ public:
     using Decoder = typename IdempotentConsumer<Event>::Decoder;
     /// As IdempotentConsumer<Event>::EventIdOf.
     using EventIdOf = typename IdempotentConsumer<Event>::EventIdOf;
+    /// As IdempotentConsumer<Event>::RecordEventIdOf.
+    using RecordEventIdOf = typename IdempotentConsumer<Event>::RecordEventIdOf;
 
     /// Takes the decoder, id function and handler exactly as
     /// IdempotentConsumer<Event> does (a per-record or a batch handler).
@@ -158,9 +160,9 @@ public:
     /// `create_schema` is set (else checks them). Throws ConfigError for an
     /// invalid configuration, DatabaseError when PostgreSQL cannot be reached
     /// or the tables cannot be created.
-    template <class Decode, class Handle>
-    HandlerHarness(ConsumerConfig config, Decode&& decode, EventIdOf event_id_of, Handle&& handle)
-        : stage_(std::forward<Decode>(decode), std::move(event_id_of), std::forward<Handle>(handle)),
+    template <class Decode, class IdOf, class Handle>
+    HandlerHarness(ConsumerConfig config, Decode&& decode, IdOf&& event_id_of, Handle&& handle)
+        : stage_(std::forward<Decode>(decode), std::forward<IdOf>(event_id_of), std::forward<Handle>(handle)),
           core_(std::move(config), stage_)
     {
     }

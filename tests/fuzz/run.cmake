@@ -1,7 +1,7 @@
 # Builds the libFuzzer targets with clang++ and runs each one for a bounded time.
 #
 #   cmake -DSOURCE_DIR=<repo> -DWORK_DIR=<scratch dir> [-DFUZZ_SECONDS=20] [-DFUZZ_CXX=clang++]
-#         [-DFUZZ_TARGETS=event_id;billing_decode] [-DNLOHMANN_INCLUDE=<dir>] -P tests/fuzz/run.cmake
+#         [-DFUZZ_TARGETS=event_id;billing_decode;cloud_event] [-DNLOHMANN_INCLUDE=<dir>] -P tests/fuzz/run.cmake
 #
 # clang++ is used whatever compiler builds the rest of the project: libFuzzer and its
 # instrumentation only exist there. FUZZ_CXX (or the environment variable
@@ -18,7 +18,7 @@ if(NOT FUZZ_SECONDS)
   set(FUZZ_SECONDS 20)
 endif()
 if(NOT FUZZ_TARGETS)
-  set(FUZZ_TARGETS event_id billing_decode)
+  set(FUZZ_TARGETS event_id billing_decode cloud_event)
 endif()
 set(fuzz_dir ${SOURCE_DIR}/tests/fuzz)
 
@@ -61,6 +61,11 @@ set(event_id_options -max_len=128)
 set(billing_decode_sources ${SOURCE_DIR}/src/event_id.cpp ${SOURCE_DIR}/examples/billing/order_confirmed.cpp
                            ${fuzz_dir}/fuzz_billing_decode.cpp)
 set(billing_decode_options -max_len=4096 -dict=${fuzz_dir}/billing_decode.dict)
+set(cloud_event_sources ${SOURCE_DIR}/src/event_id.cpp ${SOURCE_DIR}/src/cloud_events.cpp
+                        ${fuzz_dir}/fuzz_cloud_event.cpp)
+set(cloud_event_options -max_len=4096 -dict=${fuzz_dir}/cloud_event.dict)
+# The private headers a target's sources include, for the staleness check.
+set(cloud_event_depends ${SOURCE_DIR}/src/sha1.hpp ${SOURCE_DIR}/src/record_headers.hpp)
 
 file(GLOB headers ${SOURCE_DIR}/include/idemkafka/*.hpp ${SOURCE_DIR}/examples/billing/*.hpp ${fuzz_dir}/*.hpp)
 
@@ -102,7 +107,7 @@ function(build_fuzzer name)
     file(READ ${stamp} previous)
     if(previous STREQUAL "${command_line}\n${cxx_version}")
       set(stale FALSE)
-      foreach(dep ${${name}_sources} ${headers} ${CMAKE_CURRENT_LIST_FILE})
+      foreach(dep ${${name}_sources} ${${name}_depends} ${headers} ${CMAKE_CURRENT_LIST_FILE})
         if("${dep}" IS_NEWER_THAN "${exe}")
           set(stale TRUE)
         endif()
@@ -155,7 +160,7 @@ endfunction()
 file(MAKE_DIRECTORY ${WORK_DIR})
 foreach(name ${FUZZ_TARGETS})
   if(NOT DEFINED ${name}_sources)
-    message(FATAL_ERROR "fuzz: unknown target '${name}' (known: event_id billing_decode)")
+    message(FATAL_ERROR "fuzz: unknown target '${name}' (known: event_id billing_decode cloud_event)")
   endif()
   build_fuzzer(${name})
 endforeach()
