@@ -37,7 +37,7 @@ function(idemkafka_part_resolve name what found missing)
     endif()
   elseif(${name})
     if(NOT found)
-      message(FATAL_ERROR "${name}=${${name}}: ${what} need ${missing}, which was not found. "
+      message(FATAL_ERROR "${what}: ${missing} not found, and ${name}=${${name}} requires it. "
                           "Install it, or configure with -D${name}=AUTO (build without it) or OFF.")
     endif()
     set(${name} ON PARENT_SCOPE)
