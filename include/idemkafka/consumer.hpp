@@ -32,7 +32,7 @@ class Batch {
 public:
     /// One claimed event and its record's context.
     struct Entry {
-        const Event& event; ///< the decoded event
+        const Event& event;     ///< the decoded event
         const Context& context; ///< its record's context
     };
 

@@ -16,22 +16,22 @@ namespace idemkafka {
 
 /// One Kafka record header. A header may have a null value.
 struct Header {
-    std::string name; ///< the header's name
+    std::string name;                 ///< the header's name
     std::optional<std::string> value; ///< nullopt for a null value
 };
 
 /// A consumed record. Views stay valid while the record's batch is processed
 /// (during decode and handler calls); copy what must outlive them.
 struct Record {
-    std::string_view topic; ///< the record's topic
+    std::string_view topic;     ///< the record's topic
     std::int32_t partition = 0; ///< the record's partition
-    std::int64_t offset = 0; ///< the record's offset
+    std::int64_t offset = 0;    ///< the record's offset
     /// Broker or producer timestamp in Unix milliseconds, -1 if unknown.
     std::int64_t timestamp_ms = -1;
     /// Null key and null value are distinct from empty ones.
     std::optional<std::string_view> key;
     std::optional<std::string_view> value; ///< the payload, for the decoder
-    std::vector<Header> headers; ///< in record order; names may repeat
+    std::vector<Header> headers;           ///< in record order; names may repeat
 };
 
 /// Per-record context handed to the handler.

@@ -43,13 +43,13 @@ IDEMKAFKA_API std::optional<DeadLetterReason> parse_dead_letter_reason(std::stri
 /// the library (log_field, outbox_event_id_header), a `const char*`.
 namespace dead_letter_header {
 inline constexpr const char* reason = "idemkafka.reason"; ///< DeadLetterReason as text (to_string())
-inline constexpr const char* error = "idemkafka.error"; ///< what the handler or the check threw, redacted
-inline constexpr const char* original_topic = "idemkafka.original.topic"; ///< the record's source topic
+inline constexpr const char* error = "idemkafka.error";   ///< what the handler or the check threw, redacted
+inline constexpr const char* original_topic = "idemkafka.original.topic";         ///< the record's source topic
 inline constexpr const char* original_partition = "idemkafka.original.partition"; ///< its partition, in decimal
-inline constexpr const char* original_offset = "idemkafka.original.offset"; ///< its offset, in decimal
+inline constexpr const char* original_offset = "idemkafka.original.offset";       ///< its offset, in decimal
 inline constexpr const char* original_timestamp = "idemkafka.original.timestamp"; ///< its timestamp (Unix ms)
-inline constexpr const char* event_id = "idemkafka.event_id"; ///< its event id, if decoded
-inline constexpr const char* attempts = "idemkafka.attempts"; ///< failed handler attempts before it
+inline constexpr const char* event_id = "idemkafka.event_id";                     ///< its event id, if decoded
+inline constexpr const char* attempts = "idemkafka.attempts";                     ///< failed handler attempts before it
 inline constexpr const char* consumer_group = "idemkafka.consumer_group"; ///< the consumer group that dead-lettered it
 /// Present when the original value was left out because the dead letter would
 /// not fit the dead-letter producer's `message.max.bytes`: its size in bytes.

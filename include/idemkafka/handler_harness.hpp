@@ -36,7 +36,7 @@ namespace idemkafka {
 struct TestMessage {
     std::optional<std::string> value; ///< the payload; nullopt for a null value
     std::optional<std::string> key;   ///< nullopt for a null key
-    std::vector<Header> headers; ///< the record's headers, in order
+    std::vector<Header> headers;      ///< the record's headers, in order
     /// Empty: the first of ConsumerConfig::topics (`harness` when none is set).
     std::string topic;
     std::int32_t partition = 0; ///< the partition to deliver on

@@ -24,7 +24,7 @@ IDEMKAFKA_API std::string_view to_string(LogLevel level) noexcept;
 
 /// One key/value field of a log record.
 struct LogField {
-    std::string key; ///< the field's name, e.g. log_field::topic
+    std::string key;   ///< the field's name, e.g. log_field::topic
     std::string value; ///< its value, as text
 };
 
@@ -36,10 +36,10 @@ inline constexpr const char* component = "component";
 /// The consumer group (on every record of a consumer and of what it runs:
 /// maintenance, outbox relay, dead-letter producer, librdkafka).
 inline constexpr const char* group = "group";
-inline constexpr const char* topic = "topic"; ///< the record's topic
+inline constexpr const char* topic = "topic";         ///< the record's topic
 inline constexpr const char* partition = "partition"; ///< the record's partition, in decimal
-inline constexpr const char* offset = "offset"; ///< the record's offset, in decimal
-inline constexpr const char* event_id = "event_id"; ///< the record's event id, canonical text
+inline constexpr const char* offset = "offset";       ///< the record's offset, in decimal
+inline constexpr const char* event_id = "event_id";   ///< the record's event id, canonical text
 /// The error text, also part of the message.
 inline constexpr const char* error = "error";
 /// The W3C trace id of the record a line is about (from its `traceparent`
@@ -51,8 +51,8 @@ inline constexpr const char* trace_id = "trace_id";
 /// (component first).
 struct IDEMKAFKA_API LogRecord {
     LogLevel level = LogLevel::info; ///< the record's severity
-    std::string message; ///< the text, redacted
-    std::vector<LogField> fields; ///< log_field keys and others, component first
+    std::string message;             ///< the text, redacted
+    std::vector<LogField> fields;    ///< log_field keys and others, component first
 
     /// The value of the first field named `key`, if any. Never throws.
     std::optional<std::string_view> field(std::string_view key) const noexcept;

@@ -23,8 +23,8 @@ struct MetricsAccess;
 struct HistogramSnapshot {
     std::vector<double> bounds;          ///< bucket upper bounds (the +Inf bucket is implied)
     std::vector<std::uint64_t> buckets;  ///< observations <= bounds[i] (cumulative), then +Inf
-    std::uint64_t count = 0; ///< observations in all
-    double sum = 0;          ///< sum of the observed values
+    std::uint64_t count = 0;             ///< observations in all
+    double sum = 0;                      ///< sum of the observed values
 };
 
 /// Where a partition's lag figures come from.

@@ -28,19 +28,19 @@ public:
     /// A position to write: the next offset to process of one partition, under the
     /// epoch its writer acquired.
     struct Position {
-        std::string topic; ///< the partition's topic
-        std::int32_t partition = 0; ///< the partition's number
+        std::string topic;            ///< the partition's topic
+        std::int32_t partition = 0;   ///< the partition's number
         std::int64_t next_offset = 0; ///< the offset after the last processed record
-        std::int64_t epoch = 0; ///< from acquire(); a stale epoch is refused
+        std::int64_t epoch = 0;       ///< from acquire(); a stale epoch is refused
     };
 
     /// A stored position, as acquire() and read() return it.
     struct Stored {
-        std::string topic; ///< the partition's topic
-        std::int32_t partition = 0; ///< the partition's number
+        std::string topic;                       ///< the partition's topic
+        std::int32_t partition = 0;              ///< the partition's number
         std::optional<std::int64_t> next_offset; ///< nullopt: nothing processed yet
-        std::int64_t epoch = 0; ///< the row's epoch, bumped by every acquire() and set()
-        std::string updated_at; ///< when the row last changed, PostgreSQL's text form
+        std::int64_t epoch = 0;                  ///< the row's epoch, bumped by every acquire() and set()
+        std::string updated_at;                  ///< when the row last changed, PostgreSQL's text form
     };
 
     /// Names are quoted, never spliced in as they are; throws ConfigError for

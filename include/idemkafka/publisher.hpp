@@ -35,10 +35,10 @@ struct IDEMKAFKA_API PublisherConfig {
 
 /// One record for Publisher::publish_all(). Null key and null value are kept null.
 struct OutgoingRecord {
-    std::string topic; ///< the topic to produce to
-    std::optional<std::string> key; ///< nullopt for a null key
+    std::string topic;                ///< the topic to produce to
+    std::optional<std::string> key;   ///< nullopt for a null key
     std::optional<std::string> value; ///< nullopt for a null value
-    std::vector<Header> headers; ///< headers, in order
+    std::vector<Header> headers;      ///< headers, in order
 };
 
 namespace detail {
@@ -69,7 +69,7 @@ private:
 /// Counters of a Publisher.
 struct PublisherStats {
     std::uint64_t delivered = 0; ///< records the broker acknowledged
-    std::uint64_t failed = 0; ///< records whose delivery failed
+    std::uint64_t failed = 0;    ///< records whose delivery failed
 };
 
 /// Idempotent producer. Thread-safe. The message key should be the entity id,

@@ -106,8 +106,8 @@ struct MigrationReport {
     bool created = false;   ///< the table did not exist and was created
     bool converted = false; ///< a plain table became the default partition of a partitioned one
     RetentionMode mode = RetentionMode::partitioned; ///< the table's layout afterwards
-    std::vector<std::string> partitions_created; ///< partitions created, by name
-    std::vector<std::string> notes; ///< one line per other change or skipped step
+    std::vector<std::string> partitions_created;     ///< partitions created, by name
+    std::vector<std::string> notes;                  ///< one line per other change or skipped step
 };
 
 /// What one maintenance run did (or, in a dry run, would do).
@@ -141,7 +141,7 @@ struct MaintenanceReport {
 
 /// One partition of a partitioned claims table.
 struct PartitionInfo {
-    std::string name; ///< the partition's table name
+    std::string name;        ///< the partition's table name
     bool is_default = false; ///< the default partition (ids outside every range)
     /// \name Range
     //@{
@@ -157,7 +157,7 @@ struct PartitionInfo {
 /// Claims of one consumer group.
 struct GroupInfo {
     std::string consumer_group; ///< the group's name
-    std::int64_t rows = 0; ///< its claims
+    std::int64_t rows = 0;      ///< its claims
     /// \name Claim times
     //@{
     /// Creation times of its oldest and newest claims; nullopt without claims.
@@ -170,7 +170,7 @@ struct RetentionStatus {
     bool exists = false; ///< the claims table exists
     /// The table's actual layout (meaningful when exists).
     RetentionMode mode = RetentionMode::partitioned;
-    std::int64_t rows = 0; ///< claims in all groups
+    std::int64_t rows = 0;         ///< claims in all groups
     std::vector<GroupInfo> groups; ///< per consumer group
     /// Partitioned mode: range partitions ordered by bound, the default one last.
     std::vector<PartitionInfo> partitions;

@@ -33,7 +33,7 @@ inline constexpr int schema_min_postgres = 13;
 /// offsets table when `offsets_table` is set (ConsumerConfig::offsets_in_database);
 /// the outbox when `outbox_table` is set (ConsumerConfig::outbox).
 struct IDEMKAFKA_API SchemaSpec {
-    std::string schema = "public"; ///< schema of the claims and offsets tables
+    std::string schema = "public";                ///< schema of the claims and offsets tables
     std::string claims_table = "processed_event"; ///< the claims table
     /// Layout of a new claims table and its initial partitions.
     RetentionConfig retention;
@@ -68,9 +68,9 @@ struct TableCheck {
 
 /// What migrate_schema() did.
 struct SchemaMigrationReport {
-    MigrationReport claims; ///< the claims table's migration
+    MigrationReport claims;       ///< the claims table's migration
     bool offsets_created = false; ///< the offsets table was created
-    bool outbox_created = false; ///< the outbox table was created
+    bool outbox_created = false;  ///< the outbox table was created
     /// Tables whose version comment was written or raised.
     std::vector<std::string> versioned;
 };

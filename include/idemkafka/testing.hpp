@@ -34,9 +34,9 @@ struct ConsumerConfig;
 
 /// A record read back from a topic by TestBroker::read_all().
 struct TestRecord {
-    std::string topic; ///< the topic it was read from
-    std::int32_t partition = 0; ///< its partition
-    std::int64_t offset = 0; ///< its offset
+    std::string topic;                ///< the topic it was read from
+    std::int32_t partition = 0;       ///< its partition
+    std::int64_t offset = 0;          ///< its offset
     std::optional<std::string> key;   ///< nullopt for a null key
     std::optional<std::string> value; ///< nullopt for a null value
     std::vector<Header> headers;      ///< in record order; names may repeat
