@@ -98,6 +98,7 @@ IDEMKAFKA_API NonV7Policy parse_non_v7_policy(std::string_view text);
 /// Retention of the claims table and the dedup-horizon guard. Plain data;
 /// validate() throws ConfigError naming the bad field.
 struct IDEMKAFKA_API RetentionConfig {
+    /// Durations of this struct, in milliseconds.
     using Duration = std::chrono::milliseconds;
 
     /// Layout of a table created (or converted) by migrate(). Maintenance acts on
@@ -198,14 +199,14 @@ struct IDEMKAFKA_API OutboxRelayOptions {
     /// Delay before retrying after a failed cycle or a failed record, doubling
     /// per consecutive failure up to retry_backoff_max.
     std::chrono::milliseconds retry_backoff{100};
-    std::chrono::milliseconds retry_backoff_max{10000};
+    std::chrono::milliseconds retry_backoff_max{10000}; ///< cap of the doubling retry_backoff
     /// Keys held back at once after record failures; beyond this, failures
     /// back off the whole relay instead of single keys.
     std::size_t max_held_keys = 10000;
     /// The relay thread purges sent rows older than this every purge_interval;
     /// zero turns the purge off (call Outbox::purge_sent() yourself).
     std::chrono::milliseconds retention = std::chrono::hours(24 * 7);
-    std::chrono::milliseconds purge_interval = std::chrono::minutes(5);
+    std::chrono::milliseconds purge_interval = std::chrono::minutes(5); ///< how often the relay thread purges sent rows
     /// Bounds of each purge.
     OutboxPurgeLimits purge_limits;
     /// Where log lines go. Default: stderr, level info and above.
@@ -221,7 +222,7 @@ struct IDEMKAFKA_API OutboxRelayOptions {
 struct IDEMKAFKA_API OutboxConfig {
     /// Where the outbox lives; always quoted as identifiers.
     std::string schema = "public";
-    std::string table = "outbox";
+    std::string table = "outbox"; ///< the outbox table (unquoted name)
     /// Run an OutboxRelay thread alongside the consumer. Turn it off when a
     /// separate relay process publishes this outbox.
     bool relay = true;
@@ -279,7 +280,7 @@ struct CircuitBreaker {
     std::size_t min_partitions = 1;
     /// Pause before the first probe; doubles after each failed probe, up to backoff_max.
     std::chrono::milliseconds backoff{1000};
-    std::chrono::milliseconds backoff_max{30000};
+    std::chrono::milliseconds backoff_max{30000}; ///< cap of the doubling backoff
     /// Records of a probe batch (at most max_batch): several, so that a probe
     /// that meets a poison record still tries other records.
     std::size_t probe_records = 10;
@@ -300,7 +301,7 @@ struct IDEMKAFKA_API ConsumerConfig {
 
     /// Schema and table of the dedup claims; always quoted as identifiers.
     std::string schema = "public";
-    std::string table = "processed_event";
+    std::string table = "processed_event"; ///< the claims table (unquoted name)
     /// Create the schema and tables on start-up if they do not exist.
     bool create_schema = true;
 
@@ -323,7 +324,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// are still committed afterwards, for lag tools. A member that lost its
     /// partitions cannot write positions any more (epoch fencing).
     bool offsets_in_database = false;
-    std::string offsets_table = "consumer_offset";
+    std::string offsets_table = "consumer_offset"; ///< the positions table with offsets_in_database (unquoted name)
 
     /// Records per PostgreSQL transaction (1 = one transaction per record).
     std::size_t max_batch = 500;
@@ -357,7 +358,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// resumes once the queue is down to half a cap (librdkafka 2.0 would
     /// otherwise wait up to a second), so small caps keep the throughput.
     std::size_t max_prefetch_bytes = 32 * 1024 * 1024;
-    std::size_t max_prefetch_records = 10000;
+    std::size_t max_prefetch_records = 10000; ///< the same cap in records
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
     /// Kafka offset commits are sent at most this often: positions of batches
@@ -379,7 +380,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// Delay before a record whose handler threw is delivered again; doubles per
     /// attempt up to retry_backoff_max. Other partitions go on meanwhile.
     std::chrono::milliseconds retry_backoff{100};
-    std::chrono::milliseconds retry_backoff_max{10000};
+    std::chrono::milliseconds retry_backoff_max{10000}; ///< cap of the doubling retry_backoff
     /// Classifies a handler exception: return false for one that retrying cannot
     /// fix, and the record is dead-lettered (reason non_retryable) at once.
     /// NonRetryableError is never retried, whatever this says. Default: retry all.

@@ -16,27 +16,29 @@ namespace idemkafka {
 
 /// One Kafka record header. A header may have a null value.
 struct Header {
-    std::string name;
-    std::optional<std::string> value;
+    std::string name;                 ///< the header's name
+    std::optional<std::string> value; ///< nullopt for a null value
 };
 
 /// A consumed record. Views stay valid while the record's batch is processed
 /// (during decode and handler calls); copy what must outlive them.
 struct Record {
-    std::string_view topic;
-    std::int32_t partition = 0;
-    std::int64_t offset = 0;
+    std::string_view topic;     ///< the record's topic
+    std::int32_t partition = 0; ///< the record's partition
+    std::int64_t offset = 0;    ///< the record's offset
     /// Broker or producer timestamp in Unix milliseconds, -1 if unknown.
     std::int64_t timestamp_ms = -1;
     /// Null key and null value are distinct from empty ones.
     std::optional<std::string_view> key;
-    std::optional<std::string_view> value;
-    std::vector<Header> headers;
+    std::optional<std::string_view> value; ///< the payload, for the decoder
+    std::vector<Header> headers;           ///< in record order; names may repeat
 };
 
 /// Per-record context handed to the handler.
 class IDEMKAFKA_API Context {
 public:
+    /// Built by the consumer for each record: `attempt` counts from 1, `key_window_open`
+    /// is idempotency_key_window_open(). Keeps a pointer to `record`, which must outlive it.
     Context(const Record& record, const EventId& id, int attempt, bool key_window_open = true) noexcept
         : record_(&record), id_(id), attempt_(attempt), key_window_open_(key_window_open)
     {
@@ -53,11 +55,17 @@ public:
     /// the outcome of an earlier attempt before calling it again. Always true
     /// when no window is configured.
     bool idempotency_key_window_open() const noexcept { return key_window_open_; }
+    /// The record's topic.
     std::string_view topic() const noexcept { return record_->topic; }
+    /// The record's partition.
     std::int32_t partition() const noexcept { return record_->partition; }
+    /// The record's offset.
     std::int64_t offset() const noexcept { return record_->offset; }
+    /// The record's timestamp in Unix milliseconds, -1 if unknown.
     std::int64_t timestamp_ms() const noexcept { return record_->timestamp_ms; }
+    /// The record's key; nullopt for a null key.
     std::optional<std::string_view> key() const noexcept { return record_->key; }
+    /// The record's headers, in record order.
     const std::vector<Header>& headers() const noexcept { return record_->headers; }
     /// Returns the value of the first header called `name`, if any (a header with
     /// a null value reads as empty).

@@ -31,6 +31,7 @@ enum class DeadLetterReason {
     non_v7_event_id,      ///< the event id is not a UUIDv7 where one is required
 };
 
+/// How many DeadLetterReason values there are (the size of MetricsSnapshot::dead_lettered).
 inline constexpr std::size_t dead_letter_reason_count = 9;
 
 /// The header value of a reason, e.g. "decode_error".
@@ -41,15 +42,15 @@ IDEMKAFKA_API std::optional<DeadLetterReason> parse_dead_letter_reason(std::stri
 /// Header names of a dead-letter record. Like every header and field name of
 /// the library (log_field, outbox_event_id_header), a `const char*`.
 namespace dead_letter_header {
-inline constexpr const char* reason = "idemkafka.reason";
-inline constexpr const char* error = "idemkafka.error";
-inline constexpr const char* original_topic = "idemkafka.original.topic";
-inline constexpr const char* original_partition = "idemkafka.original.partition";
-inline constexpr const char* original_offset = "idemkafka.original.offset";
-inline constexpr const char* original_timestamp = "idemkafka.original.timestamp";
-inline constexpr const char* event_id = "idemkafka.event_id";
-inline constexpr const char* attempts = "idemkafka.attempts";
-inline constexpr const char* consumer_group = "idemkafka.consumer_group";
+inline constexpr const char* reason = "idemkafka.reason"; ///< DeadLetterReason as text (to_string())
+inline constexpr const char* error = "idemkafka.error";   ///< what the handler or the check threw, redacted
+inline constexpr const char* original_topic = "idemkafka.original.topic";         ///< the record's source topic
+inline constexpr const char* original_partition = "idemkafka.original.partition"; ///< its partition, in decimal
+inline constexpr const char* original_offset = "idemkafka.original.offset";       ///< its offset, in decimal
+inline constexpr const char* original_timestamp = "idemkafka.original.timestamp"; ///< its timestamp (Unix ms)
+inline constexpr const char* event_id = "idemkafka.event_id";                     ///< its event id, if decoded
+inline constexpr const char* attempts = "idemkafka.attempts";                     ///< failed handler attempts before it
+inline constexpr const char* consumer_group = "idemkafka.consumer_group"; ///< the consumer group that dead-lettered it
 /// Present when the original value was left out because the dead letter would
 /// not fit the dead-letter producer's `message.max.bytes`: its size in bytes.
 /// The value is then null; read it at the original coordinates.

@@ -20,6 +20,7 @@ namespace idemkafka {
 /// A 16-byte UUID value. Regular value type: copyable, comparable, hashable.
 class IDEMKAFKA_API EventId {
 public:
+    /// The 16 bytes of a UUID, in network order.
     using Bytes = std::array<std::uint8_t, 16>;
 
     /// The nil UUID (all zero bytes).
@@ -59,16 +60,21 @@ public:
     /// throws InvalidEventId otherwise).
     std::chrono::system_clock::time_point timestamp() const;
 
+    /// The 16 bytes, in network order.
     const Bytes& bytes() const noexcept { return bytes_; }
 
+    /// Equal bytes: the same event.
     friend bool operator==(const EventId& a, const EventId& b) noexcept { return a.bytes_ == b.bytes_; }
+    /// Different bytes: different events.
     friend bool operator!=(const EventId& a, const EventId& b) noexcept { return a.bytes_ != b.bytes_; }
+    /// Byte order, which for UUIDv7 ids is creation order.
     friend bool operator<(const EventId& a, const EventId& b) noexcept { return a.bytes_ < b.bytes_; }
 
 private:
     Bytes bytes_;
 };
 
+/// Writes the canonical text form (to_string()).
 IDEMKAFKA_API std::ostream& operator<<(std::ostream& os, const EventId& id);
 
 /// Thread-safe UUIDv7 generator. Ids from one generator are strictly increasing
@@ -94,8 +100,12 @@ IDEMKAFKA_API EventId new_event_id() noexcept;
 
 } // namespace idemkafka
 
+/// \cond std_hash
+// Hides the specialisation from the API reference (its generator cannot place a
+// member of namespace std declared from outside it); EventId's text says it is hashable.
 template <>
 struct std::hash<idemkafka::EventId> {
+    /// A hash of the id's bytes.
     std::size_t operator()(const idemkafka::EventId& id) const noexcept
     {
         // The low 8 bytes of a v7 id are random; mix both halves for other versions.
@@ -107,3 +117,4 @@ struct std::hash<idemkafka::EventId> {
         return static_cast<std::size_t>(lo ^ (hi * 0x9E3779B97F4A7C15ULL));
     }
 };
+/// \endcond

@@ -8,6 +8,9 @@
 /// attribute only matters for a shared library. On Windows a static build
 /// defines IDEMKAFKA_STATIC (the CMake target and idemkafka.pc pass it on)
 /// and the library's own sources define IDEMKAFKA_BUILDING.
+///
+/// \def IDEMKAFKA_API
+/// Marks a class or function the library exports.
 
 #if defined(_WIN32) || defined(__CYGWIN__)
 #if defined(IDEMKAFKA_STATIC)

@@ -36,10 +36,10 @@ namespace idemkafka {
 struct TestMessage {
     std::optional<std::string> value; ///< the payload; nullopt for a null value
     std::optional<std::string> key;   ///< nullopt for a null key
-    std::vector<Header> headers;
+    std::vector<Header> headers;      ///< the record's headers, in order
     /// Empty: the first of ConsumerConfig::topics (`harness` when none is set).
     std::string topic;
-    std::int32_t partition = 0;
+    std::int32_t partition = 0; ///< the partition to deliver on
     /// Unix milliseconds; -1: the time of the delivery.
     std::int64_t timestamp_ms = -1;
 };

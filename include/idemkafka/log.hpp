@@ -16,6 +16,7 @@
 
 namespace idemkafka {
 
+/// Severity of a log record.
 enum class LogLevel { debug, info, warning, error };
 
 /// Returns "debug", "info", "warning" or "error".
@@ -23,8 +24,8 @@ IDEMKAFKA_API std::string_view to_string(LogLevel level) noexcept;
 
 /// One key/value field of a log record.
 struct LogField {
-    std::string key;
-    std::string value;
+    std::string key;   ///< the field's name, e.g. log_field::topic
+    std::string value; ///< its value, as text
 };
 
 /// Keys of the fields the library attaches where they are known. A record may
@@ -35,10 +36,10 @@ inline constexpr const char* component = "component";
 /// The consumer group (on every record of a consumer and of what it runs:
 /// maintenance, outbox relay, dead-letter producer, librdkafka).
 inline constexpr const char* group = "group";
-inline constexpr const char* topic = "topic";
-inline constexpr const char* partition = "partition";
-inline constexpr const char* offset = "offset";
-inline constexpr const char* event_id = "event_id";
+inline constexpr const char* topic = "topic";         ///< the record's topic
+inline constexpr const char* partition = "partition"; ///< the record's partition, in decimal
+inline constexpr const char* offset = "offset";       ///< the record's offset, in decimal
+inline constexpr const char* event_id = "event_id";   ///< the record's event id, canonical text
 /// The error text, also part of the message.
 inline constexpr const char* error = "error";
 /// The W3C trace id of the record a line is about (from its `traceparent`
@@ -49,9 +50,9 @@ inline constexpr const char* trace_id = "trace_id";
 /// One log line: level, message and fields, in the order they were attached
 /// (component first).
 struct IDEMKAFKA_API LogRecord {
-    LogLevel level = LogLevel::info;
-    std::string message;
-    std::vector<LogField> fields;
+    LogLevel level = LogLevel::info; ///< the record's severity
+    std::string message;             ///< the text, redacted
+    std::vector<LogField> fields;    ///< log_field keys and others, component first
 
     /// The value of the first field named `key`, if any. Never throws.
     std::optional<std::string_view> field(std::string_view key) const noexcept;
@@ -68,6 +69,7 @@ class IDEMKAFKA_API LogSink {
 public:
     /// An empty sink: `bool(sink)` is false. Components treat it as "default".
     LogSink() noexcept = default;
+    /// An empty sink, as LogSink(): lets `nullptr` stand for "no sink".
     LogSink(std::nullptr_t) noexcept {}
 
     /// Wraps `f`, callable as `f(const LogRecord&)` or `f(LogLevel,

@@ -23,8 +23,8 @@ struct MetricsAccess;
 struct HistogramSnapshot {
     std::vector<double> bounds;          ///< bucket upper bounds (the +Inf bucket is implied)
     std::vector<std::uint64_t> buckets;  ///< observations <= bounds[i] (cumulative), then +Inf
-    std::uint64_t count = 0;
-    double sum = 0;
+    std::uint64_t count = 0;             ///< observations in all
+    double sum = 0;                      ///< sum of the observed values
 };
 
 /// Where a partition's lag figures come from.
@@ -43,8 +43,8 @@ IDEMKAFKA_API const char* to_string(LagSource source) noexcept;
 
 /// The lag of one assigned partition.
 struct PartitionLag {
-    std::string topic;
-    std::int32_t partition = 0;
+    std::string topic;          ///< the partition's topic
+    std::int32_t partition = 0; ///< the partition's number
     /// Records between the consumer's position and the end of the partition;
     /// -1 while unknown (no fetch response and no statistics yet).
     std::int64_t lag = -1;
@@ -56,7 +56,7 @@ struct PartitionLag {
     std::int64_t committed = -1;
     /// High watermark (offset of the next record to be written); -1 unknown.
     std::int64_t high_watermark = -1;
-    LagSource source = LagSource::watermarks;
+    LagSource source = LagSource::watermarks; ///< where these figures come from
 };
 
 /// A point-in-time copy of a consumer's counters.
@@ -135,6 +135,7 @@ struct IDEMKAFKA_API MetricsSnapshot {
     HistogramSnapshot commit_delay_seconds;
     /// Sum of dead_lettered.
     std::uint64_t dead_lettered_total() const noexcept;
+    /// Records dead-lettered with reason `r`.
     std::uint64_t dead_lettered_for(DeadLetterReason r) const noexcept
     {
         return dead_lettered[static_cast<std::size_t>(r)];
@@ -160,7 +161,7 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// Ordering::key: records parked now behind a failed record of their key
     /// (also counted in in_flight_records), and the keys parked now.
     std::int64_t parked_records = 0;
-    std::int64_t parked_keys = 0;
+    std::int64_t parked_keys = 0; ///< Ordering::key: the keys parked now
     /// Creation time (Unix ms) of this group's oldest claim in the dedup table:
     /// the UUIDv7 time of its smallest event id, or the oldest `processed_at`
     /// when that id is not a UUIDv7; -1 while unknown (no claim, not measured
@@ -185,30 +186,46 @@ struct IDEMKAFKA_API MetricsSnapshot {
 /// Live counters, updated by the consumer thread and readable from any thread.
 class IDEMKAFKA_API Metrics {
 public:
+    /// A monotonic count (relaxed atomics: a reader sees each counter on its own,
+    /// not a consistent set; snapshot() is the one to read).
     struct Counter {
-        std::atomic<std::uint64_t> value{0};
+        std::atomic<std::uint64_t> value{0}; ///< the count
+        /// Adds `n`.
         void add(std::uint64_t n = 1) noexcept { value.fetch_add(n, std::memory_order_relaxed); }
+        /// The count now.
         std::uint64_t get() const noexcept { return value.load(std::memory_order_relaxed); }
     };
 
+    /// A value that goes up and down (relaxed atomics, as Counter).
     struct Gauge {
-        std::atomic<std::int64_t> value{0};
+        std::atomic<std::int64_t> value{0}; ///< the value
+        /// Replaces the value with `v`.
         void set(std::int64_t v) noexcept { value.store(v, std::memory_order_relaxed); }
+        /// Adds `n` (negative to subtract).
         void add(std::int64_t n) noexcept { value.fetch_add(n, std::memory_order_relaxed); }
+        /// The value now.
         std::int64_t get() const noexcept { return value.load(std::memory_order_relaxed); }
     };
 
+    /// \name Counters
+    //@{
+    /// Counts what the MetricsSnapshot field of the same name reports.
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
         db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
         rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
         positions_behind_kafka, records_behind_kafka, frozen_members_ended, db_timeouts,
         lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, circuit_opened, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+    //@}
+    /// Records dead-lettered, indexed by DeadLetterReason.
     std::array<Counter, dead_letter_reason_count> dead_lettered;
     /// Fixed-bucket histogram; observe() is lock-free.
     class IDEMKAFKA_API Histogram {
     public:
+        /// Buckets with these upper bounds, ascending (the +Inf bucket is implied).
         explicit Histogram(std::vector<double> bounds);
+        /// Counts `v` in the first bucket whose bound is at least `v`.
         void observe(double v) noexcept;
+        /// A copy of the counts, cumulative as Prometheus has them.
         HistogramSnapshot snapshot() const;
 
     private:
@@ -218,6 +235,9 @@ public:
         std::atomic<std::uint64_t> sum_micro_{0}; // sum in millionths, to stay lock-free
     };
 
+    /// \name Histograms and gauges
+    //@{
+    /// Measures what the MetricsSnapshot field of the same name reports.
     Histogram handler_seconds{{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}};
     Histogram batch_records{{1, 10, 50, 100, 250, 500, 1000, 5000}};
     Histogram commit_delay_seconds{{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}};
@@ -230,6 +250,7 @@ public:
     Gauge oldest_claim_unix_ms{{-1}};
     Gauge expired_partitions_kept;
     Gauge circuit_open;
+    //@}
     /// Milliseconds the circuit was not closed (MetricsSnapshot::circuit_open_seconds).
     Counter circuit_open_ms;
 

@@ -25,25 +25,29 @@ namespace idemkafka {
 /// any more. A position never moves backwards through write().
 class IDEMKAFKA_API OffsetStore {
 public:
+    /// A position to write: the next offset to process of one partition, under the
+    /// epoch its writer acquired.
     struct Position {
-        std::string topic;
-        std::int32_t partition = 0;
-        std::int64_t next_offset = 0;
-        std::int64_t epoch = 0;
+        std::string topic;            ///< the partition's topic
+        std::int32_t partition = 0;   ///< the partition's number
+        std::int64_t next_offset = 0; ///< the offset after the last processed record
+        std::int64_t epoch = 0;       ///< from acquire(); a stale epoch is refused
     };
 
+    /// A stored position, as acquire() and read() return it.
     struct Stored {
-        std::string topic;
-        std::int32_t partition = 0;
+        std::string topic;                       ///< the partition's topic
+        std::int32_t partition = 0;              ///< the partition's number
         std::optional<std::int64_t> next_offset; ///< nullopt: nothing processed yet
-        std::int64_t epoch = 0;
-        std::string updated_at;
+        std::int64_t epoch = 0;                  ///< the row's epoch, bumped by every acquire() and set()
+        std::string updated_at;                  ///< when the row last changed, PostgreSQL's text form
     };
 
     /// Names are quoted, never spliced in as they are; throws ConfigError for
     /// a name quote_identifier() refuses.
     OffsetStore(std::string schema, std::string table);
 
+    /// `"schema"."table"`, quoted.
     const std::string& qualified_name() const noexcept { return qualified_; }
 
     /// Creates the schema and table if missing (serialised with an advisory

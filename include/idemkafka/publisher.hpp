@@ -35,10 +35,10 @@ struct IDEMKAFKA_API PublisherConfig {
 
 /// One record for Publisher::publish_all(). Null key and null value are kept null.
 struct OutgoingRecord {
-    std::string topic;
-    std::optional<std::string> key;
-    std::optional<std::string> value;
-    std::vector<Header> headers;
+    std::string topic;                ///< the topic to produce to
+    std::optional<std::string> key;   ///< nullopt for a null key
+    std::optional<std::string> value; ///< nullopt for a null value
+    std::vector<Header> headers;      ///< headers, in order
 };
 
 namespace detail {
@@ -51,9 +51,11 @@ struct DeliveryState;
 /// Thread-safe.
 class IDEMKAFKA_API DeliveryStatus {
 public:
+    /// Where the record is: not answered yet, written, or refused for good.
     enum class State { in_flight, acknowledged, failed };
 
     DeliveryStatus() = default;
+    /// The record's outcome so far.
     State state() const noexcept;
     /// Why it failed, or why it is still in flight; empty when acknowledged.
     std::string error() const;
@@ -66,8 +68,8 @@ private:
 
 /// Counters of a Publisher.
 struct PublisherStats {
-    std::uint64_t delivered = 0;
-    std::uint64_t failed = 0;
+    std::uint64_t delivered = 0; ///< records the broker acknowledged
+    std::uint64_t failed = 0;    ///< records whose delivery failed
 };
 
 /// Idempotent producer. Thread-safe. The message key should be the entity id,
@@ -131,6 +133,7 @@ public:
     /// gives the first reason).
     void flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 
+    /// The delivery counters so far.
     PublisherStats stats() const noexcept;
 
 private:

@@ -43,7 +43,7 @@ enum class HorizonAction {
 
 /// The verdict of HorizonGuard::check().
 struct HorizonDecision {
-    HorizonAction action = HorizonAction::process;
+    HorizonAction action = HorizonAction::process; ///< what the consumer does with the record
     /// Dead-letter reason when action == dead_letter
     /// (DeadLetterReason::beyond_dedup_horizon or non_v7_event_id), empty otherwise.
     std::optional<DeadLetterReason> reason;
@@ -106,23 +106,23 @@ struct MigrationReport {
     bool created = false;   ///< the table did not exist and was created
     bool converted = false; ///< a plain table became the default partition of a partitioned one
     RetentionMode mode = RetentionMode::partitioned; ///< the table's layout afterwards
-    std::vector<std::string> partitions_created;
-    std::vector<std::string> notes; ///< one line per other change or skipped step
+    std::vector<std::string> partitions_created;     ///< partitions created, by name
+    std::vector<std::string> notes;                  ///< one line per other change or skipped step
 };
 
 /// What one maintenance run did (or, in a dry run, would do).
 struct MaintenanceReport {
     /// False when another instance held the maintenance lock: nothing was done.
     bool acted = false;
-    bool dry_run = false;
+    bool dry_run = false; ///< only reported what it would do
     /// The table's actual layout.
     RetentionMode mode = RetentionMode::partitioned;
     /// The time the run used as "now".
     std::chrono::system_clock::time_point now{};
     /// Claims older than this were expired.
     std::chrono::system_clock::time_point cutoff{};
-    std::vector<std::string> partitions_created;
-    std::vector<std::string> partitions_dropped;
+    std::vector<std::string> partitions_created; ///< partitions created, by name
+    std::vector<std::string> partitions_dropped; ///< expired partitions dropped, by name
     /// Expired partitions that could not be dropped (their DROP waited longer
     /// than lock_timeout for a transaction on the claims table, or failed);
     /// each is logged at warning level and tried again at the next run.
@@ -132,7 +132,7 @@ struct MaintenanceReport {
     /// Rows purged (purge mode, and the default partition in partitioned mode);
     /// in a dry run, rows that would be.
     std::uint64_t rows_purged = 0;
-    std::size_t purge_batches = 0;
+    std::size_t purge_batches = 0; ///< purge statements run
     /// The purge stopped at purge_max_batches (or on cancel) with rows left.
     bool purge_incomplete = false;
     /// One human-readable line per action, skip or mismatch, in order.
@@ -141,41 +141,56 @@ struct MaintenanceReport {
 
 /// One partition of a partitioned claims table.
 struct PartitionInfo {
-    std::string name;
-    bool is_default = false;
-    /// Creation-time range of the ids it holds; nullopt for MINVALUE/MAXVALUE
-    /// and for the default partition.
+    std::string name;        ///< the partition's table name
+    bool is_default = false; ///< the default partition (ids outside every range)
+    /// \name Range
+    //@{
+    /// Creation-time range [from, to) of the ids it holds; nullopt for
+    /// MINVALUE/MAXVALUE and for the default partition.
     std::optional<std::chrono::system_clock::time_point> from, to;
+    //@}
     /// PostgreSQL's text of the bound, e.g. `FOR VALUES FROM ('...') TO ('...')`.
     std::string bound;
-    std::int64_t rows = 0;
+    std::int64_t rows = 0; ///< rows in it now (an estimate for large tables)
 };
 
 /// Claims of one consumer group.
 struct GroupInfo {
-    std::string consumer_group;
-    std::int64_t rows = 0;
+    std::string consumer_group; ///< the group's name
+    std::int64_t rows = 0;      ///< its claims
+    /// \name Claim times
+    //@{
+    /// Creation times of its oldest and newest claims; nullopt without claims.
     std::optional<std::chrono::system_clock::time_point> oldest_claim, newest_claim;
+    //@}
 };
 
 /// What Maintenance::status() found.
 struct RetentionStatus {
-    bool exists = false;
+    bool exists = false; ///< the claims table exists
     /// The table's actual layout (meaningful when exists).
     RetentionMode mode = RetentionMode::partitioned;
-    std::int64_t rows = 0;
-    std::vector<GroupInfo> groups;
+    std::int64_t rows = 0;         ///< claims in all groups
+    std::vector<GroupInfo> groups; ///< per consumer group
     /// Partitioned mode: range partitions ordered by bound, the default one last.
     std::vector<PartitionInfo> partitions;
+    /// \name Claim times
+    //@{
+    /// Creation times of the oldest and newest claims; nullopt without claims.
     std::optional<std::chrono::system_clock::time_point> oldest_claim, newest_claim;
-    std::chrono::system_clock::time_point now{};
+    //@}
+    std::chrono::system_clock::time_point now{}; ///< the time the status used as "now"
     /// retention - horizon_margin.
     std::chrono::milliseconds dedup_horizon{0};
     /// Events created before this are beyond the horizon (now - dedup_horizon).
     std::chrono::system_clock::time_point horizon_cutoff{};
+    /// \name Partition range
+    //@{
     /// Partitioned: lower bound of the oldest range partition (ids created before
-    /// it are kept only in the default partition, by processed_at).
+    /// it are kept only in the default partition, by processed_at) and upper
+    /// bound of the newest (`partitions_to`).
     std::optional<std::chrono::system_clock::time_point> partitions_from, partitions_to;
+    //@}
 };
 
 /// Schema migration and retention of one claims table. A Maintenance object is
@@ -183,6 +198,7 @@ struct RetentionStatus {
 /// the same table at once: a session advisory lock lets only one of them act.
 class IDEMKAFKA_API Maintenance {
 public:
+    /// The source of "now" (system_clock::now when empty).
     using WallClock = std::function<std::chrono::system_clock::time_point()>;
 
     /// Throws ConfigError if `config` does not validate. `clock` (default

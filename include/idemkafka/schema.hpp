@@ -33,14 +33,14 @@ inline constexpr int schema_min_postgres = 13;
 /// offsets table when `offsets_table` is set (ConsumerConfig::offsets_in_database);
 /// the outbox when `outbox_table` is set (ConsumerConfig::outbox).
 struct IDEMKAFKA_API SchemaSpec {
-    std::string schema = "public";
-    std::string claims_table = "processed_event";
+    std::string schema = "public";                ///< schema of the claims and offsets tables
+    std::string claims_table = "processed_event"; ///< the claims table
     /// Layout of a new claims table and its initial partitions.
     RetentionConfig retention;
-    std::optional<std::string> offsets_table;
+    std::optional<std::string> offsets_table; ///< the offsets table; nullopt when not used
     /// Schema of the outbox (OutboxConfig::schema); the outbox table when set.
     std::string outbox_schema = "public";
-    std::optional<std::string> outbox_table;
+    std::optional<std::string> outbox_table; ///< nullopt when not used
 
     /// The tables `config` uses, as its consumer's start-up selects them. Never
     /// throws for a validated config.
@@ -53,7 +53,7 @@ struct TableCheck {
     std::string kind;
     /// `"schema"."table"`, quoted.
     std::string qualified;
-    bool exists = false;
+    bool exists = false; ///< the table exists
     /// From the table's comment; nullopt for a table without one (created
     /// before schema versions, or by hand).
     std::optional<int> version;
@@ -62,14 +62,15 @@ struct TableCheck {
     /// Missing table, missing or mistyped columns, missing keys, an older
     /// version: one line each. Empty when the library can use the table.
     std::vector<std::string> problems;
+    /// True when the library can use the table (no problems).
     bool ok() const noexcept { return problems.empty(); }
 };
 
 /// What migrate_schema() did.
 struct SchemaMigrationReport {
-    MigrationReport claims;
-    bool offsets_created = false;
-    bool outbox_created = false;
+    MigrationReport claims;       ///< the claims table's migration
+    bool offsets_created = false; ///< the offsets table was created
+    bool outbox_created = false;  ///< the outbox table was created
     /// Tables whose version comment was written or raised.
     std::vector<std::string> versioned;
 };

@@ -13,7 +13,7 @@
 /// went wrong; every wait is bounded, nothing here blocks forever.
 ///
 /// The kit lives in namespace idemkafka itself (no `testing` namespace, which
-/// would clash with GoogleTest's `::testing` under `using namespace idemkafka`).
+/// would clash with GoogleTest's `testing` namespace under `using namespace idemkafka`).
 
 #include <chrono>
 #include <cstdint>
@@ -34,9 +34,9 @@ struct ConsumerConfig;
 
 /// A record read back from a topic by TestBroker::read_all().
 struct TestRecord {
-    std::string topic;
-    std::int32_t partition = 0;
-    std::int64_t offset = 0;
+    std::string topic;                ///< the topic it was read from
+    std::int32_t partition = 0;       ///< its partition
+    std::int64_t offset = 0;          ///< its offset
     std::optional<std::string> key;   ///< nullopt for a null key
     std::optional<std::string> value; ///< nullopt for a null value
     std::vector<Header> headers;      ///< in record order; names may repeat
@@ -68,7 +68,9 @@ public:
     ~TestBroker();
     TestBroker(const TestBroker&) = delete;
     TestBroker& operator=(const TestBroker&) = delete;
+    /// Moves the cluster; the moved-from object owns nothing.
     TestBroker(TestBroker&&) noexcept;
+    /// Moves the cluster, stopping the one this object had.
     TestBroker& operator=(TestBroker&&) noexcept;
 
     /// `host:port,...` of the cluster, for ConsumerConfig::brokers,
@@ -146,7 +148,7 @@ private:
 /// * else the server named by the environment variable IDEMKAFKA_TEST_PG
 ///   (a libpq connection string), when it is set and not empty;
 /// * else a cluster of its own: `initdb` (from PATH, else the newest
-///   /usr/lib/postgresql/<version>/bin) in a temporary directory, listening on a
+///   /usr/lib/postgresql/VERSION/bin) in a temporary directory, listening on a
 ///   unix socket there only (no TCP port), stopped and removed on destruction.
 ///   Run as root, the server runs as the `postgres` OS user (via runuser).
 ///
@@ -172,7 +174,9 @@ public:
     ~TestDatabase();
     TestDatabase(const TestDatabase&) = delete;
     TestDatabase& operator=(const TestDatabase&) = delete;
+    /// Moves the schema (and cluster); the moved-from object owns nothing.
     TestDatabase(TestDatabase&&) noexcept;
+    /// Moves the schema (and cluster), dropping the ones this object had.
     TestDatabase& operator=(TestDatabase&&) noexcept;
 
     /// libpq connection string of the database with the schema as its

@@ -14,11 +14,19 @@
 #   add_subdirectory  tests/package/subproject: idemkafka from source creates only its library
 #                     target, a program linked to idemkafka::idemkafka runs
 #   fetchcontent      the same through FetchContent from the local source tree
+#   minimal           the source tree configured at top level as a user without Catch2, cpp-httplib
+#                     and Doxygen would (hidden with CMAKE_DISABLE_FIND_PACKAGE_*): the configure
+#                     succeeds and names each skipped part's package in one status line; asking for
+#                     such a part (-D...=ON) fails naming its package; then the library and its test
+#                     kit build (tools, examples and benchmark off), install into a prefix of their
+#                     own, and tests/package/project builds and runs against it
 #
 # The checks reuse what they can so the label stays quick: the build without the /metrics
 # endpoint reconfigures the billing build (only the listener recompiles), and fetchcontent
 # reconfigures the add_subdirectory build tree, whose idemkafka binary directory it shares
 # (same sources, same flags: the library's objects are up to date, configure and link are new).
+# `minimal` builds in that idemkafka binary directory too, as a top-level project with the same
+# flags: its configure and install are new, the library's objects are the sub-project's.
 #
 # -DSOURCE_DIR, -DBUILD_DIR (an idemkafka build with install rules), -DWORK_DIR (scratch, wiped)
 # are required; -DGENERATOR and -DCXX_COMPILER make the consumers use the build's own;
@@ -29,7 +37,7 @@ foreach(var SOURCE_DIR BUILD_DIR WORK_DIR)
   endif()
 endforeach()
 if(NOT CHECKS)
-  set(CHECKS install find_package cxx20 readme testing billing add_subdirectory fetchcontent)
+  set(CHECKS install find_package cxx20 readme testing billing add_subdirectory fetchcontent minimal)
 endif()
 
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -73,13 +81,18 @@ function(build_project name source)
   set(step_number ${step_number} PARENT_SCOPE)
 endfunction()
 
-# The consumer in ${WORK_DIR}/<name> must have found the package in the prefix, not elsewhere.
+# The consumer in ${WORK_DIR}/<name> must have found the package in the prefix (or in the
+# one given), not elsewhere: expect_from_prefix(<name> [<prefix>]).
 function(expect_from_prefix name)
+  set(where ${prefix})
+  if(ARGC GREATER 1)
+    set(where ${ARGV1})
+  endif()
   file(STRINGS ${WORK_DIR}/${name}/CMakeCache.txt dir REGEX "^idemkafka_DIR:")
   string(REGEX REPLACE "^[^=]*=" "" dir "${dir}")
-  string(FIND "${dir}" "${prefix}/" at)
+  string(FIND "${dir}" "${where}/" at)
   if(NOT at EQUAL 0)
-    fail("find_package(idemkafka) used '${dir}', not the package installed in ${prefix}")
+    fail("find_package(idemkafka) used '${dir}', not the package installed in ${where}")
   endif()
 endfunction()
 
@@ -243,5 +256,61 @@ if(w)
   build_project(subproject ${SOURCE_DIR}/tests/package/subproject -DIDEMKAFKA_SOURCE_DIR=${SOURCE_DIR}
                 -DIDEMKAFKA_VIA=fetchcontent)
   step(${WORK_DIR}/subproject/package_smoke)
+  end_check()
+endif()
+
+wanted(minimal w)
+if(w)
+  begin_check(minimal)
+  set(tree ${WORK_DIR}/minimal)
+  set(minimal_prefix ${WORK_DIR}/minimal-prefix)
+  # Everything optional out of sight; what stays is librdkafka, libpqxx, libpq, fmt,
+  # nlohmann_json (and pkg-config, which finds the first three on Debian).
+  set(hidden -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_httplib=ON
+             -DCMAKE_DISABLE_FIND_PACKAGE_Doxygen=ON)
+  # The configure a user runs, with the defaults (configure only).
+  step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${tree} ${configure_args} ${hidden})
+  file(READ ${WORK_DIR}/logs/minimal-${step_number}.log out)
+  foreach(line
+      "idemkafka tests: skipped, Catch2"
+      "idemkafka API reference \\(docs target\\): skipped, Doxygen"
+      "billing-listener's /metrics endpoint: skipped, cpp-httplib"
+      "billing example's tests: skipped, Catch2")
+    if(NOT out MATCHES "-- ${line}[^\n]*not found")
+      fail("the configure with the optional packages hidden did not say '${line} ... not found':\n${out}")
+    endif()
+  endforeach()
+  # Asked for explicitly, a part whose package is hidden stops the configure, naming it. The
+  # -D of a failed configure stays in the cache: the next one puts the part back to AUTO.
+  set(back "")
+  foreach(ask "IDEMKAFKA_BUILD_TESTS;Catch2" "IDEMKAFKA_BUILD_DOCS;Doxygen" "IDEMKAFKA_BILLING_METRICS;cpp-httplib")
+    list(GET ask 0 part)
+    list(GET ask 1 package)
+    execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${tree} ${back} -D${part}=ON
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    if(rc EQUAL 0 OR NOT out MATCHES "CMake Error" OR NOT out MATCHES "${package}" OR NOT out MATCHES "${part}=ON")
+      fail("-D${part}=ON with ${package} hidden did not fail naming ${package} (exit ${rc}):\n${out}")
+    endif()
+    set(back -D${part}=AUTO)
+  endforeach()
+  # The build: the library and its test kit (tools, examples and the benchmark need nothing
+  # more, and the build under test has them). It goes into the idemkafka binary directory of
+  # the add_subdirectory check's tree, whose objects were compiled from the same sources with
+  # the same flags (no build type, no -Werror: the build under test has the warnings), so only
+  # configure, archive and install are new; without that check it compiles them.
+  set(build_tree ${WORK_DIR}/subproject/idemkafka)
+  step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${build_tree} ${configure_args} ${hidden} -DCMAKE_BUILD_TYPE=None
+       -DIDEMKAFKA_WERROR=OFF -DIDEMKAFKA_BUILD_TOOLS=OFF -DIDEMKAFKA_BUILD_EXAMPLES=OFF -DIDEMKAFKA_BUILD_BENCH=OFF)
+  step(${CMAKE_COMMAND} --build ${build_tree} -j2)
+  step(${CMAKE_COMMAND} --install ${build_tree} --prefix ${minimal_prefix})
+  foreach(f lib/cmake/idemkafka/idemkafkaConfig.cmake lib/cmake/idemkafka/idemkafkaTestingTargets.cmake
+            include/idemkafka/consumer.hpp include/idemkafka/testing.hpp)
+    if(NOT EXISTS ${minimal_prefix}/${f})
+      fail("not installed from the build with only the library's dependencies: ${f}")
+    endif()
+  endforeach()
+  build_project(minimal_consumer ${SOURCE_DIR}/tests/package/project -DCMAKE_PREFIX_PATH=${minimal_prefix})
+  expect_from_prefix(minimal_consumer ${minimal_prefix})
+  step(${WORK_DIR}/minimal_consumer/package_smoke)
   end_check()
 endif()

@@ -8,7 +8,7 @@
 #include "idemkafka/consumer.hpp"
 #include "idemkafka/debezium_outbox.hpp"
 #include "idemkafka/error.hpp"
-#include "sha1.hpp"
+#include "core/sha1.hpp"
 
 #include <chrono>
 #include <cstdint>
