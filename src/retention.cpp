@@ -595,11 +595,9 @@ public:
         // UPDATE EXCLUSIVE lock on the parent, so claims keep flowing meanwhile.
         tx.exec(detail::ddl::claims_partition_table(q));
         if (rows > 0)
-            tx.exec(
-                fmt::format("WITH moved AS (DELETE FROM {} WHERE {} RETURNING event_id, consumer_group, processed_at) "
-                            "INSERT INTO {} (event_id, consumer_group, processed_at) "
-                            "SELECT event_id, consumer_group, processed_at FROM moved",
-                            def->qualified(), in_range, q));
+            tx.exec(fmt::format("WITH moved AS (DELETE FROM {0} WHERE {1} RETURNING {3}) INSERT INTO {2} ({3}) "
+                                "SELECT {3} FROM moved",
+                                def->qualified(), in_range, q, detail::ddl::claim_column_names));
         tx.exec(detail::ddl::claims_attach(store_.qualified_name(), q, lo, hi));
         tx.commit();
         return true;
@@ -767,8 +765,7 @@ void detail::migrate_claims_table(pqxx::work& tx, const ProcessedEventStore& sto
         // Creating the range partitions then moves the claims of their ranges
         // out of it (up to max_move_rows each); the rest ages out there by
         // processed_at.
-        tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t,
-                            quote_identifier(default_partition_name(store.table()))));
+        tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t, quote_identifier(default_partition_name(store.table()))));
         tx.exec(detail::ddl::claims_table(store.schema(), store.table(), RetentionMode::partitioned)[0]);
         tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
         tx.exec(detail::ddl::version_comment(t, detail::ddl::claims_kind));

@@ -31,9 +31,11 @@ std::string create_schema(const std::string& schema_q)
 
 std::string claim_columns()
 {
+    // payload_fingerprint last: where an upgrade added it.
     return "event_id uuid NOT NULL,"
            " consumer_group text NOT NULL,"
            " processed_at timestamptz NOT NULL DEFAULT now(),"
+           " payload_fingerprint bigint,"
            " PRIMARY KEY (event_id, consumer_group)";
 }
 
@@ -124,10 +126,19 @@ std::vector<std::string> upgrade_statements(std::string_view kind, const std::st
     // field were upgraded by it). Each statement is safe to run on a table
     // that already has what it adds: a table without a version comment is
     // taken for the oldest layout.
-    (void)kind;
-    (void)qualified;
-    (void)to;
-    return {};
+    switch (to) {
+    case 2:
+        // The payload fingerprint (ConsumerConfig::payload_fingerprint).
+        // Nullable without a default: a change of the catalog only, instant on
+        // a table of any size, and a partitioned table passes it to every
+        // partition. Claims from before have none: their redeliveries stay
+        // plain duplicates.
+        if (kind == claims_kind)
+            return {fmt::format("ALTER TABLE {} ADD COLUMN IF NOT EXISTS payload_fingerprint bigint", qualified)};
+        return {};
+    default:
+        return {};
+    }
 }
 
 std::string version_comment(const std::string& qualified, std::string_view kind)
@@ -218,11 +229,14 @@ struct Expected {
 // The layout of a table of `kind` at schema version `version`.
 Expected expected(std::string_view kind, int version)
 {
-    (void)version;
-    if (kind == detail::ddl::claims_kind)
-        return {{{"event_id", "uuid"}, {"consumer_group", "text"}, {"processed_at", "timestamp with time zone"}},
-                "consumer_group,event_id",
-                {}};
+    if (kind == detail::ddl::claims_kind) {
+        Expected e{{{"event_id", "uuid"}, {"consumer_group", "text"}, {"processed_at", "timestamp with time zone"}},
+                   "consumer_group,event_id",
+                   {}};
+        if (version >= 2)
+            e.columns.push_back({"payload_fingerprint", "bigint"});
+        return e;
+    }
     if (kind == detail::ddl::offsets_kind)
         return {{{"consumer_group", "text"},
                  {"topic", "text"},
@@ -397,7 +411,8 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
            "-- concurrent runs wait for each other; apply this file once, in one transaction\n"
            "-- (Flyway and Liquibase do; with psql: psql -1 -v ON_ERROR_STOP=1 -f FILE).\n"
            "-- Run it as the role that should own the tables; the runtime role needs only the\n"
-           "-- privileges listed in the README (\"Least privilege\").\n\n";
+           "-- privileges listed in the README (\"Least privilege\"). Tables of an earlier schema\n"
+           "-- version are upgraded, not created: `idemkafka-admin migrate --print-sql --from-version N`.\n\n";
     out += fmt::format("-- Claims table ({}).\n", to_string(spec.retention.mode));
     stmt(detail::ddl::create_schema(store.quoted_schema()));
     for (const auto& sql : detail::ddl::claims_table(store.schema(), store.table(), spec.retention.mode))
@@ -438,8 +453,8 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
 std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const std::string& command)
 {
     if (from_version < 1 || from_version > schema_version)
-        throw ConfigError(fmt::format("from_version: {} is not a schema version of idemkafka (1 to {})", from_version,
-                                      schema_version));
+        throw ConfigError(
+            fmt::format("schema version {} is not one of idemkafka's (1 to {})", from_version, schema_version));
     spec.retention.validate();
     const ProcessedEventStore store(spec.schema, spec.claims_table);
     std::string out = fmt::format("-- idemkafka schema upgrade from version {} to {}, for PostgreSQL {} or later.\n",
@@ -447,17 +462,17 @@ std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const s
     if (from_version == schema_version)
         return out + "-- Nothing to do: the tables are at this version.\n";
     if (!command.empty())
-        out += fmt::format("-- What `{}` runs on tables of schema version {}, in its order.\n", command,
-                           from_version);
-    out += fmt::format(
-        "-- Apply it once, in one transaction, to tables of version {} (each table's comment says its\n"
-        "-- version); every statement is also safe on a table that already has what it adds. The upgrade\n"
-        "-- keeps every claim and position; its ALTERs change the catalog only, but wait for running\n"
-        "-- transactions: past lock_timeout the transaction rolls back, and you run it again.\n\n",
-        from_version);
+        out += fmt::format("-- What `{}` runs on tables of schema version {}, in its order.\n", command, from_version);
+    out +=
+        fmt::format("-- Apply it once, in one transaction, to tables of version {} (each table's comment says its\n"
+                    "-- version); every statement is also safe on a table that already has what it adds. The upgrade\n"
+                    "-- keeps every claim and position; its ALTERs change the catalog only, but wait for running\n"
+                    "-- transactions: past lock_timeout the transaction rolls back, and you run it again.\n\n",
+                    from_version);
     auto stmt = [&out](const std::string& sql) { out += sql + ";\n"; };
     stmt(detail::ddl::schema_lock);
-    stmt(fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(spec.retention.lock_timeout.count(), 1)));
+    stmt(
+        fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(spec.retention.lock_timeout.count(), 1)));
     auto table = [&](const char* title, std::string_view kind, const std::string& qualified) {
         out += fmt::format("\n-- {}.\n", title);
         for (int to = from_version + 1; to <= schema_version; ++to)
@@ -535,8 +550,7 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         throw DatabaseError(fmt::format("migrate: {}", e.what()));
     }
     for (const auto& t : report.versioned)
-        detail::emit(log, LogLevel::info, fmt::format("{} upgraded to schema version {}", t, schema_version),
-                     "schema");
+        detail::emit(log, LogLevel::info, fmt::format("{} upgraded to schema version {}", t, schema_version), "schema");
     try {
         detail::finish_claims_migration(conn, store, spec.retention, log, clock, report.claims);
     } catch (const Error&) {

@@ -25,8 +25,9 @@ struct ConsumerConfig;
 /// pg_dump and reviewed migrations. migrate_schema() upgrades a table of any
 /// earlier version in place; a consumer refuses a table of a later one
 /// (ConfigError), and with create_schema = false an earlier one too.
-/// Version 1: idemkafka 0.1.0.
-inline constexpr int schema_version = 1;
+/// Version 1: idemkafka 0.1.0. Version 2: the claims table's
+/// payload_fingerprint column (ConsumerConfig::payload_fingerprint).
+inline constexpr int schema_version = 2;
 
 /// The oldest PostgreSQL the DDL is written for (partitioned tables with a
 /// DEFAULT partition and a primary key need 11; the project supports 13+).
@@ -94,8 +95,7 @@ IDEMKAFKA_API std::string schema_sql(const SchemaSpec& spec, std::chrono::system
 /// DBA who applies reviewed SQL; `command` is the command line shown in the
 /// header. Throws ConfigError for a version that is not 1 to schema_version,
 /// a name quote_identifier() refuses or an invalid retention config.
-IDEMKAFKA_API std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version,
-                                             const std::string& command = {});
+IDEMKAFKA_API std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const std::string& command = {});
 
 /// Creates or upgrades every table of `spec` in one transaction under the
 /// schema advisory lock: a table of an earlier schema version is upgraded in

@@ -45,14 +45,14 @@ void create_fixture(int version, const std::string& schema)
     REQUIRE(r.rc == 0);
 }
 
-// The rows of a table as one text, to compare before and after.
-std::string rows_of(const std::string& qualified, const std::string& order)
+// The `columns` of every row of a table as one text, to compare before and after.
+std::string rows_of(const std::string& qualified, const std::string& columns)
 {
     pqxx::connection c(pg());
     pqxx::nontransaction tx(c);
     return tx
-        .exec(fmt::format("SELECT coalesce(string_agg(t::text, E'\\n' ORDER BY {}), '') FROM {} t", order, qualified))
-            [0][0]
+        .exec(fmt::format("SELECT coalesce(string_agg(({0})::text, E'\\n' ORDER BY {0}), '') FROM {1}", columns,
+                          qualified))[0][0]
         .as<std::string>();
 }
 
@@ -80,7 +80,7 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
     create_fixture(from, schema);
     REQUIRE(version_of(schema, table) == from);
     const std::string claims = s + "." + quote_identifier(table);
-    const std::string positions = s + ".consumer_offset";
+    const std::string positions = s + "." + quote_identifier("consumer_offset");
     const std::string effects = s + ".effect";
     exec(fmt::format("CREATE TABLE {} (event_id uuid NOT NULL, amount bigint NOT NULL)", effects));
 
@@ -118,8 +118,8 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
         std::vector<EventId> ids;
         for (const auto& e : old) {
             ids.push_back(e.id);
-            detail::pg::exec_params(tx, fmt::format("INSERT INTO {} VALUES ($1::uuid, $2)", effects),
-                                    e.id.to_string(), e.amount);
+            detail::pg::exec_params(tx, fmt::format("INSERT INTO {} VALUES ($1::uuid, $2)", effects), e.id.to_string(),
+                                    e.amount);
         }
         // The release's own claim statement, for this group and (half of them) another one.
         ProcessedEventStore(schema, table).claim(tx, group, ids);
@@ -132,16 +132,21 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
                                                 positions),
                                     group, topic, p, next);
         detail::pg::exec_params(
-            tx, fmt::format("INSERT INTO {} (consumer_group, topic, partition, next_offset) VALUES ($1, 'x', 0, 7)",
-                            positions),
+            tx,
+            fmt::format("INSERT INTO {} (consumer_group, topic, partition, next_offset) VALUES ($1, 'x', 0, 7)",
+                        positions),
             other_group);
         tx.commit();
     }
-    const std::string claims_before = rows_of(claims, "event_id, consumer_group");
-    const std::string positions_before = rows_of(positions, "consumer_group, topic, partition");
+    const std::string claims_before = rows_of(claims, "event_id, consumer_group, processed_at");
+    const std::string positions_before =
+        rows_of(positions, "consumer_group, topic, partition, next_offset, epoch, updated_at");
 
     // After the upgrade: new events, and every old one again with a new offset
-    // (a producer retry, a replay), interleaved.
+    // (a producer retry, a replay), interleaved; some old ids also with another
+    // payload: their claims have no fingerprint, so these are plain
+    // duplicates too, also for a consumer with payload_fingerprint.
+    constexpr int changed = 10;
     {
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < std::max(old_events, new_events); ++i) {
@@ -149,6 +154,11 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
                 pub.publish_async(topic, fresh[i].entity, encode(fresh[i]));
             if (i < old_events)
                 pub.publish_async(topic, old[i].entity, encode(old[i]));
+            if (i < changed) {
+                auto other = old[i];
+                other.amount = -other.amount;
+                pub.publish_async(topic, other.entity, encode(other));
+            }
         }
         pub.flush();
     }
@@ -159,6 +169,7 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
     cfg.retention.mode = mode;
     cfg.retention.maintenance = false;
     cfg.offsets_in_database = true;
+    cfg.payload_fingerprint = true;
     OutboxConfig ob;
     ob.schema = schema;
     ob.relay = false;
@@ -172,8 +183,9 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
         CHECK(has(m.out, fmt::format("{} upgraded to schema version {}", claims, schema_version)));
         CHECK(has(m.out, fmt::format("{} upgraded to schema version {}", positions, schema_version)));
         // Nothing lost by the upgrade itself.
-        CHECK(rows_of(claims, "event_id, consumer_group") == claims_before);
-        CHECK(rows_of(positions, "consumer_group, topic, partition") == positions_before);
+        CHECK(rows_of(claims, "event_id, consumer_group, processed_at") == claims_before);
+        CHECK(rows_of(positions, "consumer_group, topic, partition, next_offset, epoch, updated_at") ==
+              positions_before);
         cfg.create_schema = false; // the upgraded tables pass the start-up check
     }
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
@@ -185,7 +197,8 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
         const bool done = wait_until(
             [&] {
                 const auto snap = consumer.metrics().snapshot();
-                return snap.claimed + snap.duplicates >= static_cast<std::uint64_t>(new_events + old_events) ||
+                return snap.claimed + snap.duplicates + snap.dead_lettered_total() >=
+                           static_cast<std::uint64_t>(new_events + old_events + changed) ||
                        runner.finished();
             },
             120s);
@@ -198,7 +211,7 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
     // stored position been lost, the old records would have been read twice
     // (a duplicate each more).
     CHECK(snap.claimed == static_cast<std::uint64_t>(new_events));
-    CHECK(snap.duplicates == static_cast<std::uint64_t>(old_events));
+    CHECK(snap.duplicates == static_cast<std::uint64_t>(old_events + changed));
     CHECK(snap.dead_lettered_total() == 0);
     CHECK(scalar("SELECT count(*) FROM " + effects) == old_events + new_events);
     CHECK(scalar("SELECT count(DISTINCT event_id) FROM " + effects) == old_events + new_events);
@@ -206,8 +219,11 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
           old_events + new_events);
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE consumer_group = '{}'", claims, other_group)) ==
           old_events / 2);
+    // The new claims carry their payload's fingerprint, the old ones none.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE consumer_group = '{}' AND payload_fingerprint IS NOT NULL",
+                             claims, group)) == new_events);
     CHECK(scalar(fmt::format("SELECT coalesce(sum(next_offset), 0) FROM {} WHERE consumer_group = '{}'", positions,
-                             group)) == 2 * old_events + new_events);
+                             group)) == 2 * old_events + new_events + changed);
     CHECK(scalar(fmt::format("SELECT next_offset FROM {} WHERE consumer_group = '{}'", positions, other_group)) == 7);
     for (const auto& t : {table, std::string("consumer_offset"), std::string("outbox")}) {
         INFO(t);
@@ -227,13 +243,11 @@ void upgrade_and_consume(int from, const std::string& table, RetentionMode mode,
                                  claims, s)) == 1);
         CHECK(scalar(fmt::format("SELECT count(*) FROM {}.processed_event_default", s)) == 0);
     }
-    WARN("upgrade from schema version " << from << " (" << to_string(mode) << ", "
-                                        << (how == Upgrade::admin_migrate ? "idemkafka-admin migrate" : "start-up")
-                                        << ") and consumer took "
-                                        << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               std::chrono::steady_clock::now() - started)
-                                               .count()
-                                        << " ms");
+    WARN("upgrade from schema version "
+         << from << " (" << to_string(mode) << ", "
+         << (how == Upgrade::admin_migrate ? "idemkafka-admin migrate" : "start-up") << ") and consumer took "
+         << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count()
+         << " ms");
 }
 
 } // namespace
@@ -283,8 +297,8 @@ TEST_CASE("upgrade: a consumer refuses a schema newer than it understands, and a
         cfg.create_schema = false;
         const std::string message = refusal();
         INFO(message);
-        CHECK(has(message, fmt::format("{}.\"processed_event\" has schema version 1, this library needs version {}",
-                                       s, schema_version)));
+        CHECK(has(message, fmt::format("{}.\"processed_event\" has schema version 1, this library needs version {}", s,
+                                       schema_version)));
         CHECK(has(message, fmt::format("{}.\"consumer_offset\" has schema version 1", s)));
         CHECK(has(message, "`idemkafka-admin migrate --schema " + schema + " --offsets`"));
         CHECK(version_of(schema, "processed_event") == 1);
@@ -292,8 +306,8 @@ TEST_CASE("upgrade: a consumer refuses a schema newer than it understands, and a
 
     const int newer = schema_version + 1;
     exec(fmt::format("COMMENT ON TABLE {}.processed_event IS 'idemkafka claims table, schema version {}'", s, newer));
-    const std::string both = fmt::format("has schema version {}, newer than this library understands (version {})",
-                                         newer, schema_version);
+    const std::string both =
+        fmt::format("has schema version {}, newer than this library understands (version {})", newer, schema_version);
     for (const bool create : {true, false}) {
         cfg.create_schema = create;
         const std::string message = refusal();
@@ -356,5 +370,5 @@ TEST_CASE("upgrade: migrate --print-sql --from-version applied with psql gives t
     CHECK(has(same.out, "Nothing to do"));
     const auto bad = admin({"migrate", "--print-sql", "--from-version", std::to_string(schema_version + 1)});
     CHECK(bad.rc == 2);
-    CHECK(has(bad.err, "not a schema version"));
+    CHECK(has(bad.err, fmt::format("--from-version: schema version {} is not one of idemkafka's", schema_version + 1)));
 }

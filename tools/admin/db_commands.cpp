@@ -256,7 +256,7 @@ false check at start-up that these tables exist and have this version.
         try {
             out(schema_upgrade_sql(spec, *from_version, migrate_command(spec)));
         } catch (const ConfigError& e) {
-            throw UsageError(fmt::format("migrate: --{}", e.what()));
+            throw UsageError(fmt::format("migrate: --from-version: {}", e.what()));
         }
         return exit_ok;
     }
@@ -285,8 +285,6 @@ false check at start-up that these tables exist and have this version.
     if (spec.outbox_table)
         out(fmt::format("{}.{} {}", quote_identifier(spec.outbox_schema), quote_identifier(*spec.outbox_table),
                         r.outbox_created ? "created" : "exists"));
-    for (const auto& t : r.versioned)
-        out(fmt::format("  {} upgraded to schema version {}", t, schema_version));
     out(fmt::format("schema version {}", schema_version));
     return exit_ok;
 }
