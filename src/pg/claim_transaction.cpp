@@ -21,6 +21,7 @@ namespace idemkafka::detail {
 namespace {
 
 constexpr const char* claim_statement = "idemkafka_claim";
+constexpr const char* fingerprints_statement = "idemkafka_stored_fingerprints"; // payload_fingerprint only
 
 // Thrown inside the transaction to abandon it on a forced stop.
 struct Abandon {};
@@ -85,6 +86,8 @@ void ClaimTransaction::prepare(pqxx::connection& db) const
     db.prepare(claim_statement,
                pg::commit_guard_cte() +
                    (s_.cfg.payload_fingerprint ? pg::fingerprint_claim_sql(s_.store) : pg::claim_sql(s_.store)));
+    if (s_.cfg.payload_fingerprint)
+        db.prepare(fingerprints_statement, pg::stored_fingerprints_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
     {
@@ -425,7 +428,7 @@ ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base&
     }
     if (!conflicted.empty())
         for (const auto& row :
-             pg::exec_params(tx, pg::stored_fingerprints_sql(s_.store), s_.cfg.group_id, pg::uuid_array(conflicted)))
+             pg::exec_prepared(tx, fingerprints_statement, s_.cfg.group_id, pg::uuid_array(conflicted)))
             reference.emplace(EventId::parse(row[0].c_str()), Reference{row[1].as<std::int64_t>(), nullptr});
     std::vector<Item*> reused;
     for (std::size_t i : w.items) {
