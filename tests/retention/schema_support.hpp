@@ -2,6 +2,8 @@
 // Helpers of the schema tests: schemas that go when the test ends, and a
 // schema's DDL through pg_dump, comparable between two schemas.
 
+#include <cstdio>
+#include <fstream>
 #include <istream>
 #include <sstream>
 #include <string>
@@ -53,6 +55,19 @@ inline Result run_sql_file(const std::string& path, const std::string& schema = 
     return run_shell("psql -X -q -1 -v ON_ERROR_STOP=1" +
                      (schema.empty() ? std::string() : " -v schema=" + shell_quote(schema)) + " -f " +
                      shell_quote(path) + " " + shell_quote(pg()));
+}
+
+/// Runs `sql` (a script, as `migrate --print-sql` prints one) like run_sql_file().
+inline Result run_sql(const std::string& sql)
+{
+    const std::string file = "/tmp/" + unique_name("iksql") + ".sql";
+    {
+        std::ofstream f(file);
+        f << sql;
+    }
+    auto r = run_sql_file(file);
+    std::remove(file.c_str());
+    return r;
 }
 
 } // namespace idemkafka::test

@@ -5,8 +5,6 @@
 // and the migrate command.
 
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include <sys/wait.h>
@@ -243,13 +241,7 @@ TEST_CASE("schema: --print-sql applied with psql -f gives the schema migrate cre
                     ++attach;
                 CHECK(attach == 10);
             }
-            const std::string file = "/tmp/" + unique_name("ikschema") + ".sql";
-            {
-                std::ofstream f(file);
-                f << p.out;
-            }
-            const auto applied = run_sql_file(file);
-            std::remove(file.c_str());
+            const auto applied = run_sql(p.out);
             INFO(applied.out << applied.err);
             REQUIRE(applied.rc == 0);
 

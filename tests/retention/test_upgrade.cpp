@@ -351,13 +351,7 @@ TEST_CASE("upgrade: migrate --print-sql --from-version applied with psql gives t
             REQUIRE(p.rc == 0);
             CHECK(has(p.out, fmt::format("upgrade from version {} to {}", from, schema_version)));
             CHECK(has(p.out, "pg_advisory_xact_lock"));
-            const std::string file = "/tmp/" + unique_name("ikupgrade") + ".sql";
-            {
-                std::ofstream f(file);
-                f << p.out;
-            }
-            const auto applied = run_sql_file(file);
-            std::remove(file.c_str());
+            const auto applied = run_sql(p.out);
             INFO(applied.out << applied.err);
             REQUIRE(applied.rc == 0);
             CHECK(dump_schema(by_migrate) == dump_schema(by_sql));
