@@ -12,6 +12,7 @@
 
 #include "duration_text.hpp"
 #include "idemkafka/error.hpp"
+#include "idemkafka/schema.hpp"
 #include "log_context.hpp"
 #include "periodic.hpp"
 #include "pg/exec.hpp"
@@ -862,11 +863,13 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
         report.acted = true;
         TableKind kind;
         std::vector<Partition> parts;
+        std::optional<int> version;
         {
             pqxx::work tx(conn);
             kind = table_kind(tx, t);
             if (kind.partitioned)
                 parts = list_partitions(tx, t);
+            version = detail::schema_version_of(tx, store_.schema(), store_.table());
         }
         if (!kind.exists)
             throw DatabaseError(fmt::format("{} does not exist; run `idemkafka-admin migrate` (or start a consumer "
@@ -884,7 +887,18 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
         if (!keyed_by_event_id(kind))
             throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); not maintaining it", t,
                                           kind.partkey));
-        ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved, report.actions);
+        // A partition gets this version's columns, and PostgreSQL attaches only
+        // a partition with exactly the parent's: a table not upgraded yet (or
+        // upgraded by a newer release) gets no new partitions from here. Its
+        // ids land in the default partition meanwhile, still deduplicated.
+        if (version.value_or(1) != schema_version)
+            ops.note(report.actions, LogLevel::warning,
+                     fmt::format("no partitions created: {} has schema version {} and this library makes partitions "
+                                 "of version {}; upgrade it with `idemkafka-admin migrate` of the newer release",
+                                 t, version.value_or(1), schema_version));
+        else
+            ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved,
+                                  report.actions);
         ops.drop_expired(conn, report.now, dry_run, report.partitions_dropped, report.partitions_kept, report.actions);
         {
             pqxx::work tx(conn);

@@ -368,6 +368,17 @@ TableCheck check_table(pqxx::transaction_base& tx, std::string_view kind, const 
 
 } // namespace
 
+std::optional<int> detail::schema_version_of(pqxx::transaction_base& tx, const std::string& schema,
+                                             const std::string& table)
+{
+    const auto r = detail::pg::exec_params(
+        tx,
+        "SELECT coalesce(obj_description(c.oid, 'pg_class'), '') FROM pg_class c JOIN pg_namespace n ON n.oid = "
+        "c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
+        schema, table);
+    return r.empty() ? std::nullopt : parse_version(r[0][0].as<std::string>());
+}
+
 bool detail::upgrade_table(pqxx::work& tx, std::string_view kind, const std::string& schema, const std::string& table,
                            std::chrono::milliseconds lock_timeout)
 {

@@ -5,6 +5,7 @@
 // upgrading every table is one transaction, and concurrent start-ups run one
 // after the other. Private to the library.
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,6 +27,10 @@ namespace idemkafka::detail {
 /// without the layout of its version (then nothing is changed).
 bool upgrade_table(pqxx::work& tx, std::string_view kind, const std::string& schema, const std::string& table,
                    std::chrono::milliseconds lock_timeout);
+
+/// The schema version in the comment of `schema`.`table`; nullopt for a
+/// table without one or a missing table. Catalog only.
+std::optional<int> schema_version_of(pqxx::transaction_base& tx, const std::string& schema, const std::string& table);
 
 /// The claims table's part of Maintenance::migrate(): creates it in
 /// `cfg.mode` if missing (with its default partition or its processed_at
