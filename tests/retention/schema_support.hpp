@@ -7,6 +7,7 @@
 #include <istream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <idemkafka/store.hpp>
 
@@ -28,12 +29,17 @@ struct DropSchema {
     }
 };
 
-/// `pg_dump --schema-only` of one schema, with what must differ between two
-/// schemas normalised: the schema's name, and pg_dump's per-run \restrict key.
-inline std::string dump_schema(const std::string& schema)
+/// `pg_dump --schema-only` of one schema (only `tables` of it when given),
+/// with what must differ between two schemas normalised: the schema's name,
+/// and pg_dump's per-run \restrict key.
+inline std::string dump_schema(const std::string& schema, const std::vector<std::string>& tables = {})
 {
-    const auto r = run_shell("pg_dump --schema-only --no-owner --no-privileges -n " + shell_quote(schema) + " " +
-                             shell_quote(pg()));
+    std::string what = " -n " + shell_quote(schema);
+    if (!tables.empty())
+        what.clear();
+    for (const auto& t : tables)
+        what += " -t " + shell_quote(schema + "." + t);
+    const auto r = run_shell("pg_dump --schema-only --no-owner --no-privileges" + what + " " + shell_quote(pg()));
     INFO(r.err);
     REQUIRE(r.rc == 0);
     std::istringstream in(r.out);
