@@ -58,7 +58,9 @@ services and runs this; by hand, point it at your own:
                          idemkafka_per_event, idemkafka_batch, idemkafka_batch_rowwise,
                          idemkafka_batch_wN,
                          naive_listener; and, only when named (or --mixed),
-                         idemkafka_mixed_partition, idemkafka_mixed_key
+                         idemkafka_mixed_partition, idemkafka_mixed_key,
+                         idemkafka_batch_fingerprint (idemkafka_batch with
+                         ConsumerConfig::payload_fingerprint)
 
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
@@ -264,6 +266,7 @@ struct ModeSpec {
     bool batch_handler; // idemkafka: one handler call per transaction
     bool mixed = false; // idemkafka: 1% of handler calls take 200 ms
     bool key_ordering = false;
+    bool fingerprint = false; // idemkafka: ConsumerConfig::payload_fingerprint
 };
 
 // `batch`: the library's default max_batch, which the batch floors use too.
@@ -290,6 +293,8 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     // not the library's cost per event).
     all.push_back({"idemkafka_mixed_partition", Kind::idemkafka, false, batch, o.mixed_workers, false, true, false});
     all.push_back({"idemkafka_mixed_key", Kind::idemkafka, false, batch, o.mixed_workers, false, true, true});
+    // What the payload fingerprint costs: idemkafka_batch with it on.
+    all.push_back({"idemkafka_batch_fingerprint", Kind::idemkafka, false, batch, 0, true, false, false, true});
     std::vector<ModeSpec> out;
     for (const auto& m : all)
         if (o.modes.count(m.name))
@@ -327,6 +332,7 @@ void set_mixed(Job& job, const ModeSpec& s)
     job.slow_every = 100;
     job.slow_for = std::chrono::milliseconds(200);
     job.key_ordering = s.key_ordering;
+    job.fingerprint = s.fingerprint;
 }
 
 std::string iso_now()

@@ -71,6 +71,7 @@ struct Job {
     int slow_every = 0;
     std::chrono::milliseconds slow_for{0};
     bool key_ordering = false;               ///< idemkafka: Ordering::key (else partition)
+    bool fingerprint = false;                ///< idemkafka: ConsumerConfig::payload_fingerprint
     int serial = 0;                          ///< unique per run: names groups and statements
 };
 

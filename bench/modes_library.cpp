@@ -77,6 +77,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         set_workers(cfg, job.workers);
     if (job.key_ordering)
         cfg.ordering = Ordering::key;
+    cfg.payload_fingerprint = job.fingerprint;
     LatencyRecorder& latency = st.latency;
     std::mutex pending_mu;
     std::vector<Pending> pending;

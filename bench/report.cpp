@@ -177,7 +177,8 @@ ordered_json summarise(const Report& report)
                                {"idemkafka_per_event", "pg_floor_per_event", 0.90},
                                {"idemkafka_batch", "naive_listener", 20.0},
                                {"pg_floor_batch_rowwise", "pg_floor_batch", std::nullopt},
-                               {"idemkafka_batch", "kafka_raw", std::nullopt}};
+                               {"idemkafka_batch", "kafka_raw", std::nullopt},
+                               {"idemkafka_batch_fingerprint", "idemkafka_batch", std::nullopt}};
     for (const auto& m : modes) {
         if (m.rfind("idemkafka_batch_w", 0) == 0) {
             pairs.push_back({m, "pg_floor_batch", std::nullopt});

@@ -41,3 +41,13 @@ endif()
 if(idemkafka_SOURCE_DIR AND NOT TARGET nlohmann_json::nlohmann_json)
   find_package(nlohmann_json 3 REQUIRED)
 endif()
+
+# xxHash fingerprints payloads inside the library (ConsumerConfig::payload_fingerprint).
+# It is used header-only (XXH_INLINE_ALL), so only idemkafka's own build looks for
+# it, never a project that finds the installed package.
+if(idemkafka_SOURCE_DIR AND NOT IDEMKAFKA_XXHASH_INCLUDE_DIR)
+  find_path(IDEMKAFKA_XXHASH_INCLUDE_DIR xxhash.h)
+  if(NOT IDEMKAFKA_XXHASH_INCLUDE_DIR)
+    message(FATAL_ERROR "xxhash.h not found: install libxxhash-dev (Debian, Ubuntu) or xxhash-devel (Fedora)")
+  endif()
+endif()

@@ -326,6 +326,19 @@ struct IDEMKAFKA_API ConsumerConfig {
     bool offsets_in_database = false;
     std::string offsets_table = "consumer_offset"; ///< the positions table with offsets_in_database (unquoted name)
 
+    /// Store a 64-bit fingerprint (XXH3) of each record's value with its claim,
+    /// and dead-letter a record whose event id was claimed before with a
+    /// different value (reason `event_id_reused`) instead of skipping it as a
+    /// duplicate: a producer that reused an id for another event. Only for
+    /// producers that resend an event byte for byte (Kafka retries, outbox
+    /// relays and dead-letter replays do; a producer that serialises the event
+    /// again, with a new timestamp inside, does not). A claim stored without a
+    /// fingerprint (before schema version 2, or by a consumer without this
+    /// option) makes any redelivery a plain duplicate. Costs nothing but the
+    /// column on records that are not duplicates; duplicates cost one indexed
+    /// read in their transaction. Needs schema version 2.
+    bool payload_fingerprint = false;
+
     /// Records per PostgreSQL transaction (1 = one transaction per record).
     std::size_t max_batch = 500;
     /// PostgreSQL connections working on a batch in parallel, each in its own

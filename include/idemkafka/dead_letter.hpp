@@ -29,10 +29,12 @@ enum class DeadLetterReason {
     non_retryable,        ///< the handler threw an error classified as not retryable
     beyond_dedup_horizon, ///< the event is older than the dedup retention can protect
     non_v7_event_id,      ///< the event id is not a UUIDv7 where one is required
+    event_id_reused,      ///< the event id was processed before with a different payload
+                          ///< (ConsumerConfig::payload_fingerprint)
 };
 
 /// How many DeadLetterReason values there are (the size of MetricsSnapshot::dead_lettered).
-inline constexpr std::size_t dead_letter_reason_count = 9;
+inline constexpr std::size_t dead_letter_reason_count = 10;
 
 /// The header value of a reason, e.g. "decode_error".
 IDEMKAFKA_API std::string_view to_string(DeadLetterReason reason) noexcept;

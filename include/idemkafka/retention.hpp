@@ -215,10 +215,12 @@ public:
     /// retention to partitions_ahead ahead; purge: with an index on
     /// processed_at). An existing table keeps its layout, or with
     /// Existing::convert a plain one becomes the default partition of a new
-    /// partitioned table. Idempotent; safe to run twice and concurrently. Throws
-    /// ConfigError for a conversion it cannot do (partitioned to plain, or a table
-    /// partitioned by something other than event_id) and DatabaseError when
-    /// PostgreSQL fails.
+    /// partitioned table. A table of an earlier schema version is upgraded in
+    /// place first, in the same transaction. Idempotent; safe to run twice and
+    /// concurrently. Throws ConfigError for a conversion it cannot do
+    /// (partitioned to plain, or a table partitioned by something other than
+    /// event_id) or a table of a newer schema version (both versions named),
+    /// and DatabaseError when PostgreSQL fails.
     MigrationReport migrate(pqxx::connection& conn, Existing existing = Existing::keep);
 
     /// One maintenance run. Partitioned table: creates missing partitions from now -

@@ -22,8 +22,12 @@ struct ConsumerConfig;
 
 /// The version of the schema this library creates and expects. Stored as each
 /// table's comment (`idemkafka <kind> table, schema version N`), so it survives
-/// pg_dump and reviewed migrations.
-inline constexpr int schema_version = 1;
+/// pg_dump and reviewed migrations. migrate_schema() upgrades a table of any
+/// earlier version in place; a consumer refuses a table of a later one
+/// (ConfigError), and with create_schema = false an earlier one too.
+/// Version 1: idemkafka 0.1.0. Version 2: the claims table's
+/// payload_fingerprint column (ConsumerConfig::payload_fingerprint).
+inline constexpr int schema_version = 2;
 
 /// The oldest PostgreSQL the DDL is written for (partitioned tables with a
 /// DEFAULT partition and a primary key need 11; the project supports 13+).
@@ -86,12 +90,24 @@ struct SchemaMigrationReport {
 IDEMKAFKA_API std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_point now,
                        const std::string& command = {});
 
-/// Creates (or upgrades) every table of `spec`: the claims table through
-/// Maintenance::migrate() (with `existing`), then the offsets and outbox
-/// tables, then the version comments. Idempotent, safe to run concurrently.
-/// Throws ConfigError (impossible conversion, bad name), DatabaseError
-/// (PostgreSQL failed) or ConfigError when an existing table does not have
-/// the columns and keys the library needs.
+/// The statements migrate_schema() runs to upgrade the tables of `spec`
+/// from schema version `from_version` to schema_version (under the same lock
+/// and lock_timeout, ending with each table's new version comment), for a
+/// DBA who applies reviewed SQL; `command` is the command line shown in the
+/// header. Throws ConfigError for a version that is not 1 to schema_version,
+/// a name quote_identifier() refuses or an invalid retention config.
+IDEMKAFKA_API std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const std::string& command = {});
+
+/// Creates or upgrades every table of `spec` in one transaction under the
+/// schema advisory lock: a table of an earlier schema version is upgraded in
+/// place (every claim and position kept), the claims table is created or, with
+/// Existing::convert, converted as Maintenance::migrate() does, missing
+/// offsets and outbox tables are created, each table gets the version
+/// comment; then a partitioned claims table gets its partitions. Idempotent,
+/// safe to run concurrently. Throws ConfigError (impossible conversion, bad
+/// name, an existing table without the columns and keys of its version, a
+/// table of a newer schema version than this library's: both versions named),
+/// DatabaseError (PostgreSQL failed; nothing changed).
 IDEMKAFKA_API SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec,
                                      Maintenance::Existing existing = Maintenance::Existing::keep, LogSink log = {},
                                      Maintenance::WallClock clock = {});

@@ -20,7 +20,8 @@ namespace idemkafka {
 IDEMKAFKA_API std::string quote_identifier(std::string_view name);
 
 /// The claims table `(event_id uuid, consumer_group text, processed_at
-/// timestamptz, PRIMARY KEY (event_id, consumer_group))`.
+/// timestamptz, payload_fingerprint bigint, PRIMARY KEY (event_id,
+/// consumer_group))`.
 class IDEMKAFKA_API ProcessedEventStore {
 public:
     /// Names are quoted, never spliced into SQL as they are. Throws ConfigError

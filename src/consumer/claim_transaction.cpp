@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "core/fingerprint.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
 #include "pg/arrays.hpp"
@@ -20,6 +21,7 @@ namespace idemkafka::detail {
 namespace {
 
 constexpr const char* claim_statement = "idemkafka_claim";
+constexpr const char* fingerprints_statement = "idemkafka_stored_fingerprints"; // payload_fingerprint only
 
 // Thrown inside the transaction to abandon it on a forced stop.
 struct Abandon {};
@@ -81,7 +83,11 @@ std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
     pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
-    db.prepare(claim_statement, pg::commit_guard_cte() + pg::claim_sql(s_.store));
+    db.prepare(claim_statement,
+               pg::commit_guard_cte() +
+                   (s_.cfg.payload_fingerprint ? pg::fingerprint_claim_sql(s_.store) : pg::claim_sql(s_.store)));
+    if (s_.cfg.payload_fingerprint)
+        db.prepare(fingerprints_statement, pg::stored_fingerprints_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
     {
@@ -378,6 +384,82 @@ bool ClaimTransaction::left_usable(const pqxx::dbtransaction& tx, const Worker& 
     return false;
 }
 
+namespace {
+
+std::int64_t fingerprint_of(const Item& it)
+{
+    return fingerprint(it.record.value ? *it.record.value : std::string_view());
+}
+
+} // namespace
+
+pqxx::result ClaimTransaction::claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
+                                     const std::vector<std::int64_t>& fingerprints)
+{
+    if (!s_.cfg.payload_fingerprint)
+        return pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id);
+    return pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id, int_array(fingerprints));
+}
+
+// With payload_fingerprint, after the claim: a record whose event id was
+// claimed with another payload (by an earlier transaction, as its stored
+// fingerprint says, or by an earlier record of this one) is dead-lettered
+// (event_id_reused) instead of skipped as a duplicate. The stored
+// fingerprints are read only for the ids that conflicted (committed claims:
+// READ COMMITTED shows them to this next statement). The dead letters are
+// sent before COMMIT, so a stored position never passes one that was not
+// acknowledged.
+ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b,
+                                                         const std::vector<std::size_t>& first,
+                                                         const std::unordered_set<EventId>& claimed)
+{
+    struct Reference {
+        std::int64_t fingerprint;
+        const Item* by; // the record of this transaction that claimed it; null: claimed before
+    };
+    std::unordered_map<EventId, Reference> reference;
+    std::vector<EventId> conflicted;
+    for (std::size_t i : first) {
+        const auto& it = b.items[i];
+        if (claimed.count(it.id))
+            reference.emplace(it.id, Reference{fingerprint_of(it), &it});
+        else
+            conflicted.push_back(it.id);
+    }
+    if (!conflicted.empty())
+        for (const auto& row :
+             pg::exec_prepared(tx, fingerprints_statement, s_.cfg.group_id, pg::uuid_array(conflicted)))
+            reference.emplace(EventId::parse(row[0].c_str()), Reference{row[1].as<std::int64_t>(), nullptr});
+    std::vector<Item*> reused;
+    for (std::size_t i : w.items) {
+        auto& it = b.items[i];
+        if (it.state != ItemState::pending || held(w.holds, it))
+            continue;
+        const auto ref = reference.find(it.id);
+        const std::int64_t own = ref == reference.end() ? 0 : fingerprint_of(it);
+        if (ref == reference.end() || own == ref->second.fingerprint)
+            continue;
+        it.poison(DeadLetterReason::event_id_reused,
+                  fmt::format("event id {} was claimed {} with a different payload (fingerprint {:016x}, this "
+                              "record's {:016x}): the producer reused the id for another event; this record is not "
+                              "processed, the id's effect stays that of the first payload",
+                              it.id.to_string(),
+                              ref->second.by ? "by " + ref->second.by->where() + " in the same transaction"
+                                             : std::string("before"),
+                              static_cast<std::uint64_t>(ref->second.fingerprint), static_cast<std::uint64_t>(own)));
+        reused.push_back(&it);
+    }
+    Reused out;
+    out.rejected = reused.size();
+    if (reused.empty())
+        return out;
+    const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the broker's time, not PostgreSQL's
+    s_.dead_letters.send(reused, w.holds);
+    for (const auto* it : reused)
+        out.held = out.held || it->state != ItemState::done;
+    return out;
+}
+
 // Releases the claims of the records from first[k] on (their handlers have
 // not run) and holds their partitions there, so this transaction commits
 // only finished work. Returns how many records are given back.
@@ -433,7 +515,21 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
         return Outcome::committed;
     // Claims in id order: workers that share ids lock them in the same order
     // and cannot deadlock each other.
-    std::sort(ids.begin(), ids.end());
+    std::vector<std::int64_t> fingerprints;
+    if (s_.cfg.payload_fingerprint) {
+        std::vector<std::pair<EventId, std::int64_t>> by_id;
+        by_id.reserve(first.size());
+        for (std::size_t i : first)
+            by_id.emplace_back(items[i].id, fingerprint_of(items[i]));
+        std::sort(by_id.begin(), by_id.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+        fingerprints.reserve(by_id.size());
+        for (std::size_t k = 0; k < by_id.size(); ++k) {
+            ids[k] = by_id[k].first;
+            fingerprints.push_back(by_id[k].second);
+        }
+    } else {
+        std::sort(ids.begin(), ids.end());
+    }
 
     std::size_t current = nobody; // the record whose handler runs
     std::size_t claimed_override = SIZE_MAX;
@@ -447,10 +543,18 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
         const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
         pqxx::work tx(*w.db);
         pg::open_for_writes(tx, s_.cfg.lock_timeout);
-        auto claimed_list =
-            pg::claimed_ids(pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id));
+        auto claimed_list = pg::claimed_ids(claim(tx, ids, fingerprints));
         w.watch.arm(s_.cfg.db_timeout);
         std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
+        // Only where a record is not the first claim of its id: a conflict, or
+        // an id twice in the batch.
+        if (s_.cfg.payload_fingerprint && (claimed.size() < ids.size() || active > ids.size())) {
+            const Reused reused = reject_reused(tx, w, b, first, claimed);
+            if (reused.held)
+                return Outcome::split; // again without the partition's tail behind the held dead letter
+            active -= reused.rejected;
+            w.info.records = active;
+        }
         std::size_t handled = 0;
         for (std::size_t k = 0; k < first.size(); ++k) {
             const std::size_t i = first[k];
@@ -712,7 +816,7 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
         if (pg::replaced(tx))
             throw replaced_by_hook();
         if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
-            pg::exec_prepared(tx, claim_statement, pg::uuid_array({it.id}), s_.cfg.group_id);
+            claim(tx, {it.id}, {fingerprint_of(it)});
         if (!pg::arm_commit(tx))
             throw replaced_by_hook();
         tx.commit();

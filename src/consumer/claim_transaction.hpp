@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -148,7 +149,17 @@ private:
         Clock::time_point deadline;
     };
 
+    // What reject_reused() did: records dead-lettered or held for their dead letter.
+    struct Reused {
+        std::size_t rejected = 0;
+        bool held = false; // a dead letter was not acknowledged: its partition is held there
+    };
+
     Outcome attempt(Worker& w, Batch& b, Failure& failure);
+    pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
+                       const std::vector<std::int64_t>& fingerprints);
+    Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
+                         const std::unordered_set<EventId>& claimed);
     void handler_failed(Worker& w, Batch& b, const Failure& f);
     void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
     bool retryable(const std::exception& e) const;

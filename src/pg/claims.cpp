@@ -14,6 +14,20 @@ std::string claim_sql(const ProcessedEventStore& store)
                        store.qualified_name());
 }
 
+std::string fingerprint_claim_sql(const ProcessedEventStore& store)
+{
+    return fmt::format("INSERT INTO {} (event_id, consumer_group, payload_fingerprint) SELECT c.id, $2::text, c.fp "
+                       "FROM unnest($1::uuid[], $3::bigint[]) AS c(id, fp) ON CONFLICT DO NOTHING RETURNING event_id",
+                       store.qualified_name());
+}
+
+std::string stored_fingerprints_sql(const ProcessedEventStore& store)
+{
+    return fmt::format("SELECT event_id, payload_fingerprint FROM {} WHERE consumer_group = $1 AND event_id = "
+                       "ANY($2::uuid[]) AND payload_fingerprint IS NOT NULL",
+                       store.qualified_name());
+}
+
 std::string uuid_array(const std::vector<EventId>& ids)
 {
     std::string out;

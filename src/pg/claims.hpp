@@ -16,6 +16,15 @@ namespace idemkafka::detail::pg {
 /// `$2` the consumer group; returns the ids that were not claimed before.
 std::string claim_sql(const ProcessedEventStore& store);
 
+/// The claim statement that also stores each claim's payload fingerprint:
+/// as claim_sql(), with `$3` a bigint[] literal (int_array()) of the
+/// fingerprints in the order of `$1`.
+std::string fingerprint_claim_sql(const ProcessedEventStore& store);
+
+/// The stored fingerprints of `$2` (a uuid[] literal) claimed by group `$1`:
+/// rows (event_id, payload_fingerprint), claims without one left out.
+std::string stored_fingerprints_sql(const ProcessedEventStore& store);
+
 /// `{uuid,uuid,...}`: the array literal `$1` of claim_sql() takes.
 std::string uuid_array(const std::vector<EventId>& ids);
 

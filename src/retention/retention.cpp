@@ -12,12 +12,14 @@
 
 #include "core/duration_text.hpp"
 #include "idemkafka/error.hpp"
+#include "idemkafka/schema.hpp"
 #include "observe/log_context.hpp"
 #include "core/periodic.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 #include "pg/watch.hpp"
 #include "schema/ddl.hpp"
+#include "schema/migration.hpp"
 #include "pg/connect.hpp"
 #include "core/fnv1a.hpp"
 
@@ -594,11 +596,9 @@ public:
         // UPDATE EXCLUSIVE lock on the parent, so claims keep flowing meanwhile.
         tx.exec(detail::ddl::claims_partition_table(q));
         if (rows > 0)
-            tx.exec(
-                fmt::format("WITH moved AS (DELETE FROM {} WHERE {} RETURNING event_id, consumer_group, processed_at) "
-                            "INSERT INTO {} (event_id, consumer_group, processed_at) "
-                            "SELECT event_id, consumer_group, processed_at FROM moved",
-                            def->qualified(), in_range, q));
+            tx.exec(fmt::format("WITH moved AS (DELETE FROM {0} WHERE {1} RETURNING {3}) INSERT INTO {2} ({3}) "
+                                "SELECT {3} FROM moved",
+                                def->qualified(), in_range, q, detail::ddl::claim_column_names));
         tx.exec(detail::ddl::claims_attach(store_.qualified_name(), q, lo, hi));
         tx.commit();
         return true;
@@ -727,101 +727,119 @@ Maintenance::Maintenance(ProcessedEventStore store, RetentionConfig config, LogS
         clock_ = [] { return std::chrono::system_clock::now(); };
 }
 
+void detail::migrate_claims_table(pqxx::work& tx, const ProcessedEventStore& store, const RetentionConfig& cfg,
+                                  Maintenance::Existing existing, MigrationReport& report)
+{
+    using Existing = Maintenance::Existing;
+    const std::string& t = store.qualified_name();
+    const std::string def =
+        quote_identifier(store.schema()) + "." + quote_identifier(default_partition_name(store.table()));
+    tx.exec(detail::ddl::create_schema(store.quoted_schema()));
+    const TableKind kind = table_kind(tx, t);
+    bool has_default = false;
+    if (!kind.exists) {
+        for (const auto& sql : detail::ddl::claims_table(store.schema(), store.table(), cfg.mode))
+            tx.exec(sql);
+        has_default = cfg.mode == RetentionMode::partitioned;
+        report.created = true;
+        report.mode = cfg.mode;
+        report.notes.insert(report.notes.begin(), fmt::format("created {} ({})", t, to_string(cfg.mode)));
+    } else if (kind.partitioned) {
+        if (!keyed_by_event_id(kind))
+            throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); a key "
+                                          "other than the event id cannot keep redeliveries in one partition",
+                                          t, kind.partkey));
+        if (cfg.mode == RetentionMode::purge && existing == Existing::convert)
+            throw ConfigError(fmt::format("mode: {} is partitioned; converting it back to a plain table is "
+                                          "not supported (its partitions already expire on their own)",
+                                          t));
+        report.mode = RetentionMode::partitioned;
+        if (!find_default(list_partitions(tx, t))) {
+            tx.exec(detail::ddl::claims_default_partition(store.schema(), store.table()));
+            report.notes.push_back(fmt::format("added the default partition {}", def));
+        }
+        has_default = true;
+    } else if (cfg.mode == RetentionMode::partitioned && existing == Existing::convert) {
+        // The plain table (upgraded to this schema version first: it must have
+        // the parent's columns) becomes the default partition as it is (no
+        // validation scan: with no other partition it accepts everything).
+        // Creating the range partitions then moves the claims of their ranges
+        // out of it (up to max_move_rows each); the rest ages out there by
+        // processed_at.
+        tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t, quote_identifier(default_partition_name(store.table()))));
+        tx.exec(detail::ddl::claims_table(store.schema(), store.table(), RetentionMode::partitioned)[0]);
+        tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
+        tx.exec(detail::ddl::version_comment(t, detail::ddl::claims_kind));
+        has_default = true;
+        report.converted = true;
+        report.mode = RetentionMode::partitioned;
+        report.notes.push_back(fmt::format("converted {} to partitioned: its rows are now in the default "
+                                           "partition {} and expire by processed_at",
+                                           t, def));
+    } else {
+        report.mode = RetentionMode::purge;
+        if (cfg.mode == RetentionMode::partitioned)
+            report.notes.push_back(fmt::format("{} is a plain table and stays one (maintenance purges it); "
+                                               "convert it with `idemkafka-admin migrate --mode partitioned`",
+                                               t));
+        // On a large table this blocks writes while it builds: create the index
+        // CONCURRENTLY by hand first (docs/retention.md), migrate then finds it.
+        if (ensure_processed_at_index(tx, t, detail::ddl::plain_index_name(store.table())))
+            report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", t));
+    }
+    // The default partition is purged by processed_at like a plain table.
+    if (has_default && ensure_processed_at_index(tx, def, detail::ddl::default_index_name(store.table())) &&
+        !report.created)
+        report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", def));
+}
+
+void detail::finish_claims_migration(pqxx::connection& conn, const ProcessedEventStore& store,
+                                     const RetentionConfig& cfg, const LogSink& log,
+                                     const Maintenance::WallClock& clock, MigrationReport& report)
+{
+    const std::atomic<bool> never{false};
+    MaintenanceOps ops(store, cfg, log, never);
+    // Logged once committed: a rolled-back migration changed nothing.
+    for (const auto& line : report.notes)
+        ops.say(LogLevel::info, "{}", line);
+    if (report.mode != RetentionMode::partitioned)
+        return;
+
+    // Partitions are made under the maintenance lock, as run_once() makes them. A
+    // concurrent migrate holds it only briefly; a maintenance run elsewhere makes
+    // them itself.
+    SessionLock lock(conn, store.qualified_name());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::max<milliseconds>(cfg.lock_timeout, std::chrono::seconds(30));
+    bool locked = lock.try_lock();
+    while (!locked && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(milliseconds(100));
+        locked = lock.try_lock();
+    }
+    if (!locked) {
+        ops.note(report.notes, LogLevel::info, "maintenance is running in another session; it creates the partitions");
+        return;
+    }
+    std::uint64_t moved = 0;
+    ops.create_partitions(conn, clock ? clock() : std::chrono::system_clock::now(), false, report.partitions_created,
+                          moved, report.notes);
+}
+
 MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
 {
-    MaintenanceOps ops(store_, config_, log_, cancel_);
     MigrationReport report;
-    const std::string& t = store_.qualified_name();
-    const std::string def =
-        quote_identifier(store_.schema()) + "." + quote_identifier(default_partition_name(store_.table()));
     try {
         {
             pqxx::work tx(conn);
-            // The same lock as ProcessedEventStore::ensure_schema: concurrent migrations
-            // and consumer start-ups run one after the other.
+            // The same lock as every schema change: concurrent migrations and
+            // consumer start-ups run one after the other.
             tx.exec(detail::ddl::schema_lock);
-            tx.exec(detail::ddl::create_schema(store_.quoted_schema()));
-            const TableKind kind = table_kind(tx, t);
-            bool has_default = false;
-            if (!kind.exists) {
-                for (const auto& sql : detail::ddl::claims_table(store_.schema(), store_.table(), config_.mode))
-                    tx.exec(sql);
-                has_default = config_.mode == RetentionMode::partitioned;
-                report.created = true;
-                report.mode = config_.mode;
-                report.notes.insert(report.notes.begin(), fmt::format("created {} ({})", t, to_string(config_.mode)));
-            } else if (kind.partitioned) {
-                if (!keyed_by_event_id(kind))
-                    throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); a key "
-                                                  "other than the event id cannot keep redeliveries in one partition",
-                                                  t, kind.partkey));
-                if (config_.mode == RetentionMode::purge && existing == Existing::convert)
-                    throw ConfigError(fmt::format("mode: {} is partitioned; converting it back to a plain table is "
-                                                  "not supported (its partitions already expire on their own)",
-                                                  t));
-                report.mode = RetentionMode::partitioned;
-                if (!find_default(list_partitions(tx, t))) {
-                    tx.exec(detail::ddl::claims_default_partition(store_.schema(), store_.table()));
-                    report.notes.push_back(fmt::format("added the default partition {}", def));
-                }
-                has_default = true;
-            } else if (config_.mode == RetentionMode::partitioned && existing == Existing::convert) {
-                // The plain table becomes the default partition as it is (no validation
-                // scan: with no other partition it accepts everything). Creating the range
-                // partitions then moves the claims of their ranges out of it (up to
-                // max_move_rows each); the rest ages out there by processed_at.
-                tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t,
-                                    quote_identifier(default_partition_name(store_.table()))));
-                tx.exec(detail::ddl::claims_table(store_.schema(), store_.table(), RetentionMode::partitioned)[0]);
-                tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
-                has_default = true;
-                report.converted = true;
-                report.mode = RetentionMode::partitioned;
-                report.notes.push_back(fmt::format("converted {} to partitioned: its rows are now in the default "
-                                                   "partition {} and expire by processed_at",
-                                                   t, def));
-            } else {
-                report.mode = RetentionMode::purge;
-                if (config_.mode == RetentionMode::partitioned)
-                    report.notes.push_back(fmt::format("{} is a plain table and stays one (maintenance purges it); "
-                                                       "convert it with `idemkafka-admin migrate --mode partitioned`",
-                                                       t));
-                // On a large table this blocks writes while it builds: create the index
-                // CONCURRENTLY by hand first (docs/retention.md), migrate then finds it.
-                if (ensure_processed_at_index(tx, t, detail::ddl::plain_index_name(store_.table())))
-                    report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", t));
-            }
-            // The default partition is purged by processed_at like a plain table.
-            if (has_default &&
-                ensure_processed_at_index(tx, def, detail::ddl::default_index_name(store_.table())) &&
-                !report.created)
-                report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", def));
+            // An older table first: conversion and new partitions need its columns.
+            detail::upgrade_table(tx, detail::ddl::claims_kind, store_.schema(), store_.table(), config_.lock_timeout);
+            detail::migrate_claims_table(tx, store_, config_, existing, report);
             tx.commit();
         }
-        // Logged once committed: a rolled-back migration changed nothing.
-        for (const auto& line : report.notes)
-            ops.say(LogLevel::info, "{}", line);
-        if (report.mode != RetentionMode::partitioned)
-            return report;
-
-        // Partitions are made under the maintenance lock, as run_once() makes them. A
-        // concurrent migrate holds it only briefly; a maintenance run elsewhere makes
-        // them itself.
-        SessionLock lock(conn, t);
-        const auto deadline =
-            std::chrono::steady_clock::now() + std::max<milliseconds>(config_.lock_timeout, std::chrono::seconds(30));
-        bool locked = lock.try_lock();
-        while (!locked && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(milliseconds(100));
-            locked = lock.try_lock();
-        }
-        if (!locked) {
-            ops.note(report.notes, LogLevel::info,
-                     "maintenance is running in another session; it creates the partitions");
-            return report;
-        }
-        std::uint64_t moved = 0;
-        ops.create_partitions(conn, clock_(), false, report.partitions_created, moved, report.notes);
+        detail::finish_claims_migration(conn, store_, config_, log_, clock_, report);
         return report;
     } catch (...) {
         rethrow_as_database_error("migrate");
@@ -845,11 +863,13 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
         report.acted = true;
         TableKind kind;
         std::vector<Partition> parts;
+        std::optional<int> version;
         {
             pqxx::work tx(conn);
             kind = table_kind(tx, t);
             if (kind.partitioned)
                 parts = list_partitions(tx, t);
+            version = detail::schema_version_of(tx, store_.schema(), store_.table());
         }
         if (!kind.exists)
             throw DatabaseError(fmt::format("{} does not exist; run `idemkafka-admin migrate` (or start a consumer "
@@ -867,7 +887,18 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
         if (!keyed_by_event_id(kind))
             throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); not maintaining it", t,
                                           kind.partkey));
-        ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved, report.actions);
+        // A partition gets this version's columns, and PostgreSQL attaches only
+        // a partition with exactly the parent's: a table not upgraded yet (or
+        // upgraded by a newer release) gets no new partitions from here. Its
+        // ids land in the default partition meanwhile, still deduplicated.
+        if (version.value_or(1) != schema_version)
+            ops.note(report.actions, LogLevel::warning,
+                     fmt::format("no partitions created: {} has schema version {} and this library makes partitions "
+                                 "of version {}; upgrade it with `idemkafka-admin migrate` of the newer release",
+                                 t, version.value_or(1), schema_version));
+        else
+            ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved,
+                                  report.actions);
         ops.drop_expired(conn, report.now, dry_run, report.partitions_dropped, report.partitions_kept, report.actions);
         {
             pqxx::work tx(conn);

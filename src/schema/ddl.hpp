@@ -53,6 +53,14 @@ std::vector<std::string> offsets_table(const std::string& qualified);
 /// A new outbox table `qualified` with its two partial indexes, then its version comment.
 std::vector<std::string> outbox_table(const std::string& qualified);
 
+/// The statements that bring a table of `kind` (`qualified`) from schema
+/// version `to - 1` to `to`; none when that version did not change it. Each
+/// is safe on a table that already has what it adds.
+std::vector<std::string> upgrade_statements(std::string_view kind, const std::string& qualified, int to);
+
+/// Every column of the claims table, in order, for statements that copy claims.
+inline constexpr const char* claim_column_names = "event_id, consumer_group, processed_at, payload_fingerprint";
+
 /// `COMMENT ON TABLE ... IS 'idemkafka <kind> table, schema version N'`.
 std::string version_comment(const std::string& qualified, std::string_view kind);
 

@@ -13,8 +13,10 @@
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/outbox.hpp"
 #include "idemkafka/store.hpp"
+#include "observe/log_context.hpp"
 #include "pg/exec.hpp"
 #include "schema/ddl.hpp"
+#include "schema/migration.hpp"
 
 namespace idemkafka {
 
@@ -29,9 +31,11 @@ std::string create_schema(const std::string& schema_q)
 
 std::string claim_columns()
 {
+    // payload_fingerprint last: where an upgrade added it.
     return "event_id uuid NOT NULL,"
            " consumer_group text NOT NULL,"
            " processed_at timestamptz NOT NULL DEFAULT now(),"
+           " payload_fingerprint bigint,"
            " PRIMARY KEY (event_id, consumer_group)";
 }
 
@@ -113,6 +117,28 @@ std::vector<std::string> outbox_table(const std::string& qualified)
             // What the purge reads.
             fmt::format("CREATE INDEX ON {} (sent_at) WHERE sent_at IS NOT NULL", qualified),
             version_comment(qualified, outbox_kind)};
+}
+
+std::vector<std::string> upgrade_statements(std::string_view kind, const std::string& qualified, int to)
+{
+    // One case per schema version after the first, appended when a release
+    // changes a table; a released case never changes again (tables in the
+    // field were upgraded by it). Each statement is safe to run on a table
+    // that already has what it adds: a table without a version comment is
+    // taken for the oldest layout.
+    switch (to) {
+    case 2:
+        // The payload fingerprint (ConsumerConfig::payload_fingerprint).
+        // Nullable without a default: a change of the catalog only, instant on
+        // a table of any size, and a partitioned table passes it to every
+        // partition. Claims from before have none: their redeliveries stay
+        // plain duplicates.
+        if (kind == claims_kind)
+            return {fmt::format("ALTER TABLE {} ADD COLUMN IF NOT EXISTS payload_fingerprint bigint", qualified)};
+        return {};
+    default:
+        return {};
+    }
 }
 
 std::string version_comment(const std::string& qualified, std::string_view kind)
@@ -200,12 +226,17 @@ struct Expected {
     std::vector<std::string> unique_keys; // same form
 };
 
-Expected expected(std::string_view kind)
+// The layout of a table of `kind` at schema version `version`.
+Expected expected(std::string_view kind, int version)
 {
-    if (kind == detail::ddl::claims_kind)
-        return {{{"event_id", "uuid"}, {"consumer_group", "text"}, {"processed_at", "timestamp with time zone"}},
-                "consumer_group,event_id",
-                {}};
+    if (kind == detail::ddl::claims_kind) {
+        Expected e{{{"event_id", "uuid"}, {"consumer_group", "text"}, {"processed_at", "timestamp with time zone"}},
+                   "consumer_group,event_id",
+                   {}};
+        if (version >= 2)
+            e.columns.push_back({"payload_fingerprint", "bigint"});
+        return e;
+    }
     if (kind == detail::ddl::offsets_kind)
         return {{{"consumer_group", "text"},
                  {"topic", "text"},
@@ -242,8 +273,19 @@ std::optional<int> parse_version(const std::string& comment)
     return v;
 }
 
-TableCheck check_table(pqxx::transaction_base& tx, std::string_view kind, const std::string& schema,
-                       const std::string& table)
+std::string newer_problem(int version)
+{
+    return fmt::format("has schema version {}, newer than this library understands (version {}): a newer idemkafka "
+                       "upgraded it; run that release or a later one",
+                       version, schema_version);
+}
+
+// What the table of `kind` looks like: whether it exists, its version, its
+// layout, and what it lacks for the layout of schema version `layout` (its
+// own version when `layout` is 0; the current one for a table without a
+// version). A newer table's layout is not judged: only a newer library can.
+TableCheck inspect_table(pqxx::transaction_base& tx, std::string_view kind, const std::string& schema,
+                         const std::string& table, int layout = 0)
 {
     TableCheck c;
     c.kind = std::string(kind);
@@ -264,6 +306,12 @@ TableCheck check_table(pqxx::transaction_base& tx, std::string_view kind, const 
     const bool partitioned = rel[0][1].as<std::string>() == "p";
     c.mode = partitioned ? RetentionMode::partitioned : RetentionMode::purge;
     c.version = parse_version(rel[0][3].as<std::string>());
+    if (c.version && *c.version > schema_version) {
+        c.problems.push_back(newer_problem(*c.version));
+        return c;
+    }
+    if (layout == 0)
+        layout = c.version.value_or(schema_version);
     if (partitioned && (kind != detail::ddl::claims_kind || rel[0][2].as<std::string>() != "RANGE (event_id)"))
         c.problems.push_back(fmt::format("is partitioned by {}, not as the library creates it",
                                          rel[0][2].as<std::string>()));
@@ -272,7 +320,7 @@ TableCheck check_table(pqxx::transaction_base& tx, std::string_view kind, const 
                                               "pg_attribute WHERE attrelid = $1::bigint::oid AND attnum > 0 AND NOT "
                                               "attisdropped",
                                               oid);
-    const Expected want = expected(kind);
+    const Expected want = expected(kind, layout);
     for (const auto& col : want.columns) {
         std::optional<std::string> type;
         for (const auto& row : cols)
@@ -303,13 +351,59 @@ TableCheck check_table(pqxx::transaction_base& tx, std::string_view kind, const 
         if (!found)
             c.problems.push_back(fmt::format("has no unique key ({})", u));
     }
+    return c;
+}
+
+// What a consumer that may not change the schema sees: every problem, an
+// older version included.
+TableCheck check_table(pqxx::transaction_base& tx, std::string_view kind, const std::string& schema,
+                       const std::string& table)
+{
+    TableCheck c = inspect_table(tx, kind, schema, table);
     if (c.version && *c.version < schema_version)
-        c.problems.push_back(
-            fmt::format("has schema version {}, this library needs version {}", *c.version, schema_version));
+        c.problems.push_back(fmt::format("has schema version {}, this library needs version {}; upgrade it in place",
+                                         *c.version, schema_version));
     return c;
 }
 
 } // namespace
+
+std::optional<int> detail::schema_version_of(pqxx::transaction_base& tx, const std::string& schema,
+                                             const std::string& table)
+{
+    const auto r = detail::pg::exec_params(
+        tx,
+        "SELECT coalesce(obj_description(c.oid, 'pg_class'), '') FROM pg_class c JOIN pg_namespace n ON n.oid = "
+        "c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
+        schema, table);
+    return r.empty() ? std::nullopt : parse_version(r[0][0].as<std::string>());
+}
+
+bool detail::upgrade_table(pqxx::work& tx, std::string_view kind, const std::string& schema, const std::string& table,
+                           std::chrono::milliseconds lock_timeout)
+{
+    // Unversioned: from before schema versions, or made by hand; the oldest
+    // layout is the least it must have, and every step tolerates more.
+    const TableCheck c = inspect_table(tx, kind, schema, table, 1);
+    if (!c.exists)
+        return false;
+    const int from = c.version.value_or(1);
+    if (c.version == schema_version)
+        return false;
+    if (!c.ok())
+        throw ConfigError(fmt::format("the {} table {} {}; it is not changed automatically", kind, c.qualified,
+                                      fmt::join(c.problems, "; ")));
+    if (from < schema_version) {
+        // An upgrade step may lock the table: claims queued behind it wait at
+        // most this long; past it the migration rolls back and runs again later.
+        tx.exec(fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(lock_timeout.count(), 1)));
+        for (int to = from + 1; to <= schema_version; ++to)
+            for (const auto& sql : ddl::upgrade_statements(kind, c.qualified, to))
+                tx.exec(sql);
+    }
+    tx.exec(ddl::version_comment(c.qualified, kind));
+    return true;
+}
 
 // ---- print-sql ---------------------------------------------------------------------
 
@@ -328,7 +422,8 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
            "-- concurrent runs wait for each other; apply this file once, in one transaction\n"
            "-- (Flyway and Liquibase do; with psql: psql -1 -v ON_ERROR_STOP=1 -f FILE).\n"
            "-- Run it as the role that should own the tables; the runtime role needs only the\n"
-           "-- privileges listed in the README (\"Least privilege\").\n\n";
+           "-- privileges listed in the README (\"Least privilege\"). Tables of an earlier schema\n"
+           "-- version are upgraded, not created: `idemkafka-admin migrate --print-sql --from-version N`.\n\n";
     out += fmt::format("-- Claims table ({}).\n", to_string(spec.retention.mode));
     stmt(detail::ddl::create_schema(store.quoted_schema()));
     for (const auto& sql : detail::ddl::claims_table(store.schema(), store.table(), spec.retention.mode))
@@ -366,6 +461,45 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
     return out;
 }
 
+std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const std::string& command)
+{
+    if (from_version < 1 || from_version > schema_version)
+        throw ConfigError(
+            fmt::format("schema version {} is not one of idemkafka's (1 to {})", from_version, schema_version));
+    spec.retention.validate();
+    const ProcessedEventStore store(spec.schema, spec.claims_table);
+    std::string out = fmt::format("-- idemkafka schema upgrade from version {} to {}, for PostgreSQL {} or later.\n",
+                                  from_version, schema_version, schema_min_postgres);
+    if (from_version == schema_version)
+        return out + "-- Nothing to do: the tables are at this version.\n";
+    if (!command.empty())
+        out += fmt::format("-- What `{}` runs on tables of schema version {}, in its order.\n", command, from_version);
+    out +=
+        fmt::format("-- Apply it once, in one transaction, to tables of version {} (each table's comment says its\n"
+                    "-- version); every statement is also safe on a table that already has what it adds. The upgrade\n"
+                    "-- keeps every claim and position; its ALTERs change the catalog only, but wait for running\n"
+                    "-- transactions: past lock_timeout the transaction rolls back, and you run it again.\n\n",
+                    from_version);
+    auto stmt = [&out](const std::string& sql) { out += sql + ";\n"; };
+    stmt(detail::ddl::schema_lock);
+    stmt(
+        fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(spec.retention.lock_timeout.count(), 1)));
+    auto table = [&](const char* title, std::string_view kind, const std::string& qualified) {
+        out += fmt::format("\n-- {}.\n", title);
+        for (int to = from_version + 1; to <= schema_version; ++to)
+            for (const auto& sql : detail::ddl::upgrade_statements(kind, qualified, to))
+                stmt(sql);
+        stmt(detail::ddl::version_comment(qualified, kind));
+    };
+    table("Claims table", detail::ddl::claims_kind, store.qualified_name());
+    if (spec.offsets_table)
+        table("Consumer positions (offsets_in_database)", detail::ddl::offsets_kind,
+              qualify(spec.schema, *spec.offsets_table));
+    if (spec.outbox_table)
+        table("Transactional outbox", detail::ddl::outbox_kind, qualify(spec.outbox_schema, *spec.outbox_table));
+    return out;
+}
+
 // ---- migrate -----------------------------------------------------------------------
 
 SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec, Maintenance::Existing existing,
@@ -379,10 +513,24 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
     std::optional<Outbox> outbox;
     if (spec.outbox_table)
         outbox.emplace(spec.outbox_schema, *spec.outbox_table);
-    report.claims = Maintenance(store, spec.retention, log, std::move(clock)).migrate(conn, existing);
+    spec.retention.validate();
+    std::vector<std::pair<std::string_view, std::pair<std::string, std::string>>> tables;
+    tables.push_back({detail::ddl::claims_kind, {spec.schema, spec.claims_table}});
+    if (offsets)
+        tables.push_back({detail::ddl::offsets_kind, {spec.schema, *spec.offsets_table}});
+    if (outbox)
+        tables.push_back({detail::ddl::outbox_kind, {spec.outbox_schema, *spec.outbox_table}});
     try {
+        // Every table is created, converted and upgraded in one transaction:
+        // a failure leaves the schema as it was, and a consumer never sees one
+        // table upgraded and another not.
         pqxx::work tx(conn);
         tx.exec(detail::ddl::schema_lock);
+        // Older tables first: conversion and new partitions need their columns.
+        for (const auto& [kind, name] : tables)
+            if (detail::upgrade_table(tx, kind, name.first, name.second, spec.retention.lock_timeout))
+                report.versioned.push_back(qualify(name.first, name.second));
+        detail::migrate_claims_table(tx, store, spec.retention, existing, report.claims);
         auto missing = [&tx](const std::string& qualified) {
             return detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified)[0][0].as<bool>();
         };
@@ -394,23 +542,11 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
             report.outbox_created = missing(outbox->qualified_name());
             outbox->ensure_schema(tx);
         }
-        // Tables from before schema versions (or whose comment is gone) are
-        // stamped once they are shown to have what this version needs.
-        std::vector<std::pair<std::string_view, std::pair<std::string, std::string>>> tables;
-        tables.push_back({detail::ddl::claims_kind, {spec.schema, spec.claims_table}});
-        if (offsets)
-            tables.push_back({detail::ddl::offsets_kind, {spec.schema, *spec.offsets_table}});
-        if (outbox)
-            tables.push_back({detail::ddl::outbox_kind, {spec.outbox_schema, *spec.outbox_table}});
         std::vector<std::string> problems;
         for (const auto& [kind, name] : tables) {
             const TableCheck c = check_table(tx, kind, name.first, name.second);
             for (const auto& p : c.problems)
                 problems.push_back(c.qualified + " " + p);
-            if (c.ok() && (!c.version || *c.version < schema_version)) {
-                tx.exec(detail::ddl::version_comment(c.qualified, kind));
-                report.versioned.push_back(c.qualified);
-            }
         }
         if (!problems.empty())
             throw ConfigError(fmt::format("migrate: existing tables lack what idemkafka needs and are not changed "
@@ -421,6 +557,15 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         throw;
     } catch (const pqxx::broken_connection& e) {
         throw DatabaseError(fmt::format("migrate: connection to PostgreSQL lost: {}", e.what()));
+    } catch (const std::exception& e) {
+        throw DatabaseError(fmt::format("migrate: {}", e.what()));
+    }
+    for (const auto& t : report.versioned)
+        detail::emit(log, LogLevel::info, fmt::format("{} upgraded to schema version {}", t, schema_version), "schema");
+    try {
+        detail::finish_claims_migration(conn, store, spec.retention, log, clock, report.claims);
+    } catch (const Error&) {
+        throw;
     } catch (const std::exception& e) {
         throw DatabaseError(fmt::format("migrate: {}", e.what()));
     }

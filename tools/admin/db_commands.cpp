@@ -205,11 +205,16 @@ int run_migrate(std::vector<std::string> args)
     ArgReader a("migrate", std::move(args));
     DbOptions o;
     bool print_sql = false;
+    std::optional<int> from_version;
     while (a.more()) {
         if (db_option(a, o) || table_option(a, o))
             continue;
         if (a.option("--print-sql")) {
             print_sql = true;
+            continue;
+        }
+        if (a.option("--from-version")) {
+            from_version = static_cast<int>(parse_count(a.value(), "--from-version"));
             continue;
         }
         if (!a.option("--mode"))
@@ -223,15 +228,18 @@ int run_migrate(std::vector<std::string> args)
     if (o.help) {
         out(std::string(R"(usage: idemkafka-admin migrate [options]
 
-Creates every table idemkafka uses (and their schemas) if missing, or upgrades them, and marks
-each with the schema version: the claims table always, the offsets and outbox tables when asked
-for. Idempotent: safe to run twice, and from several places at once. Consumers with
-create_schema = false check at start-up that these tables exist.
+Creates every table idemkafka uses (and their schemas) if missing, or upgrades tables of an
+earlier schema version in place (every claim and position kept), and marks each with the schema
+version: the claims table always, the offsets and outbox tables when asked for. One transaction;
+idempotent: safe to run twice, and from several places at once. Consumers with create_schema =
+false check at start-up that these tables exist and have this version.
 
   --print-sql                print the statements migrate runs on a database without the tables,
                              in order, without connecting: for review, or for a Flyway,
                              Liquibase, sqitch or plain SQL migration (with --now for the
                              initial partitions' dates)
+  --from-version N           with --print-sql: print instead the statements that upgrade tables
+                             of schema version N (`idemkafka-admin status` shows it) to this one
   --mode partitioned|purge   layout of a new claims table (default partitioned). Given for an
                              existing plain table, `partitioned` converts it: the table becomes
                              the default partition of a new partitioned table (its rows expire
@@ -242,6 +250,16 @@ create_schema = false check at start-up that these tables exist.
         return exit_ok;
     }
     const SchemaSpec spec = make_spec("migrate", o);
+    if (from_version && !print_sql)
+        throw UsageError("migrate: --from-version goes with --print-sql (migrate itself reads each table's version)");
+    if (print_sql && from_version) {
+        try {
+            out(schema_upgrade_sql(spec, *from_version, migrate_command(spec)));
+        } catch (const ConfigError& e) {
+            throw UsageError(fmt::format("migrate: --from-version: {}", e.what()));
+        }
+        return exit_ok;
+    }
     if (print_sql) {
         std::string cmd = migrate_command(spec);
         if (o.now)
@@ -267,8 +285,6 @@ create_schema = false check at start-up that these tables exist.
     if (spec.outbox_table)
         out(fmt::format("{}.{} {}", quote_identifier(spec.outbox_schema), quote_identifier(*spec.outbox_table),
                         r.outbox_created ? "created" : "exists"));
-    for (const auto& t : r.versioned)
-        out(fmt::format("  {} marked as schema version {}", t, schema_version));
     out(fmt::format("schema version {}", schema_version));
     return exit_ok;
 }

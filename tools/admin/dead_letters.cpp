@@ -30,14 +30,15 @@ committed). `list` prints the records; `replay` publishes each matching record's
 value and headers (without the idemkafka.* headers) to the topic it came from
 (idemkafka.original.topic) with an idempotent producer. A replayed event keeps its event id, so
 a consumer that has already processed it skips it as a duplicate. Records dead-lettered as
-beyond_dedup_horizon are dead-lettered again on replay unless the consumer's policy changed.
+beyond_dedup_horizon are dead-lettered again on replay unless the consumer's policy changed, and
+event_id_reused ones as long as the claim of their id (with the other payload's fingerprint) is kept.
 
   --brokers SERVERS          Kafka bootstrap servers (default: $IDEMKAFKA_BROKERS)
   --topic NAME               the dead-letter topic (required)
   --reason REASON            only records with this idemkafka.reason; repeatable
                              (decode_error, empty_payload, payload_too_large, missing_event_id,
                              invalid_event_id, handler_failed, non_retryable, beyond_dedup_horizon,
-                             non_v7_event_id)
+                             non_v7_event_id, event_id_reused)
   --original-topic NAME      only records that came from this topic
   --event-id UUID            only records of this event id
   --limit N                  stop after N matching records

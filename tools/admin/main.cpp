@@ -13,6 +13,7 @@
 #include <pqxx/version>
 
 #include <idemkafka/error.hpp>
+#include <idemkafka/schema.hpp>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -71,8 +72,8 @@ int main(int argc, char** argv)
             return exit_ok;
         }
         if (command == "--version") {
-            out(fmt::format("idemkafka-admin {}\nlibpqxx {}, librdkafka {}", IDEMKAFKA_VERSION_TEXT, PQXX_VERSION,
-                            rd_kafka_version_str()));
+            out(fmt::format("idemkafka-admin {} (schema version {})\nlibpqxx {}, librdkafka {}", IDEMKAFKA_VERSION_TEXT,
+                            idemkafka::schema_version, PQXX_VERSION, rd_kafka_version_str()));
             return exit_ok;
         }
         if (command == "help") {
