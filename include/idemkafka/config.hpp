@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/transaction>
 
 #include "idemkafka/context.hpp"
 #include "idemkafka/export.hpp"

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/transaction>
 
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"

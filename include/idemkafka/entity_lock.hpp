@@ -6,7 +6,7 @@
 
 #include <string_view>
 
-#include <pqxx/pqxx>
+#include <pqxx/transaction_base>
 
 #include "idemkafka/export.hpp"
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/transaction>
 
 #include "idemkafka/export.hpp"
 

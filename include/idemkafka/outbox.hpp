@@ -17,7 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/connection>
+#include <pqxx/transaction>
 
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/connection>
 
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/connection>
 
 #include "idemkafka/export.hpp"
 #include "idemkafka/log.hpp"

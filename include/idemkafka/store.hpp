@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include <pqxx/pqxx>
+#include <pqxx/transaction>
 
 #include "idemkafka/event_id.hpp"
 #include "idemkafka/export.hpp"
