@@ -60,7 +60,7 @@ services and runs this; by hand, point it at your own:
                          naive_listener; and, only when named (or --mixed),
                          idemkafka_mixed_partition, idemkafka_mixed_key,
                          idemkafka_batch_fingerprint (idemkafka_batch with
-                         ConsumerConfig::payload_fingerprint)
+                         ConsumerConfig::payload_fingerprint), idemkafka_mixed_fast
 
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
@@ -88,7 +88,10 @@ services and runs this; by hand, point it at your own:
                          idemkafka_mixed_key (per-record handler, --mixed-workers
                          workers, Ordering::partition / Ordering::key) side by
                          side on 20k records, 0% re-sends, no paced runs
-                         (--events/--dups given after --mixed still apply)
+                         (--events/--dups given after --mixed still apply);
+                         idemkafka_mixed_fast runs the same records with no
+                         slow call: its time is the fast path of the ideal
+                         each mixed row is compared with
   --mixed-max N          mixed modes run at most N records (default 20000)
   --producer-batch N     records per producer batch of the data topics
                          (batch.num.messages, default 10000: about 5,000 per
@@ -216,7 +219,7 @@ Options parse_options(int argc, char** argv)
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--mixed") {
-            o.modes = {"idemkafka_mixed_partition", "idemkafka_mixed_key"};
+            o.modes = {"idemkafka_mixed_partition", "idemkafka_mixed_key", "idemkafka_mixed_fast"};
             o.events = {20000};
             o.dups = {0};
             o.latency_seconds = 0;
@@ -295,6 +298,8 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     all.push_back({"idemkafka_mixed_key", Kind::idemkafka, false, batch, o.mixed_workers, false, true, true});
     // What the payload fingerprint costs: idemkafka_batch with it on.
     all.push_back({"idemkafka_batch_fingerprint", Kind::idemkafka, false, batch, 0, true, false, false, true});
+    // The same records and workers with no slow call: the fast path of the ideal.
+    all.push_back({"idemkafka_mixed_fast", Kind::idemkafka, false, batch, o.mixed_workers, false, true, true});
     std::vector<ModeSpec> out;
     for (const auto& m : all)
         if (o.modes.count(m.name))
@@ -327,12 +332,14 @@ std::size_t cap_of(const ModeSpec& s, const Options& o, std::size_t events)
 
 void set_mixed(Job& job, const ModeSpec& s)
 {
+    job.fingerprint = s.fingerprint; // not a mixed mode: idemkafka_batch_fingerprint
     if (!s.mixed)
+        return;
+    job.key_ordering = s.key_ordering;
+    if (s.name == "idemkafka_mixed_fast")
         return;
     job.slow_every = 100;
     job.slow_for = std::chrono::milliseconds(200);
-    job.key_ordering = s.key_ordering;
-    job.fingerprint = s.fingerprint;
 }
 
 std::string iso_now()
@@ -477,9 +484,8 @@ int run(const Options& o)
     for (const auto& data : datasets) {
         for (std::size_t n : sizes) {
             for (const auto& s : specs) {
-                const bool runs_here = std::any_of(o.events.begin(), o.events.end(), [&](std::size_t e) {
-                    return cap_of(s, o, e) == n;
-                });
+                const bool runs_here =
+                    std::any_of(o.events.begin(), o.events.end(), [&](std::size_t e) { return cap_of(s, o, e) == n; });
                 if (!runs_here)
                     continue;
                 Job job;

@@ -43,8 +43,8 @@ std::map<std::int64_t, int> parse_failures_metadata(std::string_view metadata)
             const auto* o = entry.data();
             const auto* c = entry.data() + colon;
             const auto* e = entry.data() + entry.size();
-            if (std::from_chars(o, c, offset).ptr == c && std::from_chars(c + 1, e, failures).ptr == e &&
-                offset >= 0 && failures > 0)
+            if (std::from_chars(o, c, offset).ptr == c && std::from_chars(c + 1, e, failures).ptr == e && offset >= 0 &&
+                failures > 0)
                 out[offset] = failures;
         }
         if (comma == std::string_view::npos)
@@ -150,6 +150,9 @@ void PartitionLedger::rewind(PartitionState& ps, std::int64_t offset) noexcept
     ps.needs_seek = true;
     // What comes again is not finished: the position must not pass it.
     ps.parked.erase(ps.parked.lower_bound(offset), ps.parked.end());
+    // Running records from `offset` on come again too: their outcome, when
+    // it is merged, must not count (the engine drops them).
+    ps.in_flight.erase(ps.in_flight.lower_bound(offset), ps.in_flight.end());
     if (ps.processed_next > offset)
         ps.processed_next = offset;
 }
@@ -175,6 +178,7 @@ void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
 {
     ps.processed_next = std::max(ps.processed_next, offset + 1);
     ps.parked.erase(offset);
+    ps.in_flight.erase(offset);
     ps.fenced = 0;
     if (!ps.failures.empty())
         forget_failures(ps, offset);

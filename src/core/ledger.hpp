@@ -72,33 +72,45 @@ struct PartitionState {
     std::int64_t start_offset = -1;   // committed offset at assignment (for the lag gauge)
     bool start_known = false;
     Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
-    std::size_t worker = 0;           // runs this partition's transactions (partition ordering)
-    std::int64_t epoch = 0;           // offsets_in_database: our ownership epoch
-    bool position_verified = true;    // offsets_in_database: stored position applied
-    std::int64_t stored_next = -1;    // offsets_in_database: the position last stored (or read) in PostgreSQL
-    bool needs_seek = false;          // a rewind whose seek has not been sent yet
-    bool retry_paused = false;        // waiting out a retry backoff (or a fence)
-    bool retake = false;              // offsets_in_database: take the partition over again when the pause ends
-    int fenced = 0;                   // offsets_in_database: position writes refused in a row
+    std::size_t worker = 0;                       // runs this partition's transactions (partition ordering)
+    std::int64_t epoch = 0;                       // offsets_in_database: our ownership epoch
+    bool position_verified = true;                // offsets_in_database: stored position applied
+    std::int64_t stored_next = -1; // offsets_in_database: the position last stored (or read) in PostgreSQL
+    bool needs_seek = false;       // a rewind whose seek has not been sent yet
+    bool retry_paused = false;     // waiting out a retry backoff (or a fence)
+    bool retake = false;           // offsets_in_database: take the partition over again when the pause ends
+    int fenced = 0;                // offsets_in_database: position writes refused in a row
     Clock::time_point resume_at{};
     // Ordering::key: offsets taken out of the partition's order (a parked
     // key's records, also once handed back to a batch) and not finished
     // yet. The committed position stays at the lowest of them.
     std::set<std::int64_t> parked;
+    // Offsets taken for processing (polled and admitted) whose outcome has
+    // not been merged yet, for continuous dispatch: a record can wait behind
+    // one of its key while later records of other keys are handed out and
+    // finish, and units are merged in whatever order they finish, while
+    // complete() moves processed_next past the highest finished offset. The
+    // committed position stays at the lowest of them.
+    std::set<std::int64_t> in_flight;
 
     /// The position that may be committed: past every finished record, and
     /// at or before every unfinished one (-1: nothing yet).
     std::int64_t position() const noexcept
     {
-        if (parked.empty() || processed_next < 0)
+        if (processed_next < 0)
             return processed_next;
-        return std::min(processed_next, *parked.begin());
+        auto p = processed_next;
+        if (!parked.empty())
+            p = std::min(p, *parked.begin());
+        if (!in_flight.empty())
+            p = std::min(p, *in_flight.begin());
+        return p;
     }
 
     // Guarded by PartitionLedger's failures lock while workers run.
-    std::map<std::int64_t, int> failures;         // handler failures by offset
-    bool failures_dirty = false;                  // `failures` changed since the last commit took them
-    std::set<std::int64_t> dead_lettered;         // acknowledged dead letters of this assignment
+    std::map<std::int64_t, int> failures;                  // handler failures by offset
+    bool failures_dirty = false;                           // `failures` changed since the last commit took them
+    std::set<std::int64_t> dead_lettered;                  // acknowledged dead letters of this assignment
     std::map<std::int64_t, DeadLetterDue> dead_letter_due; // refused ones
 };
 
@@ -207,7 +219,19 @@ public:
     /// The record at `offset` of `ps` was taken out of the partition's order
     /// (Ordering::key parking): the position stays at or before it until it
     /// is finished.
-    static void park(PartitionState& ps, std::int64_t offset) { ps.parked.insert(offset); }
+    static void park(PartitionState& ps, std::int64_t offset)
+    {
+        ps.in_flight.erase(offset);
+        ps.parked.insert(offset);
+    }
+    /// The record at `offset` of `ps` was taken for processing: until its
+    /// outcome is merged (complete(), park(), drop() or a rewind at or before
+    /// it), the position stays at or before it, whatever finishes after it.
+    static void take(PartitionState& ps, std::int64_t offset) { ps.in_flight.insert(offset); }
+    /// The record at `offset` of `ps` was taken and comes again unfinished
+    /// (a give-back, or a rewind that overtook it while it ran): it no
+    /// longer holds the position back.
+    static void drop(PartitionState& ps, std::int64_t offset) noexcept { ps.in_flight.erase(offset); }
     /// The seek of a rewind was sent (or queued): no need to send it again.
     static void seek_sent(PartitionState& ps) noexcept { ps.needs_seek = false; }
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -16,7 +17,8 @@ namespace {
 
 PartitionLedger make_ledger()
 {
-    return PartitionLedger(Backoff{milliseconds(100), milliseconds(1000)}, Backoff{milliseconds(1000), milliseconds(30000)});
+    return PartitionLedger(Backoff{milliseconds(100), milliseconds(1000)},
+                           Backoff{milliseconds(1000), milliseconds(30000)});
 }
 
 } // namespace
@@ -337,9 +339,8 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
                 }
             }
             std::shuffle(batch.begin(), batch.end(), rng); // the client interleaves partitions
-            std::stable_sort(batch.begin(), batch.end(), [](const Rec& a, const Rec& b) {
-                return a.p != b.p ? a.p < b.p : a.offset < b.offset;
-            });
+            std::stable_sort(batch.begin(), batch.end(),
+                             [](const Rec& a, const Rec& b) { return a.p != b.p ? a.p < b.p : a.offset < b.offset; });
             // Parked keys whose backoff is over run again, ahead of what was
             // fetched (a fetched record of a parked key is parked with it).
             std::set<std::pair<int, int>> due_keys;
@@ -374,7 +375,8 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             // transaction either commits its records up to a hold, or fails.
             std::vector<std::vector<Rec>> share(workers);
             for (const auto& r : batch)
-                share[by_key ? static_cast<std::size_t>(key_of(r.offset)) % workers : r.ps->worker % workers].push_back(r);
+                share[by_key ? static_cast<std::size_t>(key_of(r.offset)) % workers : r.ps->worker % workers].push_back(
+                    r);
             Holds merged;
             for (auto& mine : share) {
                 Holds holds;
@@ -465,6 +467,299 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             CHECK(effected[p].size() == static_cast<std::size_t>(records));
         }
     }
+}
+
+// Continuous dispatch (issue 27): units of work are handed to free workers
+// as they come (a partition, or a key of it, in one unit at a time) and
+// merged in whatever order they finish. The committed position must still
+// never pass a record whose unit has not been merged, across handler
+// failures (partition holds and, by key, parked keys), failed transactions,
+// rewinds that overtake running units, commits and revokes.
+TEST_CASE("ledger: units merged out of order never commit past an unfinished record", "[unit][ledger]")
+{
+    constexpr int partitions = 2;
+    constexpr std::int64_t records = 80;
+    constexpr int keys = 4;
+    for (unsigned seed = 1; seed <= 300; ++seed) {
+        INFO("seed " << seed);
+        std::mt19937 rng(seed);
+        auto chance = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
+        const std::size_t workers = 1 + rng() % 4;
+        const bool by_key = chance(50);
+
+        struct Rec {
+            int p;
+            std::int64_t offset;
+            bool dropped = false; // a rewind overtook it while it ran: it comes again
+        };
+        auto ledger = make_ledger();
+        auto now = Clock::now();
+        std::map<int, std::set<std::int64_t>> effected;
+        std::map<int, std::int64_t> kafka_committed, fetch;
+        std::map<int, bool> paused, assigned;
+        std::map<int, std::map<std::int64_t, int>> parked; // by partition: offset -> key
+        std::vector<Rec> waiting;                          // polled, not dispatched, in poll order
+        std::vector<std::vector<Rec>> units;               // in flight, one per busy worker
+        auto key_of = [](std::int64_t offset) { return static_cast<int>(offset % keys); };
+        auto lane_of = [&](const Rec& r) { return std::make_pair(r.p, by_key ? key_of(r.offset) : -1); };
+        auto ps_of = [&](int p) { return ledger.find("t", p); };
+        auto do_assign = [&](int p) {
+            ledger.assign(TopicPartition{"t", p});
+            assigned[p] = true;
+            paused[p] = false;
+            fetch[p] = kafka_committed.count(p) ? kafka_committed[p] : 0;
+        };
+        for (int p = 0; p < partitions; ++p)
+            do_assign(p);
+
+        auto check_invariants = [&] {
+            for (int p = 0; p < partitions; ++p) {
+                if (!assigned[p])
+                    continue;
+                for (std::int64_t o = 0; o < ps_of(p)->position(); ++o)
+                    REQUIRE(effected[p].count(o));
+                for (std::int64_t o = 0; o < kafka_committed[p]; ++o)
+                    REQUIRE(effected[p].count(o));
+            }
+        };
+        auto poll = [&] {
+            for (int p = 0; p < partitions; ++p) {
+                if (!assigned[p] || paused[p])
+                    continue;
+                const std::int64_t n = rng() % 9;
+                for (std::int64_t k = 0; k < n && fetch[p] < records; ++k) {
+                    const std::int64_t o = fetch[p]++;
+                    if (PartitionLedger::admit(ps_of(p), o) != Admission::take)
+                        continue;
+                    if (by_key && std::any_of(parked[p].begin(), parked[p].end(),
+                                              [&](const auto& pk) { return pk.second == key_of(o); })) {
+                        parked[p][o] = key_of(o);
+                        PartitionLedger::park(*ps_of(p), o);
+                        continue;
+                    }
+                    PartitionLedger::take(*ps_of(p), o);
+                    waiting.push_back({p, o});
+                }
+            }
+        };
+        // A free worker takes, in poll order, the records whose partition
+        // (or key) no other unit has; a lane it cannot take blocks the rest
+        // of that lane, so order within it holds. What waits stays taken in
+        // the ledger (since the poll), as what runs does.
+        auto dispatch = [&] {
+            while (units.size() < workers && !waiting.empty()) {
+                std::set<std::pair<int, int>> busy, blocked;
+                for (const auto& u : units)
+                    for (const auto& r : u)
+                        busy.insert(lane_of(r));
+                std::vector<Rec> unit, rest;
+                for (const auto& r : waiting) {
+                    const auto lane = lane_of(r);
+                    if (busy.count(lane) || blocked.count(lane) || unit.size() >= 10) {
+                        blocked.insert(lane);
+                        rest.push_back(r);
+                        continue;
+                    }
+                    unit.push_back(r);
+                }
+                if (unit.empty())
+                    return;
+                waiting = std::move(rest);
+                units.push_back(std::move(unit));
+            }
+        };
+        auto rewound = [&](const PartitionLedger::Action& act) {
+            const int p = act.ps->tp.partition;
+            const auto from = act.ps->resume_from;
+            auto& mine = parked[p];
+            mine.erase(mine.lower_bound(from), mine.end());
+            waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
+                                         [&](const Rec& r) { return r.p == p && r.offset >= from; }),
+                          waiting.end());
+            for (auto& u : units) // running: their outcome no longer counts
+                for (auto& r : u)
+                    if (r.p == p && r.offset >= from)
+                        r.dropped = true;
+            fetch[p] = from;
+            PartitionLedger::seek_sent(*act.ps);
+            if (act.pause)
+                paused[p] = true;
+        };
+        // One unit's outcome, merged on its own as the engine would.
+        auto finish = [&](std::size_t n, bool failures) {
+            const std::vector<Rec> unit = std::move(units[n]);
+            units.erase(units.begin() + static_cast<std::ptrdiff_t>(n));
+            Holds holds;
+            auto key_text = [&](const Rec& r) { return std::to_string(key_of(r.offset)); };
+            // A record a rewind overtook is not this unit's to hold: a hold
+            // at or past the rewind point would move it forward over
+            // records that come again (the engine skips such holds too).
+            std::vector<Rec> live;
+            std::copy_if(unit.begin(), unit.end(), std::back_inserter(live), [](const Rec& r) { return !r.dropped; });
+            const bool db_failed = failures && chance(8);
+            if (failures && !db_failed && !live.empty() && chance(25)) {
+                const auto& r = live[rng() % live.size()];
+                if (by_key && chance(60))
+                    holds.park(ps_of(r.p), key_text(r), r.offset, 1 + static_cast<int>(rng() % 3));
+                else
+                    holds.add(ps_of(r.p), r.offset, chance(50) ? 1 + static_cast<int>(rng() % 3) : 0);
+            }
+            for (const auto& r : unit) {
+                if (db_failed && !r.dropped)
+                    holds.add(ps_of(r.p), r.offset, 0);
+                else if (!db_failed && !holds.covers(ps_of(r.p), r.offset, key_text(r)))
+                    effected[r.p].insert(r.offset); // committed, dropped or not: the worker cannot know
+            }
+            for (const auto& act : ledger.apply(holds, now))
+                rewound(act);
+            for (const auto& [lane, h] : holds.keys()) { // later records of a parked key wait with it
+                const int p = lane.first->tp.partition;
+                for (auto r = waiting.begin(); r != waiting.end();) {
+                    if (r->p == p && std::to_string(key_of(r->offset)) == *lane.second && r->offset > h.offset) {
+                        parked[p][r->offset] = key_of(r->offset);
+                        PartitionLedger::park(*ps_of(p), r->offset);
+                        r = waiting.erase(r);
+                    } else {
+                        ++r;
+                    }
+                }
+            }
+            for (const auto& r : unit) {
+                auto* ps = ps_of(r.p);
+                if (r.dropped || holds.covers(ps, r.offset)) {
+                    PartitionLedger::drop(*ps, r.offset);
+                } else if (holds.covers(ps, r.offset, key_text(r))) {
+                    parked[r.p][r.offset] = key_of(r.offset);
+                    PartitionLedger::park(*ps, r.offset);
+                } else {
+                    ledger.complete(*ps, r.offset);
+                }
+            }
+        };
+        auto commit = [&](const std::set<TopicPartition>* only, bool failures) {
+            for (const auto& [tp, offset, metadata] : ledger.take_commits(only)) {
+                if (failures && chance(10))
+                    ledger.commit_failed(tp.topic, tp.partition, offset);
+                else
+                    kafka_committed[tp.partition] = offset;
+            }
+        };
+        auto unpark_due = [&](bool all) {
+            std::vector<Rec> again;
+            for (auto& [p, recs] : parked) {
+                std::set<int> due;
+                for (const auto& [o, key] : recs)
+                    if (all || chance(40))
+                        due.insert(key);
+                for (auto r = recs.begin(); r != recs.end();) {
+                    if (due.count(r->second)) {
+                        again.push_back({p, r->first});
+                        r = recs.erase(r);
+                    } else {
+                        ++r;
+                    }
+                }
+            }
+            waiting.insert(waiting.begin(), again.begin(), again.end());
+        };
+        auto step = [&](bool failures) {
+            const int what = static_cast<int>(rng() % 100);
+            if (what < 25) {
+                poll();
+            } else if (what < 35) {
+                unpark_due(!failures);
+            } else if (what < 50) {
+                dispatch();
+            } else if (what < 75) {
+                if (!units.empty())
+                    finish(rng() % units.size(), failures);
+            } else if (what < 85) {
+                commit(nullptr, failures);
+            } else if (what < 93) {
+                now += milliseconds(rng() % 600);
+                for (auto* ps : ledger.due(now).resume)
+                    paused[ps->tp.partition] = false;
+            } else if (failures) {
+                // A revoke waits for the units that touch the partition.
+                const int p = static_cast<int>(rng() % partitions);
+                if (!assigned[p])
+                    return;
+                for (std::size_t n = units.size(); n-- > 0;)
+                    if (std::any_of(units[n].begin(), units[n].end(), [&](const Rec& r) { return r.p == p; }))
+                        finish(n, failures);
+                std::set<TopicPartition> revoked{TopicPartition{"t", p}};
+                if (chance(70))
+                    commit(&revoked, failures);
+                ledger.revoke(revoked);
+                parked.erase(p);
+                waiting.erase(std::remove_if(waiting.begin(), waiting.end(), [&](const Rec& r) { return r.p == p; }),
+                              waiting.end());
+                assigned[p] = false;
+                if (chance(50))
+                    do_assign(p);
+            }
+        };
+        for (int i = 0; i < 400; ++i) {
+            step(true);
+            check_invariants();
+        }
+        for (int p = 0; p < partitions; ++p)
+            if (!assigned[p])
+                do_assign(p);
+        // Failures stop: everything gets finished (each step checked until then).
+        auto finished = [&] {
+            for (int p = 0; p < partitions; ++p)
+                if (ps_of(p)->position() != records)
+                    return false;
+            return true;
+        };
+        for (int i = 0; i < 4000 && !finished(); ++i) {
+            step(false);
+            check_invariants();
+        }
+        while (!units.empty())
+            finish(0, false);
+        commit(nullptr, false);
+        for (int p = 0; p < partitions; ++p) {
+            INFO("partition " << p);
+            CHECK(kafka_committed[p] == records);
+            CHECK(effected[p].size() == static_cast<std::size_t>(records));
+            CHECK(ps_of(p)->in_flight.empty());
+        }
+    }
+}
+
+TEST_CASE("ledger: a taken offset holds the position until its outcome is merged", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    auto& ps = ledger.assign(TopicPartition{"t", 0});
+    for (std::int64_t o = 0; o < 6; ++o)
+        PartitionLedger::take(ps, o);
+    // Records 3..5 (another key's unit) finish before 0..2.
+    for (std::int64_t o = 3; o < 6; ++o)
+        ledger.complete(ps, o);
+    CHECK(ps.processed_next == 6);
+    CHECK(ps.position() == 0);
+    ledger.complete(ps, 0);
+    ledger.complete(ps, 1);
+    CHECK(ps.position() == 2);
+    // Record 2 is given back: it comes again and no longer holds the position.
+    PartitionLedger::drop(ps, 2);
+    CHECK(ps.position() == 6);
+
+    // A rewind overtakes running records at and after its point.
+    for (std::int64_t o = 6; o < 10; ++o)
+        PartitionLedger::take(ps, o);
+    ledger.complete(ps, 6);
+    PartitionLedger::rewind(ps, 8);
+    CHECK(ps.in_flight == std::set<std::int64_t>{7});
+    CHECK(ps.position() == 7);
+    // A parked record leaves the running set for the parked one.
+    PartitionLedger::park(ps, 7);
+    CHECK(ps.in_flight.empty());
+    CHECK(ps.position() == 7);
+    ledger.complete(ps, 7);
+    CHECK(ps.position() == 8);
 }
 
 TEST_CASE("ledger: forgive_failures() starts every record's attempts again", "[unit][ledger]")
