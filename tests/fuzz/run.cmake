@@ -49,23 +49,23 @@ message(STATUS "fuzz: ${FUZZ_CXX} (${cxx_version}), ${FUZZ_SECONDS} s per target
 # -fno-sanitize-recover turns every UBSan finding into a crash libFuzzer records.
 set(flags -std=c++17 -O1 -g -fno-omit-frame-pointer
           -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-          -I${SOURCE_DIR}/include -I${SOURCE_DIR}/examples/billing -I${fuzz_dir})
+          -I${SOURCE_DIR}/include -I${SOURCE_DIR}/src -I${SOURCE_DIR}/examples/billing -I${fuzz_dir})
 # An explicit -isystem /usr/include would break libstdc++'s #include_next.
 if(NLOHMANN_INCLUDE AND NOT NLOHMANN_INCLUDE MATCHES "^/usr(/local)?/include/?$")
   list(APPEND flags -isystem ${NLOHMANN_INCLUDE})
 endif()
 
-set(event_id_sources ${SOURCE_DIR}/src/event_id.cpp ${fuzz_dir}/fuzz_event_id.cpp)
+set(event_id_sources ${SOURCE_DIR}/src/api/event_id.cpp ${fuzz_dir}/fuzz_event_id.cpp)
 # Long enough to reach the abbreviation of over-long ids in error messages.
 set(event_id_options -max_len=128)
-set(billing_decode_sources ${SOURCE_DIR}/src/event_id.cpp ${SOURCE_DIR}/examples/billing/order_confirmed.cpp
+set(billing_decode_sources ${SOURCE_DIR}/src/api/event_id.cpp ${SOURCE_DIR}/examples/billing/order_confirmed.cpp
                            ${fuzz_dir}/fuzz_billing_decode.cpp)
 set(billing_decode_options -max_len=4096 -dict=${fuzz_dir}/billing_decode.dict)
-set(cloud_event_sources ${SOURCE_DIR}/src/event_id.cpp ${SOURCE_DIR}/src/cloud_events.cpp
+set(cloud_event_sources ${SOURCE_DIR}/src/api/event_id.cpp ${SOURCE_DIR}/src/api/cloud_events.cpp
                         ${fuzz_dir}/fuzz_cloud_event.cpp)
 set(cloud_event_options -max_len=4096 -dict=${fuzz_dir}/cloud_event.dict)
 # The private headers a target's sources include, for the staleness check.
-set(cloud_event_depends ${SOURCE_DIR}/src/sha1.hpp ${SOURCE_DIR}/src/record_headers.hpp)
+set(cloud_event_depends ${SOURCE_DIR}/src/core/sha1.hpp ${SOURCE_DIR}/src/api/record_headers.hpp)
 
 file(GLOB headers ${SOURCE_DIR}/include/idemkafka/*.hpp ${SOURCE_DIR}/examples/billing/*.hpp ${fuzz_dir}/*.hpp)
 
