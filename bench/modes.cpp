@@ -238,8 +238,8 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
         }
 
         pqxx::work tx(conn);
-        const auto claimed_list = detail::pg::claimed_ids(
-            detail::pg::exec_prepared(tx, "ikbench_claim", detail::pg::uuid_array(ids), group));
+        const auto claimed_list =
+            detail::pg::claimed_ids(detail::pg::exec_prepared(tx, "ikbench_claim", detail::pg::uuid_array(ids), group));
         const std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
         fresh.clear();
         for (std::size_t i : first)

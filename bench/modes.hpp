@@ -70,9 +70,9 @@ struct Job {
     /// number) holds its handler call for `slow_for`; 0: none.
     int slow_every = 0;
     std::chrono::milliseconds slow_for{0};
-    bool key_ordering = false;               ///< idemkafka: Ordering::key (else partition)
-    bool fingerprint = false;                ///< idemkafka: ConsumerConfig::payload_fingerprint
-    int serial = 0;                          ///< unique per run: names groups and statements
+    bool key_ordering = false; ///< idemkafka: Ordering::key (else partition)
+    bool fingerprint = false;  ///< idemkafka: ConsumerConfig::payload_fingerprint
+    int serial = 0;            ///< unique per run: names groups and statements
 };
 
 struct Result {
@@ -99,7 +99,7 @@ struct Result {
     double lag_spread_max = -1;
     double lag_spread_mean = -1;
     std::size_t lag_spread_samples = 0;
-    std::size_t partitions = 0; ///< partitions of the topic drained (Kafka modes)
+    std::size_t partitions = 0;      ///< partitions of the topic drained (Kafka modes)
     std::vector<std::string> notes;  ///< measurement caveats (not failures)
     std::vector<std::string> errors; ///< lost or doubled records, failures
     bool ok() const { return errors.empty(); }

@@ -109,10 +109,18 @@ std::int64_t scalar(const std::string& conninfo, const std::string& sql)
 int main(int argc, char** argv)
 try {
     billing::Args args(argc, argv,
-                       {{"brokers", ""}, {"postgres", ""}, {"topic", "order-service.order.confirmed"},
-                        {"group", "billing-service"}, {"max-batch", "500"}, {"until-drained", "0"},
-                        {"progress", "1"}, {"charge-table", "charge"}, {"claims-table", "processed_event"},
-                        {"dead-letter-topic", ""}, {"metrics-port", "0"}, {"metrics-bind", "127.0.0.1"},
+                       {{"brokers", ""},
+                        {"postgres", ""},
+                        {"topic", "order-service.order.confirmed"},
+                        {"group", "billing-service"},
+                        {"max-batch", "500"},
+                        {"until-drained", "0"},
+                        {"progress", "1"},
+                        {"charge-table", "charge"},
+                        {"claims-table", "processed_event"},
+                        {"dead-letter-topic", ""},
+                        {"metrics-port", "0"},
+                        {"metrics-bind", "127.0.0.1"},
                         {"group-protocol", "classic"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
@@ -145,8 +153,7 @@ try {
                             usage);
 #endif
     if (cfg.brokers.empty() || cfg.postgres.empty())
-        billing::Args::fail("--brokers and --postgres (or IDEMKAFKA_BROKERS / IDEMKAFKA_POSTGRES) are required",
-                            usage);
+        billing::Args::fail("--brokers and --postgres (or IDEMKAFKA_BROKERS / IDEMKAFKA_POSTGRES) are required", usage);
 
     {
         pqxx::connection c(cfg.postgres);
@@ -179,8 +186,9 @@ try {
                     std::fprintf(stderr, "  waiting for a partition assignment from the consumer group\n");
                 else
                     std::fprintf(stderr, "  consumed %llu, charged %llu, duplicates skipped %llu, lag %lld\n",
-                             static_cast<unsigned long long>(m.consumed), static_cast<unsigned long long>(m.claimed),
-                             static_cast<unsigned long long>(m.duplicates), static_cast<long long>(m.lag));
+                                 static_cast<unsigned long long>(m.consumed),
+                                 static_cast<unsigned long long>(m.claimed),
+                                 static_cast<unsigned long long>(m.duplicates), static_cast<long long>(m.lag));
             }
             if (until_drained > 0) {
                 // Drained: everything expected arrived and the lag stayed 0 for 0.5 s.

@@ -92,8 +92,13 @@ std::string poison_payload(std::size_t reason, const billing::OrderConfirmed& e,
 int main(int argc, char** argv)
 try {
     billing::Args args(argc, argv,
-                       {{"brokers", ""}, {"topic", "order-service.order.confirmed"}, {"events", "10000"},
-                        {"duplicates", "0.2"}, {"poison", "0"}, {"rate", "0"}, {"seed", "1"}},
+                       {{"brokers", ""},
+                        {"topic", "order-service.order.confirmed"},
+                        {"events", "10000"},
+                        {"duplicates", "0.2"},
+                        {"poison", "0"},
+                        {"rate", "0"},
+                        {"seed", "1"}},
                        usage);
     const auto brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
     if (brokers.empty())

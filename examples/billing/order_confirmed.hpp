@@ -28,6 +28,9 @@ std::string encode(const OrderConfirmed& e);
 /// malformed one.
 OrderConfirmed decode(std::string_view payload);
 
-inline idemkafka::EventId event_id_of(const OrderConfirmed& e) { return e.event_id; }
+inline idemkafka::EventId event_id_of(const OrderConfirmed& e)
+{
+    return e.event_id;
+}
 
 } // namespace billing

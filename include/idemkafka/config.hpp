@@ -43,9 +43,9 @@ enum class Ordering {
 
 /// What the after-DB-commit hook is told about the batch it follows.
 struct BatchInfo {
-    std::size_t records = 0;     ///< records in the batch (including duplicates and poison)
-    std::size_t claimed = 0;     ///< records whose handler ran and committed
-    std::size_t duplicates = 0;  ///< records skipped because their event id was already claimed
+    std::size_t records = 0;    ///< records in the batch (including duplicates and poison)
+    std::size_t claimed = 0;    ///< records whose handler ran and committed
+    std::size_t duplicates = 0; ///< records skipped because their event id was already claimed
 };
 
 /// Optional callbacks into the processing loop.

@@ -27,8 +27,7 @@ namespace idemkafka {
 /// The events of one transaction that a batch handler applies: every record of
 /// the batch whose claim is new, in record order (a re-sent event appears once).
 /// Views stay valid during the handler call only.
-template <class Event>
-class Batch {
+template <class Event> class Batch {
 public:
     /// One claimed event and its record's context.
     struct Entry {
@@ -128,8 +127,7 @@ public:
 
 /// The Stage of an Event type: the user's decoder, id function and handler
 /// (per-record or batch), as IdempotentConsumer and HandlerHarness take them.
-template <class Event>
-class TypedStage final : public Stage {
+template <class Event> class TypedStage final : public Stage {
 public:
     using Decoder = std::function<Event(const Record&)>;
     using EventIdOf = std::function<EventId(const Event&)>;
@@ -166,8 +164,7 @@ public:
     }
 
 private:
-    template <class Decode>
-    static Decoder wrap_decoder(Decode&& decode)
+    template <class Decode> static Decoder wrap_decoder(Decode&& decode)
     {
         if constexpr (std::is_invocable_v<Decode&, const Record&>) {
             return Decoder(std::forward<Decode>(decode));
@@ -184,8 +181,7 @@ private:
 
     // Ids in the payload come from the event; ids in headers (CloudEvents'
     // binary mode, Debezium's outbox) need the record.
-    template <class IdOf>
-    static RecordEventIdOf wrap_id_of(IdOf&& id_of)
+    template <class IdOf> static RecordEventIdOf wrap_id_of(IdOf&& id_of)
     {
         using F = std::decay_t<IdOf>;
         if constexpr (std::is_invocable_r_v<EventId, F&, const Event&>) {
@@ -204,8 +200,7 @@ private:
         }
     }
 
-    template <class Handle>
-    void wrap_handler(Handle&& handle)
+    template <class Handle> void wrap_handler(Handle&& handle)
     {
         if constexpr (std::is_invocable_v<Handle&, pqxx::work&, const Event&, const Context&>) {
             handle_ = Handler(std::forward<Handle>(handle));
@@ -265,8 +260,7 @@ private:
 /// rolls back and runs again with the handler called for one event at a time
 /// (a `Batch` of size 1), which finds the failing record; that record is then
 /// retried or dead-lettered like any other, and the rest commits.
-template <class Event>
-class IdempotentConsumer {
+template <class Event> class IdempotentConsumer {
 public:
     /// Turns a record's payload into an Event; throw (DecodeError or anything)
     /// for a record that cannot be decoded.

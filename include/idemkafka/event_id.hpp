@@ -38,8 +38,7 @@ public:
 
     /// Builds a version 7 id from a Unix time in milliseconds and 74 bits of
     /// caller-supplied randomness/counter (`rand_a` 12 bits, `rand_b` 62 bits).
-    static EventId from_v7_parts(std::uint64_t unix_ms, std::uint16_t rand_a,
-                                 std::uint64_t rand_b) noexcept;
+    static EventId from_v7_parts(std::uint64_t unix_ms, std::uint16_t rand_a, std::uint64_t rand_b) noexcept;
 
     /// Canonical lower-case text form (36 characters).
     std::string to_string() const;
@@ -103,8 +102,7 @@ IDEMKAFKA_API EventId new_event_id() noexcept;
 /// \cond std_hash
 // Hides the specialisation from the API reference (its generator cannot place a
 // member of namespace std declared from outside it); EventId's text says it is hashable.
-template <>
-struct std::hash<idemkafka::EventId> {
+template <> struct std::hash<idemkafka::EventId> {
     /// A hash of the id's bytes.
     std::size_t operator()(const idemkafka::EventId& id) const noexcept
     {

@@ -21,10 +21,10 @@ struct MetricsAccess;
 
 /// A point-in-time copy of a histogram: cumulative counts per upper bound.
 struct HistogramSnapshot {
-    std::vector<double> bounds;          ///< bucket upper bounds (the +Inf bucket is implied)
-    std::vector<std::uint64_t> buckets;  ///< observations <= bounds[i] (cumulative), then +Inf
-    std::uint64_t count = 0;             ///< observations in all
-    double sum = 0;                      ///< sum of the observed values
+    std::vector<double> bounds;         ///< bucket upper bounds (the +Inf bucket is implied)
+    std::vector<std::uint64_t> buckets; ///< observations <= bounds[i] (cumulative), then +Inf
+    std::uint64_t count = 0;            ///< observations in all
+    double sum = 0;                     ///< sum of the observed values
 };
 
 /// Where a partition's lag figures come from.
@@ -61,24 +61,24 @@ struct PartitionLag {
 
 /// A point-in-time copy of a consumer's counters.
 struct IDEMKAFKA_API MetricsSnapshot {
-    std::uint64_t consumed = 0;          ///< records taken from Kafka into processing (again after a rewind)
-    std::uint64_t claimed = 0;           ///< records whose handler ran and committed
-    std::uint64_t duplicates = 0;        ///< records skipped: event id already claimed
-    std::uint64_t decode_errors = 0;     ///< records the decoder rejected (skipped, logged)
-    std::uint64_t invalid_event_ids = 0; ///< records without a usable event id (skipped, logged)
-    std::uint64_t handler_failures = 0;  ///< handler exceptions (the record is retried)
-    std::uint64_t db_commits = 0;        ///< PostgreSQL transactions committed
-    std::uint64_t db_failures = 0;       ///< PostgreSQL errors outside the handler (batch retried)
-    std::uint64_t db_reconnects = 0;     ///< new PostgreSQL connections after a failure
-    std::uint64_t offset_commits = 0;    ///< successful Kafka offset commits
+    std::uint64_t consumed = 0;               ///< records taken from Kafka into processing (again after a rewind)
+    std::uint64_t claimed = 0;                ///< records whose handler ran and committed
+    std::uint64_t duplicates = 0;             ///< records skipped: event id already claimed
+    std::uint64_t decode_errors = 0;          ///< records the decoder rejected (skipped, logged)
+    std::uint64_t invalid_event_ids = 0;      ///< records without a usable event id (skipped, logged)
+    std::uint64_t handler_failures = 0;       ///< handler exceptions (the record is retried)
+    std::uint64_t db_commits = 0;             ///< PostgreSQL transactions committed
+    std::uint64_t db_failures = 0;            ///< PostgreSQL errors outside the handler (batch retried)
+    std::uint64_t db_reconnects = 0;          ///< new PostgreSQL connections after a failure
+    std::uint64_t offset_commits = 0;         ///< successful Kafka offset commits
     std::uint64_t offset_commit_failures = 0; ///< failed Kafka offset commits (logged, not fatal)
-    std::uint64_t rebalances = 0;        ///< assignments and revocations
-    std::uint64_t kafka_errors = 0;      ///< consumer error events from librdkafka
-    std::uint64_t retries = 0;           ///< handler failures scheduled for another attempt
-    std::uint64_t transaction_retries = 0; ///< transactions re-run after 40001/40P01
-    std::uint64_t batch_splits = 0;      ///< batch handler failures (re-run with one call per record)
-    std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
-    std::uint64_t fenced_writes = 0;     ///< position writes refused: a stale member was fenced off
+    std::uint64_t rebalances = 0;             ///< assignments and revocations
+    std::uint64_t kafka_errors = 0;           ///< consumer error events from librdkafka
+    std::uint64_t retries = 0;                ///< handler failures scheduled for another attempt
+    std::uint64_t transaction_retries = 0;    ///< transactions re-run after 40001/40P01
+    std::uint64_t batch_splits = 0;           ///< batch handler failures (re-run with one call per record)
+    std::uint64_t dead_letter_failures = 0;   ///< dead-letter produces not acknowledged (record retried)
+    std::uint64_t fenced_writes = 0;          ///< position writes refused: a stale member was fenced off
     /// offsets_in_database: assignments whose stored position was behind
     /// Kafka's committed offset (PostgreSQL lost commits, or the group was
     /// reset in Kafka); the stored position decided.
@@ -86,7 +86,7 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// The records between those stored positions and Kafka's committed
     /// offsets, processed again (duplicates where their claims survived).
     std::uint64_t records_behind_kafka = 0;
-    std::uint64_t lock_timeouts = 0;     ///< transactions that waited past ConsumerConfig::lock_timeout (retried)
+    std::uint64_t lock_timeouts = 0; ///< transactions that waited past ConsumerConfig::lock_timeout (retried)
     /// Sessions of frozen members (idle in a transaction past
     /// ConsumerConfig::frozen_member_timeout) this consumer ended.
     std::uint64_t frozen_members_ended = 0;
@@ -121,10 +121,10 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// (at most 200 ms old).
     double circuit_open_seconds = 0;
     std::uint64_t beyond_dedup_horizon = 0; ///< events older than the dedup horizon (any policy)
-    std::uint64_t horizon_processed = 0; ///< of those, handed on by policy or reconcile hook
-    std::uint64_t key_window_closed = 0; ///< records handled after their downstream key window
-    std::uint64_t outbox_published = 0;  ///< outbox rows published by the consumer's relay
-    std::uint64_t outbox_failures = 0;   ///< outbox rows not acknowledged (retried)
+    std::uint64_t horizon_processed = 0;    ///< of those, handed on by policy or reconcile hook
+    std::uint64_t key_window_closed = 0;    ///< records handled after their downstream key window
+    std::uint64_t outbox_published = 0;     ///< outbox rows published by the consumer's relay
+    std::uint64_t outbox_failures = 0;      ///< outbox rows not acknowledged (retried)
     /// Records dead-lettered, by DeadLetterReason.
     std::array<std::uint64_t, dead_letter_reason_count> dead_lettered{};
     /// Handler call duration in seconds.
@@ -210,11 +210,12 @@ public:
     /// \name Counters
     //@{
     /// Counts what the MetricsSnapshot field of the same name reports.
-    Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures,
-        db_commits, db_failures, db_reconnects, offset_commits, offset_commit_failures,
-        rebalances, kafka_errors, retries, transaction_retries, batch_splits, dead_letter_failures, fenced_writes,
-        positions_behind_kafka, records_behind_kafka, frozen_members_ended, db_timeouts,
-        lock_timeouts, handler_aborted_transactions, long_call_waits, revoke_abandons, parked, parking_overflows, circuit_opened, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+    Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures, db_commits, db_failures,
+        db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
+        batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka,
+        frozen_members_ended, db_timeouts, lock_timeouts, handler_aborted_transactions, long_call_waits,
+        revoke_abandons, parked, parking_overflows, circuit_opened, beyond_dedup_horizon, horizon_processed,
+        key_window_closed, outbox_published, outbox_failures;
     //@}
     /// Records dead-lettered, indexed by DeadLetterReason.
     std::array<Counter, dead_letter_reason_count> dead_lettered;

@@ -121,7 +121,7 @@ public:
     /// (then sending such a record again may write it twice: wait() for it
     /// instead). Calls from several threads run one after the other.
     std::vector<DeliveryStatus> send_all(const std::vector<OutgoingRecord>& records,
-                                   std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+                                         std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 
     /// Waits up to `timeout` until none of `deliveries` is in flight; true
     /// when none is.

@@ -88,7 +88,7 @@ struct SchemaMigrationReport {
 /// sqitch. Throws ConfigError for a name quote_identifier() refuses or an
 /// invalid retention config.
 IDEMKAFKA_API std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_point now,
-                       const std::string& command = {});
+                                     const std::string& command = {});
 
 /// The statements migrate_schema() runs to upgrade the tables of `spec`
 /// from schema version `from_version` to schema_version (under the same lock
@@ -109,8 +109,8 @@ IDEMKAFKA_API std::string schema_upgrade_sql(const SchemaSpec& spec, int from_ve
 /// table of a newer schema version than this library's: both versions named),
 /// DatabaseError (PostgreSQL failed; nothing changed).
 IDEMKAFKA_API SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec,
-                                     Maintenance::Existing existing = Maintenance::Existing::keep, LogSink log = {},
-                                     Maintenance::WallClock clock = {});
+                                                   Maintenance::Existing existing = Maintenance::Existing::keep,
+                                                   LogSink log = {}, Maintenance::WallClock clock = {});
 
 /// Inspects every table of `spec` (catalog queries only: needs no privilege
 /// on the tables themselves). Throws DatabaseError when PostgreSQL fails.

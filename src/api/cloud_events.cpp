@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "idemkafka/error.hpp"
 #include "api/record_headers.hpp"
 #include "core/sha1.hpp"
+#include "idemkafka/error.hpp"
 
 namespace idemkafka {
 namespace {

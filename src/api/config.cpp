@@ -185,10 +185,9 @@ void ConsumerConfig::validate() const
 
     for (const auto& [key, value] : kafka) {
         if ((key == "enable.auto.commit" || key == "enable.auto.offset.store") && is_true(value))
-            throw ConfigError(fmt::format(
-                "kafka[\"{}\"]={}: refused, offsets are committed only after the PostgreSQL "
-                "transaction that holds the event's effects has committed",
-                key, value));
+            throw ConfigError(fmt::format("kafka[\"{}\"]={}: refused, offsets are committed only after the PostgreSQL "
+                                          "transaction that holds the event's effects has committed",
+                                          key, value));
         if (key == "bootstrap.servers" || key == "metadata.broker.list")
             throw ConfigError(fmt::format("kafka[\"{}\"]: set ConsumerConfig::brokers instead", key));
         if (key == "group.id")

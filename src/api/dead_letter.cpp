@@ -4,9 +4,8 @@ namespace idemkafka {
 namespace {
 
 constexpr std::array<std::string_view, dead_letter_reason_count> names = {
-    "decode_error",     "empty_payload",  "payload_too_large",    "missing_event_id", "invalid_event_id",
-    "handler_failed",   "non_retryable",  "beyond_dedup_horizon", "non_v7_event_id",
-    "event_id_reused",
+    "decode_error",   "empty_payload", "payload_too_large",    "missing_event_id", "invalid_event_id",
+    "handler_failed", "non_retryable", "beyond_dedup_horizon", "non_v7_event_id",  "event_id_reused",
 };
 
 } // namespace

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "idemkafka/error.hpp"
 #include "api/record_headers.hpp"
+#include "idemkafka/error.hpp"
 
 namespace idemkafka {
 

@@ -40,9 +40,12 @@ constexpr bool is_dash_position(std::size_t i) noexcept
 
 int hex_value(char c) noexcept
 {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
     return -1;
 }
 
@@ -57,18 +60,22 @@ struct ParseResult {
 // message (and therefore never allocates).
 ParseResult parse_into(std::string_view text, EventId::Bytes& out) noexcept
 {
-    if (text.size() != text_length) return {ParseProblem::length, text.size()};
+    if (text.size() != text_length)
+        return {ParseProblem::length, text.size()};
     std::size_t byte = 0;
     for (std::size_t i = 0; i < text_length;) {
         if (is_dash_position(i)) {
-            if (text[i] != '-') return {ParseProblem::dash, i};
+            if (text[i] != '-')
+                return {ParseProblem::dash, i};
             ++i;
             continue;
         }
         const int hi = hex_value(text[i]);
-        if (hi < 0) return {ParseProblem::hex, i};
+        if (hi < 0)
+            return {ParseProblem::hex, i};
         const int lo = hex_value(text[i + 1]);
-        if (lo < 0) return {ParseProblem::hex, i + 1};
+        if (lo < 0)
+            return {ParseProblem::hex, i + 1};
         out[byte++] = static_cast<std::uint8_t>((hi << 4) | lo);
         i += 2;
     }
@@ -78,12 +85,23 @@ ParseResult parse_into(std::string_view text, EventId::Bytes& out) noexcept
 void append_escaped(std::string& out, char c)
 {
     switch (c) {
-    case '"': out += "\\\""; return;
-    case '\\': out += "\\\\"; return;
-    case '\n': out += "\\n"; return;
-    case '\r': out += "\\r"; return;
-    case '\t': out += "\\t"; return;
-    default: break;
+    case '"':
+        out += "\\\"";
+        return;
+    case '\\':
+        out += "\\\\";
+        return;
+    case '\n':
+        out += "\\n";
+        return;
+    case '\r':
+        out += "\\r";
+        return;
+    case '\t':
+        out += "\\t";
+        return;
+    default:
+        break;
     }
     const auto u = static_cast<unsigned char>(c);
     if (u >= 0x20 && u < 0x7F) {
@@ -99,9 +117,11 @@ std::string quote(std::string_view text)
 {
     std::string out = "\"";
     const std::size_t shown = text.size() < max_quoted_chars ? text.size() : max_quoted_chars;
-    for (std::size_t i = 0; i < shown; ++i) append_escaped(out, text[i]);
+    for (std::size_t i = 0; i < shown; ++i)
+        append_escaped(out, text[i]);
     out += '"';
-    if (shown < text.size()) out += "...";
+    if (shown < text.size())
+        out += "...";
     return out;
 }
 
@@ -149,10 +169,8 @@ std::uint64_t splitmix64(std::uint64_t& state) noexcept
 
 std::uint64_t clock_entropy() noexcept
 {
-    const auto wall = static_cast<std::uint64_t>(
-        std::chrono::system_clock::now().time_since_epoch().count());
-    const auto mono = static_cast<std::uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
+    const auto wall = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    const auto mono = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     return wall ^ (mono << 32) ^ (mono >> 32);
 }
 
@@ -181,15 +199,16 @@ void reseed_after_fork_child() noexcept
 {
     // Only async-signal-safe calls are allowed here; the pid alone already
     // separates siblings, getrandom() adds unpredictability where available.
-    std::uint64_t seed = fork_salt.load(std::memory_order_relaxed) ^
-                         (static_cast<std::uint64_t>(getpid()) << 20);
+    std::uint64_t seed = fork_salt.load(std::memory_order_relaxed) ^ (static_cast<std::uint64_t>(getpid()) << 20);
     std::uint64_t extra = 0;
 #if defined(__linux__)
-    if (getrandom(&extra, sizeof extra, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof extra)) extra = 0;
+    if (getrandom(&extra, sizeof extra, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof extra))
+        extra = 0;
 #endif
     seed ^= extra;
     std::uint64_t salt = splitmix64(seed);
-    if (salt == 0) salt = 1;
+    if (salt == 0)
+        salt = 1;
     fork_salt.store(salt, std::memory_order_relaxed);
 }
 #endif
@@ -197,18 +216,16 @@ void reseed_after_fork_child() noexcept
 void register_fork_handler() noexcept
 {
 #if defined(__unix__) || defined(__APPLE__)
-    static const bool registered = [] {
-        return pthread_atfork(nullptr, nullptr, &reseed_after_fork_child) == 0;
-    }();
+    static const bool registered = [] { return pthread_atfork(nullptr, nullptr, &reseed_after_fork_child) == 0; }();
     static_cast<void>(registered);
 #endif
 }
 
 std::uint64_t now_unix_ms() noexcept
 {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     // A clock set before 1970 is treated as "not later than anything seen", which
     // makes the generator keep counting on its last timestamp.
     return ms > 0 ? static_cast<std::uint64_t>(ms) & ms_mask : 0;
@@ -220,20 +237,21 @@ EventId EventId::parse(std::string_view text)
 {
     Bytes bytes{};
     const ParseResult result = parse_into(text, bytes);
-    if (result.problem != ParseProblem::none) throw_parse_error(text, result);
+    if (result.problem != ParseProblem::none)
+        throw_parse_error(text, result);
     return EventId(bytes);
 }
 
 bool EventId::try_parse(std::string_view text, EventId& out) noexcept
 {
     Bytes bytes{};
-    if (parse_into(text, bytes).problem != ParseProblem::none) return false;
+    if (parse_into(text, bytes).problem != ParseProblem::none)
+        return false;
     out = EventId(bytes);
     return true;
 }
 
-EventId EventId::from_v7_parts(std::uint64_t unix_ms, std::uint16_t rand_a,
-                               std::uint64_t rand_b) noexcept
+EventId EventId::from_v7_parts(std::uint64_t unix_ms, std::uint16_t rand_a, std::uint64_t rand_b) noexcept
 {
     Bytes b{};
     const std::uint64_t ms = unix_ms & ms_mask;
@@ -254,7 +272,8 @@ void EventId::format_to(char* out) const noexcept
 {
     std::size_t pos = 0;
     for (std::size_t i = 0; i < bytes_.size(); ++i) {
-        if (i == 4 || i == 6 || i == 8 || i == 10) out[pos++] = '-';
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[pos++] = '-';
         out[pos++] = hex_digits[bytes_[i] >> 4];
         out[pos++] = hex_digits[bytes_[i] & 0x0F];
     }
@@ -270,7 +289,8 @@ std::string EventId::to_string() const
 bool EventId::is_nil() const noexcept
 {
     for (const std::uint8_t b : bytes_) {
-        if (b != 0) return false;
+        if (b != 0)
+            return false;
     }
     return true;
 }
@@ -282,7 +302,8 @@ std::uint64_t EventId::unix_ms() const
                              ", not 7, so it carries no timestamp");
     }
     std::uint64_t ms = 0;
-    for (std::size_t i = 0; i < 6; ++i) ms = (ms << 8) | bytes_[i];
+    for (std::size_t i = 0; i < 6; ++i)
+        ms = (ms << 8) | bytes_[i];
     return ms;
 }
 
@@ -309,7 +330,8 @@ UuidV7Generator::UuidV7Generator()
     rng_state_[0] = splitmix64(seed);
     rng_state_[1] = splitmix64(seed);
     // xorshift128+ is stuck at zero forever from an all-zero state.
-    if (rng_state_[0] == 0 && rng_state_[1] == 0) rng_state_[1] = 0x9E3779B97F4A7C15ULL;
+    if (rng_state_[0] == 0 && rng_state_[1] == 0)
+        rng_state_[1] = 0x9E3779B97F4A7C15ULL;
 }
 
 std::uint64_t UuidV7Generator::random() noexcept

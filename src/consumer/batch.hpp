@@ -5,11 +5,11 @@
 #include <cstddef>
 #include <string>
 
+#include "core/ledger.hpp"
 #include "idemkafka/context.hpp"
 #include "idemkafka/dead_letter.hpp"
 #include "idemkafka/event_id.hpp"
 #include "kafka/client.hpp"
-#include "core/ledger.hpp"
 #include "observe/log_context.hpp"
 #include "observe/trace.hpp"
 
@@ -29,7 +29,7 @@ struct Item {
     ItemState state = ItemState::pending;
     PartitionState* part = nullptr;
     DeadLetterReason reason = DeadLetterReason::decode_error;
-    std::string error;        // why it is poison; after a handler failure, that failure
+    std::string error; // why it is poison; after a handler failure, that failure
     bool key_window_open = true;
     bool reconcile = false;   // beyond the dedup horizon: the reconcile hook decides
     bool retry_later = false; // held for another try before any transaction

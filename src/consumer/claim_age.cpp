@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "idemkafka/event_id.hpp"
-#include "pg/exec.hpp"
 #include "pg/connect.hpp"
+#include "pg/exec.hpp"
 
 namespace idemkafka::detail {
 
@@ -79,7 +79,8 @@ void ClaimAgeMonitor::refresh() noexcept
         const auto oldest = oldest_claim_ms(*conn_.db, store_, group_, timeout);
         gauge_.set(oldest ? *oldest : -1);
         if (failing_)
-            say(LogLevel::info, fmt::format("oldest claim of {} in {} measured again", group_, store_.qualified_name()));
+            say(LogLevel::info,
+                fmt::format("oldest claim of {} in {} measured again", group_, store_.qualified_name()));
         failing_ = false;
     } catch (const std::exception& e) {
         if (conn_.db && !conn_.db->is_open())

@@ -8,14 +8,14 @@
 #include <string_view>
 
 #include "core/fingerprint.hpp"
+#include "core/fnv1a.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
+#include "observe/trace.hpp"
 #include "pg/arrays.hpp"
 #include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
-#include "observe/trace.hpp"
-#include "core/fnv1a.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -250,8 +250,8 @@ void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
     auto fields = it.log_fields(f.what);
     fields.push_back({"attempt", std::to_string(failures)});
     if (!f.retryable || failures >= s_.cfg.max_attempts) {
-        say(s_.log, LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}", where,
-            it.id.to_string(), failures, s_.cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
+        say(s_.log, LogLevel::error, std::move(fields), "handler failed on {} (event {}, attempt {} of {}{}): {}",
+            where, it.id.to_string(), failures, s_.cfg.max_attempts, f.retryable ? "" : ", not retryable", f.what);
         it.poison(f.retryable ? DeadLetterReason::handler_failed : DeadLetterReason::non_retryable, f.what);
         s_.dead_letters.send({&it}, w.holds); // done when acknowledged, else held for another try
         return;
@@ -259,8 +259,9 @@ void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
     s_.metrics.retries.add();
     it.error = f.what; // the record's last error (HandlerHarness reports it)
     const bool by_key = s_.cfg.ordering == Ordering::key;
-    say(s_.log, LogLevel::warning, std::move(fields), "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms{}: {}",
-        where, it.id.to_string(), failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(),
+    say(s_.log, LogLevel::warning, std::move(fields),
+        "handler failed on {} (event {}, attempt {} of {}), retrying in {} ms{}: {}", where, it.id.to_string(),
+        failures, s_.cfg.max_attempts, s_.ledger.retry_backoff(failures).count(),
         by_key ? " (its key waits; the partition's other keys go on)" : "", f.what);
     // Ordering::key: only the record's key waits behind it (parked);
     // otherwise its whole partition does.
@@ -318,8 +319,7 @@ bool ClaimTransaction::retryable(const std::exception& e) const
 // Runs one handler call and times it. False, with `failure` naming record
 // `blame`, when the handler threw; connection loss, an in-doubt commit and
 // serialization failures propagate (they concern the whole transaction).
-template <class Call>
-bool ClaimTransaction::call_handler(std::size_t blame, Failure& failure, Call&& call)
+template <class Call> bool ClaimTransaction::call_handler(std::size_t blame, Failure& failure, Call&& call)
 {
     const auto t0 = Clock::now();
     try {
@@ -352,8 +352,7 @@ bool ClaimTransaction::call_handler(std::size_t blame, Failure& failure, Call&& 
 // failure. Its writes go with the rollback; none of them was committed (the
 // commit guard, and read-only outside the library's transactions: see
 // pg::guard_session).
-bool ClaimTransaction::left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame,
-                                   Failure& failure)
+bool ClaimTransaction::left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure)
 {
     const auto state = pg::state_of(tx);
     if (state == pg::TxState::open && !pg::replaced(tx))
@@ -567,8 +566,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                 // Over the time budget: commit what ran, give the rest back so
                 // the consumer polls again long before max.poll.interval.ms.
                 const auto given_back = give_back(tx, w, b, first, k, claimed);
-                say(s_.log, LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again",
-                    handled, given_back);
+                say(s_.log, LogLevel::info, {},
+                    "batch over its time budget after {} handler calls; {} records come again", handled, given_back);
                 active = 0;
                 for (std::size_t j : w.items)
                     if (items[j].state == ItemState::pending && !held(items[j]))
@@ -777,7 +776,9 @@ void ClaimTransaction::write_positions(pqxx::transaction_base& tx, const std::ve
     }
     for (const auto& p : fenced)
         say(s_.log, LogLevel::error,
-            {{log_field::topic, p.topic}, {log_field::partition, std::to_string(p.partition)}, {"epoch", std::to_string(p.epoch)}},
+            {{log_field::topic, p.topic},
+             {log_field::partition, std::to_string(p.partition)},
+             {"epoch", std::to_string(p.epoch)}},
             "position write for {}/{} refused: epoch {} is stale, another member owns the partition now; rolling back "
             "this transaction",
             p.topic, p.partition, p.epoch);
@@ -824,8 +825,8 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
         const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
         s_.metrics.handler_failures.add();
         if (failures >= s_.cfg.max_attempts) {
-            say(s_.log, LogLevel::error, it.log_fields(e.what()), "reconcile hook failed on {} (attempt {} of {}): {}", where,
-                failures, s_.cfg.max_attempts, e.what());
+            say(s_.log, LogLevel::error, it.log_fields(e.what()), "reconcile hook failed on {} (attempt {} of {}): {}",
+                where, failures, s_.cfg.max_attempts, e.what());
             it.poison(DeadLetterReason::beyond_dedup_horizon,
                       fmt::format("reconcile hook failed {} times: {}", failures, e.what()));
             return;

@@ -21,15 +21,15 @@
 #include <pqxx/pqxx>
 
 #include "consumer/batch.hpp"
-#include "core/circuit_breaker.hpp"
 #include "consumer/dead_letterer.hpp"
+#include "consumer/intake.hpp"
+#include "core/circuit_breaker.hpp"
+#include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/consumer.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
-#include "consumer/intake.hpp"
-#include "core/ledger.hpp"
 #include "observe/log_context.hpp"
 #include "pg/watch.hpp"
 
@@ -53,16 +53,16 @@ struct Worker : pg::Session {
     std::vector<std::size_t> items; // indices into the batch, in batch order
     Holds holds;
     BatchInfo info;
-    bool failed = false;          // nothing of this worker's final transaction committed
+    bool failed = false; // nothing of this worker's final transaction committed
     bool lost_connection = false;
-    bool abandoned = false;       // a forced stop abandoned it
-    bool fenced = false;          // the offset table refused our epoch: we lost a partition
-    bool one_by_one = false;      // batch handler: one call per record (after a failed batch call)
+    bool abandoned = false;              // a forced stop abandoned it
+    bool fenced = false;                 // the offset table refused our epoch: we lost a partition
+    bool one_by_one = false;             // batch handler: one call per record (after a failed batch call)
     std::vector<std::size_t> call_items; // batch handler: the records of the call
     std::vector<std::size_t> call_slots; // and their Stage slots
     std::vector<Context> call_contexts;
-    std::size_t calls_ok = 0;     // handler calls (records) of the last transaction that returned normally
-    std::exception_ptr error;     // an unexpected exception, rethrown on the poll thread
+    std::size_t calls_ok = 0; // handler calls (records) of the last transaction that returned normally
+    std::exception_ptr error; // an unexpected exception, rethrown on the poll thread
     // offsets_in_database: the positions the final transaction stored, for
     // the poll thread to note in their states after the batch.
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
@@ -163,8 +163,7 @@ private:
     void handler_failed(Worker& w, Batch& b, const Failure& f);
     void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
     bool retryable(const std::exception& e) const;
-    template <class Call>
-    bool call_handler(std::size_t blame, Failure& failure, Call&& call);
+    template <class Call> bool call_handler(std::size_t blame, Failure& failure, Call&& call);
     bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
     std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
                           std::size_t k, const std::unordered_set<EventId>& claimed);

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "consumer/batch.hpp"
+#include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/publisher.hpp"
 #include "idemkafka/redact.hpp"
-#include "core/ledger.hpp"
 #include "observe/log_context.hpp"
 
 namespace idemkafka::detail {

@@ -14,14 +14,14 @@
 #include <fmt/format.h>
 
 #include "consumer/batch.hpp"
+#include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
+#include "consumer/intake.hpp"
+#include "core/ledger.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "idemkafka/store.hpp"
-#include "consumer/intake.hpp"
-#include "core/ledger.hpp"
 #include "observe/log_context.hpp"
-#include "consumer/claim_transaction.hpp"
 #include "pg/connect.hpp"
 
 namespace idemkafka {
@@ -78,13 +78,18 @@ struct HarnessCore::Impl {
                            Backoff{milliseconds(1000), milliseconds(30000)}};
     Intake intake{cfg, stage, metrics, log};
     std::vector<TestRecord> dead_letters;
-    DeadLetterer dead_letterer{
-        cfg, ledger, metrics, log, secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka}), [this](const std::vector<OutgoingRecord>& records, milliseconds) {
-            for (const auto& r : records)
-                dead_letters.push_back(
-                    TestRecord{r.topic, 0, static_cast<std::int64_t>(dead_letters.size()), r.key, r.value, r.headers});
-            return std::vector<std::string>(records.size()); // all acknowledged
-        }};
+    DeadLetterer dead_letterer{cfg,
+                               ledger,
+                               metrics,
+                               log,
+                               secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka}),
+                               [this](const std::vector<OutgoingRecord>& records, milliseconds) {
+                                   for (const auto& r : records)
+                                       dead_letters.push_back(TestRecord{r.topic, 0,
+                                                                         static_cast<std::int64_t>(dead_letters.size()),
+                                                                         r.key, r.value, r.headers});
+                                   return std::vector<std::string>(records.size()); // all acknowledged
+                               }};
     // One record at a time, nothing to pause: every failure is the record's.
     Circuit circuit{[this] {
         auto off = cfg.circuit_breaker;

@@ -45,8 +45,8 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
         row.topic = tp.topic;
         row.partition = tp.partition;
         row.committed = ps.committed_next >= 0 ? ps.committed_next
-                        : ps.start_known        ? std::max<std::int64_t>(-1, ps.start_offset)
-                                                : -1;
+                        : ps.start_known       ? std::max<std::int64_t>(-1, ps.start_offset)
+                                               : -1;
         const auto [lo, hi] = consumer.watermarks(tp);
         std::int64_t pos = ps.processed_next >= 0 ? ps.processed_next : ps.start_offset;
         if (pos == offset_invalid)

@@ -1,9 +1,9 @@
 #pragma once
 // The lag gauges. Private to the library.
 
+#include "core/ledger.hpp"
 #include "idemkafka/metrics.hpp"
 #include "kafka/group_member.hpp"
-#include "core/ledger.hpp"
 
 namespace idemkafka::detail {
 

@@ -107,5 +107,4 @@ PartitionState* Parking::fullest() const
     return out;
 }
 
-
 } // namespace idemkafka::detail

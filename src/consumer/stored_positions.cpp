@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "pg/tx_guard.hpp"
 #include "pg/connect.hpp"
+#include "pg/tx_guard.hpp"
 
 namespace idemkafka::detail {
 namespace {
@@ -14,9 +14,9 @@ using kafka::offset_invalid;
 
 } // namespace
 
-std::optional<std::map<TopicPartition, std::int64_t>>
-StoredPositions::acquire(kafka::GroupMember& consumer, const std::vector<TopicPartition>& tps,
-                         const std::vector<OffsetCommit>* known)
+std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(kafka::GroupMember& consumer,
+                                                                               const std::vector<TopicPartition>& tps,
+                                                                               const std::vector<OffsetCommit>* known)
 {
     std::vector<std::pair<std::string, std::int32_t>> wanted;
     for (const auto& tp : tps)

@@ -12,12 +12,12 @@
 
 #include <pqxx/pqxx>
 
+#include "consumer/claim_transaction.hpp"
+#include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/offset_store.hpp"
 #include "kafka/group_member.hpp"
-#include "core/ledger.hpp"
 #include "observe/log_context.hpp"
-#include "consumer/claim_transaction.hpp"
 
 namespace idemkafka::detail {
 
@@ -37,9 +37,9 @@ public:
     /// (opened when first needed): at an assignment the workers' connections
     /// may be busy with a running batch. `committed`: Kafka's committed
     /// offsets of `tps` when the caller has read them already, else read here.
-    std::optional<std::map<TopicPartition, std::int64_t>>
-    acquire(kafka::GroupMember& consumer, const std::vector<TopicPartition>& tps,
-            const std::vector<OffsetCommit>* committed = nullptr);
+    std::optional<std::map<TopicPartition, std::int64_t>> acquire(kafka::GroupMember& consumer,
+                                                                  const std::vector<TopicPartition>& tps,
+                                                                  const std::vector<OffsetCommit>* committed = nullptr);
 
     /// Partitions assigned while PostgreSQL was away (paused since): acquires
     /// them now and returns where each must be rewound to.

@@ -30,7 +30,7 @@ namespace detail {
 struct DeliveryState {
     std::atomic<bool> done{false};
     rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR; // written before `done`
-    std::string timeout_note;                            // the call that gave up waiting: why
+    std::string timeout_note;                             // the call that gave up waiting: why
 };
 
 } // namespace detail
@@ -231,7 +231,8 @@ std::vector<std::string> Publisher::publish_all(const std::vector<OutgoingRecord
     return result;
 }
 
-std::vector<DeliveryStatus> Publisher::send_all(const std::vector<OutgoingRecord>& records, std::chrono::milliseconds timeout)
+std::vector<DeliveryStatus> Publisher::send_all(const std::vector<OutgoingRecord>& records,
+                                                std::chrono::milliseconds timeout)
 {
     std::lock_guard<std::mutex> serial(impl_->all_mu);
     std::vector<DeliveryStatus> out;
@@ -255,8 +256,8 @@ std::vector<DeliveryStatus> Publisher::send_all(const std::vector<OutgoingRecord
     wait(out, withdraw_wait);
     for (auto& d : out)
         if (d.state() == DeliveryStatus::State::in_flight)
-            d.s_->timeout_note = fmt::format("not acknowledged within {} ms; sent, so it may still be written",
-                                             timeout.count());
+            d.s_->timeout_note =
+                fmt::format("not acknowledged within {} ms; sent, so it may still be written", timeout.count());
     return out;
 }
 
@@ -264,11 +265,13 @@ bool Publisher::wait(const std::vector<DeliveryStatus>& deliveries, std::chrono:
 {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-        const bool pending = std::any_of(deliveries.begin(), deliveries.end(),
-                                         [](const DeliveryStatus& d) { return d.state() == DeliveryStatus::State::in_flight; });
+        const bool pending = std::any_of(deliveries.begin(), deliveries.end(), [](const DeliveryStatus& d) {
+            return d.state() == DeliveryStatus::State::in_flight;
+        });
         if (!pending)
             return true;
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0)
             return false;
         rd_kafka_poll(impl_->rk.get(), static_cast<int>(std::min<std::int64_t>(left.count(), 10)));

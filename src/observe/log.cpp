@@ -54,11 +54,21 @@ void append_text_value(std::string& out, std::string_view v)
     out.push_back('"');
     for (char c : v) {
         switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
+        case '"':
+            out += "\\\"";
+            break;
+        case '\\':
+            out += "\\\\";
+            break;
+        case '\n':
+            out += "\\n";
+            break;
+        case '\r':
+            out += "\\r";
+            break;
+        case '\t':
+            out += "\\t";
+            break;
         default:
             if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
                 out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
@@ -68,7 +78,6 @@ void append_text_value(std::string& out, std::string_view v)
     }
     out.push_back('"');
 }
-
 
 std::string_view trim_end(std::string_view s) noexcept
 {
@@ -88,10 +97,14 @@ void write_line(const std::string& line) noexcept
 std::string_view to_string(LogLevel level) noexcept
 {
     switch (level) {
-    case LogLevel::debug: return "debug";
-    case LogLevel::info: return "info";
-    case LogLevel::warning: return "warning";
-    case LogLevel::error: return "error";
+    case LogLevel::debug:
+        return "debug";
+    case LogLevel::info:
+        return "info";
+    case LogLevel::warning:
+        return "warning";
+    case LogLevel::error:
+        return "error";
     }
     return "unknown";
 }

@@ -65,8 +65,7 @@ constexpr CounterDesc counters[] = {
     {"revoke_abandons", "Running transactions abandoned because a rebalance took their partitions during a long call.",
      &MetricsSnapshot::revoke_abandons},
     {"parked", "Records parked behind a failed record of their key (Ordering::key).", &MetricsSnapshot::parked},
-    {"parking_overflows",
-     "Partitions held as a whole because their parked records did not fit (Ordering::key).",
+    {"parking_overflows", "Partitions held as a whole because their parked records did not fit (Ordering::key).",
      &MetricsSnapshot::parking_overflows},
     {"circuit_opened", "Times the circuit breaker opened: handler failures across keys judged an outage.",
      &MetricsSnapshot::circuit_opened},
@@ -84,8 +83,8 @@ void render_histogram(std::string& out, const char* name, const char* help, cons
 {
     out += fmt::format("# HELP idemkafka_{} {}\n# TYPE idemkafka_{} histogram\n", name, help, name);
     for (std::size_t i = 0; i < h.bounds.size(); ++i)
-        out += fmt::format("idemkafka_{}_bucket{{group=\"{}\",le=\"{}\"}} {}\n", name, label, h.bounds[i],
-                           h.buckets[i]);
+        out +=
+            fmt::format("idemkafka_{}_bucket{{group=\"{}\",le=\"{}\"}} {}\n", name, label, h.bounds[i], h.buckets[i]);
     out += fmt::format("idemkafka_{}_bucket{{group=\"{}\",le=\"+Inf\"}} {}\n", name, label, h.count);
     out += fmt::format("idemkafka_{}_sum{{group=\"{}\"}} {}\n", name, label, h.sum);
     out += fmt::format("idemkafka_{}_count{{group=\"{}\"}} {}\n", name, label, h.count);

@@ -20,8 +20,7 @@ namespace idemkafka::detail::pg {
 /// moving a temporary `std::variant`, where g++ 12 at -O2 in C++20 warns of a
 /// maybe-uninitialized `nullptr_t` alternative (a false positive); a string it
 /// takes through an out-of-line overload.
-template <class T>
-decltype(auto) param(T&& value)
+template <class T> decltype(auto) param(T&& value)
 {
     if constexpr (std::is_arithmetic_v<std::remove_cv_t<std::remove_reference_t<T>>>)
         return pqxx::to_string(value);
@@ -30,29 +29,25 @@ decltype(auto) param(T&& value)
 }
 
 /// `sql` with `$1`, `$2`... bound to `args`: what `tx.exec_params(sql, args...)` did.
-template <class... Args>
-pqxx::result exec_params(pqxx::transaction_base& tx, std::string_view sql, Args&&... args)
+template <class... Args> pqxx::result exec_params(pqxx::transaction_base& tx, std::string_view sql, Args&&... args)
 {
     return tx.exec(sql, pqxx::params{param(std::forward<Args>(args))...});
 }
 
 /// The statement prepared as `name`, with `args`: what `tx.exec_prepared(name, args...)` did.
-template <class... Args>
-pqxx::result exec_prepared(pqxx::transaction_base& tx, pqxx::zview name, Args&&... args)
+template <class... Args> pqxx::result exec_prepared(pqxx::transaction_base& tx, pqxx::zview name, Args&&... args)
 {
     return tx.exec(pqxx::prepped{name}, pqxx::params{param(std::forward<Args>(args))...});
 }
 
 #else // libpqxx 6.x to 7.9: the member functions, not deprecated there
 
-template <class... Args>
-pqxx::result exec_params(pqxx::transaction_base& tx, const std::string& sql, Args&&... args)
+template <class... Args> pqxx::result exec_params(pqxx::transaction_base& tx, const std::string& sql, Args&&... args)
 {
     return tx.exec_params(sql, std::forward<Args>(args)...);
 }
 
-template <class... Args>
-pqxx::result exec_prepared(pqxx::transaction_base& tx, const std::string& name, Args&&... args)
+template <class... Args> pqxx::result exec_prepared(pqxx::transaction_base& tx, const std::string& name, Args&&... args)
 {
     return tx.exec_prepared(name, std::forward<Args>(args)...);
 }

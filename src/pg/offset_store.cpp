@@ -132,9 +132,8 @@ std::vector<std::pair<std::string, OffsetStore::Stored>> OffsetStore::read(pqxx:
     return out;
 }
 
-std::optional<std::int64_t> OffsetStore::set(pqxx::transaction_base& tx, std::string_view group,
-                                             std::string_view topic, std::int32_t partition,
-                                             std::int64_t next_offset) const
+std::optional<std::int64_t> OffsetStore::set(pqxx::transaction_base& tx, std::string_view group, std::string_view topic,
+                                             std::int32_t partition, std::int64_t next_offset) const
 {
     const auto before = detail::pg::exec_params(
         tx,

@@ -14,8 +14,7 @@ namespace idemkafka::detail {
 
 /// Connects, runs `work(tx)`, commits. A failed connection becomes DatabaseError;
 /// whatever `work` throws propagates (the transaction is rolled back).
-template <class Work>
-void in_own_transaction(const std::string& conninfo, Work&& work)
+template <class Work> void in_own_transaction(const std::string& conninfo, Work&& work)
 {
     try {
         const auto conn = pg::connect(conninfo);

@@ -11,17 +11,17 @@
 #include <fmt/format.h>
 
 #include "core/duration_text.hpp"
+#include "core/fnv1a.hpp"
+#include "core/periodic.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
 #include "observe/log_context.hpp"
-#include "core/periodic.hpp"
+#include "pg/connect.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 #include "pg/watch.hpp"
 #include "schema/ddl.hpp"
 #include "schema/migration.hpp"
-#include "pg/connect.hpp"
-#include "core/fnv1a.hpp"
 
 namespace idemkafka {
 namespace {
@@ -316,7 +316,8 @@ std::vector<std::pair<std::int64_t, std::int64_t>> partition_ranges(const Retent
     const std::int64_t width = cfg.partition_width.count();
     const std::int64_t now_ms = clamp_ms(now);
     const std::int64_t first = floor_div(clamp_ms(now_ms - cfg.retention.count()), width) * width;
-    const std::int64_t last = floor_div(now_ms, width) * width + static_cast<std::int64_t>(cfg.partitions_ahead) * width;
+    const std::int64_t last =
+        floor_div(now_ms, width) * width + static_cast<std::int64_t>(cfg.partitions_ahead) * width;
     std::vector<std::pair<std::int64_t, std::int64_t>> out;
     for (std::int64_t lo_ms = first; lo_ms <= last && lo_ms < max_uuid_ms; lo_ms += width)
         out.emplace_back(lo_ms, std::min(lo_ms + width, max_uuid_ms));
@@ -664,18 +665,17 @@ public:
         const std::int64_t cutoff_ms = to_ms(cutoff);
         if (dry_run) {
             pqxx::work tx(conn);
-            const auto n =
-                detail::pg::exec_params(tx, fmt::format("SELECT count(*) FROM {} WHERE {}", target, expired), cutoff_ms)[0][0]
-                    .as<std::uint64_t>();
+            const auto n = detail::pg::exec_params(tx, fmt::format("SELECT count(*) FROM {} WHERE {}", target, expired),
+                                                   cutoff_ms)[0][0]
+                               .as<std::uint64_t>();
             report.rows_purged += n;
             note(report.actions, LogLevel::info,
                  fmt::format("would purge {} rows of {} processed before {}", n, label, iso_utc(cutoff)));
             return;
         }
         // ctid = ANY(ARRAY(...)) is a TID scan: each batch touches only its own rows.
-        const std::string sql =
-            fmt::format("DELETE FROM {0} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {0} WHERE {1} LIMIT $2))", target,
-                        expired);
+        const std::string sql = fmt::format(
+            "DELETE FROM {0} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {0} WHERE {1} LIMIT $2))", target, expired);
         std::uint64_t total = 0;
         std::size_t batches = 0;
         bool more = true;
@@ -996,7 +996,7 @@ struct MaintenanceRunner::Impl {
     LogSink log;
     std::chrono::milliseconds interval;
     detail::pg::Session conn; // the thread's; reconnected after a failure
-    mutable std::mutex mutex;                // last
+    mutable std::mutex mutex; // last
     std::optional<MaintenanceReport> last;
     std::atomic<std::uint64_t> runs{0}, failures{0}, kept{0};
     detail::PeriodicThread thread; // last: stopped before the members it uses go
@@ -1018,7 +1018,7 @@ MaintenanceRunner::~MaintenanceRunner()
 
 void MaintenanceRunner::stop() noexcept
 {
-    impl_->maintenance.cancel(); // a purge stops after its current batch
+    impl_->maintenance.cancel();                   // a purge stops after its current batch
     impl_->conn.watch.arm(detail::pg::stop_grace); // a statement blocked on a frozen server ends
     impl_->thread.stop();
 }

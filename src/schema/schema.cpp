@@ -59,9 +59,9 @@ std::vector<std::string> claims_table(const std::string& schema, const std::stri
         out.push_back(fmt::format("CREATE TABLE {} ({}) PARTITION BY RANGE (event_id)", q, claim_columns()));
         out.push_back(claims_default_partition(schema, table));
         // The default partition is purged by processed_at like a plain table.
-        out.push_back(processed_at_index(default_index_name(table),
-                                         quote_identifier(schema) + "." +
-                                             quote_identifier(default_partition_name(table))));
+        out.push_back(
+            processed_at_index(default_index_name(table),
+                               quote_identifier(schema) + "." + quote_identifier(default_partition_name(table))));
     } else {
         out.push_back(fmt::format("CREATE TABLE {} ({})", q, claim_columns()));
         // The purge finds its batches through it instead of scanning the table once per batch.
@@ -313,8 +313,8 @@ TableCheck inspect_table(pqxx::transaction_base& tx, std::string_view kind, cons
     if (layout == 0)
         layout = c.version.value_or(schema_version);
     if (partitioned && (kind != detail::ddl::claims_kind || rel[0][2].as<std::string>() != "RANGE (event_id)"))
-        c.problems.push_back(fmt::format("is partitioned by {}, not as the library creates it",
-                                         rel[0][2].as<std::string>()));
+        c.problems.push_back(
+            fmt::format("is partitioned by {}, not as the library creates it", rel[0][2].as<std::string>()));
     const auto cols = detail::pg::exec_params(tx,
                                               "SELECT attname::text, format_type(atttypid, atttypmod) FROM "
                                               "pg_attribute WHERE attrelid = $1::bigint::oid AND attnum > 0 AND NOT "

@@ -109,10 +109,13 @@ TEST_CASE("a handler that swallows an SQL error: nothing escapes, that record is
     CAPTURE(shape);
 
     auto check = [&](Consumer& c) {
-        run_until(c, [&] {
-            return c.metrics().snapshot().dead_lettered_total() == static_cast<std::uint64_t>(bad) &&
-                   f.rows() == events - bad;
-        }, 60s);
+        run_until(
+            c,
+            [&] {
+                return c.metrics().snapshot().dead_lettered_total() == static_cast<std::uint64_t>(bad) &&
+                       f.rows() == events - bad;
+            },
+            60s);
         const auto m = c.metrics().snapshot();
         CHECK(s.escaped_rows() == 0);
         CHECK(s.bad_effects() == 0);
@@ -173,7 +176,8 @@ TEST_CASE("a handler that tolerates an error inside a subtransaction is not blam
         }
         f.insert(tx, e, ctx);
     });
-    run_until(c, [&] { return f.rows() == events; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == events; }, 60s);
     const auto m = c.metrics().snapshot();
     f.check_exact(events);
     CHECK(tolerated == events / 10);
@@ -211,7 +215,8 @@ TEST_CASE("a record too large to dead-letter goes without its payload, once; the
     auto cfg = f.config();
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
-    run_until(c, [&] { return f.rows() == 30 && c.metrics().snapshot().dead_lettered_total() == 5; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 30 && c.metrics().snapshot().dead_lettered_total() == 5; }, 60s);
     const auto m = c.metrics().snapshot();
     f.check_exact(30);
     CHECK(m.dead_lettered_for(DeadLetterReason::payload_too_large) == 1);
@@ -272,7 +277,8 @@ TEST_CASE("a dead-letter topic that refuses a record: the partition waits with a
     };
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
-    run_until(c, [&] { return f.rows() == 40 && c.metrics().snapshot().dead_lettered_total() == 1; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 40 && c.metrics().snapshot().dead_lettered_total() == 1; }, 60s);
     const auto m = c.metrics().snapshot();
     f.check_exact(40);
     CHECK(m.dead_letter_failures >= 1);
@@ -342,7 +348,8 @@ TEST_CASE("a conflict at the claim that outlasts transaction_retries blames no r
     cfg.max_attempts = 2;
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
-    run_until(c, [&] { return f.rows() == 30; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 30; }, 60s);
     const auto m = c.metrics().snapshot();
     f.check_exact(30);
     CHECK(conflicts.fired() >= 8);
@@ -374,7 +381,8 @@ TEST_CASE("a conflict at COMMIT that outlasts transaction_retries blames no reco
     cfg.max_batch = 5;
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
-    run_until(c, [&] { return f.rows() == 30; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 30; }, 60s);
     const auto m = c.metrics().snapshot();
     f.check_exact(30);
     CHECK(scalar(fmt::format("SELECT last_value FROM {}", seq)) >= 8);
@@ -419,9 +427,9 @@ namespace {
 
 EventId old_v7(std::int64_t days_ago, std::uint64_t n)
 {
-    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+    const auto now =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     return EventId::from_v7_parts(static_cast<std::uint64_t>(now - days_ago * 86400000), static_cast<std::uint16_t>(n),
                                   0x0123456789abcdefULL ^ (n * 0x9E3779B97F4A7C15ULL));
 }
@@ -449,7 +457,8 @@ TEST_CASE("a reconcile hook that keeps failing: retried max_attempts times, then
     };
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
-    run_until(c, [&] { return f.rows() == 20 && c.metrics().snapshot().dead_lettered_total() == 1; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 20 && c.metrics().snapshot().dead_lettered_total() == 1; }, 60s);
     const auto m = c.metrics().snapshot();
     f.check_exact(20);
     CHECK(hook_calls == 3);
@@ -486,7 +495,8 @@ TEST_CASE("a reconcile hook's skip claims the event with what the hook wrote", "
             ++handled_old;
         f.insert(tx, e, ctx);
     });
-    run_until(c, [&] { return f.rows() == 6 && c.metrics().snapshot().duplicates == 1; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 6 && c.metrics().snapshot().duplicates == 1; }, 60s);
     f.check_exact(6);
     CHECK(handled_old == 0);
     CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}' AND event_id = '{}'",
@@ -551,8 +561,8 @@ TEST_CASE("the first record the non_v7 default dead-letters logs once which sett
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < 3; ++i) {
             // UUIDv4, as most existing producers send.
-            const TestEvent e{EventId::parse(fmt::format("6f1c2a3b-4d5e-4f60-8a7b-{:012x}", 0xabc000 + i)),
-                              "entity-v4", i};
+            const TestEvent e{EventId::parse(fmt::format("6f1c2a3b-4d5e-4f60-8a7b-{:012x}", 0xabc000 + i)), "entity-v4",
+                              i};
             pub.publish(f.topic, e.entity, encode(e));
         }
     }
@@ -571,7 +581,8 @@ TEST_CASE("the first record the non_v7 default dead-letters logs once which sett
     };
     Consumer c(cfg, decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
-    run_until(c, [&] { return f.rows() == 5 && c.metrics().snapshot().dead_lettered_total() == 3; }, 60s);
+    run_until(
+        c, [&] { return f.rows() == 5 && c.metrics().snapshot().dead_lettered_total() == 3; }, 60s);
     CHECK(c.metrics().snapshot().dead_lettered_for(DeadLetterReason::non_v7_event_id) == 3);
     CHECK(f.rows() == 5);
     std::lock_guard<std::mutex> lock(mu);

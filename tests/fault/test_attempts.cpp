@@ -76,18 +76,17 @@ TEST_CASE("attempts child", "[.][attempts-child]")
             std::ofstream(marks, std::ios::app) << "dead\n";
         shown(r);
     };
-    Consumer c(cfg, decode, event_id_of,
-               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-                   detail::pg::exec_params(tx,
-                                           fmt::format("INSERT INTO {} (event_id, member, kafka_partition, "
-                                                       "kafka_offset) VALUES ($1::uuid, 'child', $2, $3)",
-                                                       effects),
-                                           e.id.to_string(), ctx.partition(), ctx.offset());
-                   if (e.id.to_string() == poison) {
-                       std::ofstream(marks, std::ios::app) << "fail " << ctx.attempt() << '\n';
-                       throw std::runtime_error("poison: always fails");
-                   }
-               });
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        detail::pg::exec_params(tx,
+                                fmt::format("INSERT INTO {} (event_id, member, kafka_partition, "
+                                            "kafka_offset) VALUES ($1::uuid, 'child', $2, $3)",
+                                            effects),
+                                e.id.to_string(), ctx.partition(), ctx.offset());
+        if (e.id.to_string() == poison) {
+            std::ofstream(marks, std::ios::app) << "fail " << ctx.attempt() << '\n';
+            throw std::runtime_error("poison: always fails");
+        }
+    });
     c.run(); // until killed
 }
 

@@ -171,7 +171,7 @@ TEST_CASE("a PostgreSQL frozen longer than max.poll.interval.ms: stop() bounded,
 
     Freeze freeze;
     const auto frozen_at = Clock::now();
-    f.publish(1000); // work for the members while the server is frozen
+    f.publish(1000);                 // work for the members while the server is frozen
     std::this_thread::sleep_for(2s); // the members are waiting on PostgreSQL now
     // stop() while PostgreSQL is frozen: what is in flight rolls back or is
     // in doubt, and is redelivered; the call returns within its bound.
@@ -207,9 +207,9 @@ TEST_CASE("a PostgreSQL frozen longer than max.poll.interval.ms: stop() bounded,
     fail_if_threw(run_c.error(), "member c");
     // Calls cut: library steps past db_timeout (a worker inside a handler's
     // statement just waits: a handler call is not bounded by db_timeout).
-    fmt::print("frozen server: db_timeouts {}\n",
-               a.consumer.metrics().snapshot().db_timeouts + b.consumer.metrics().snapshot().db_timeouts +
-                   c.consumer.metrics().snapshot().db_timeouts);
+    fmt::print("frozen server: db_timeouts {}\n", a.consumer.metrics().snapshot().db_timeouts +
+                                                      b.consumer.metrics().snapshot().db_timeouts +
+                                                      c.consumer.metrics().snapshot().db_timeouts);
     f.check_exact(5000);
 }
 

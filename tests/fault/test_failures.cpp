@@ -98,8 +98,7 @@ TEST_CASE("non-retryable failures go to the dead letter on the first failure", "
     CHECK(ids == std::set<std::string>{by_type.to_string(), by_predicate.to_string()});
 }
 
-TEST_CASE("dead-letter topic unavailable: the offset does not move until the dead letter is acknowledged",
-          "[fault]")
+TEST_CASE("dead-letter topic unavailable: the offset does not move until the dead letter is acknowledged", "[fault]")
 {
     Fixture f(1);
     f.publish(5);
@@ -295,9 +294,11 @@ void scale_test(const std::string& strategy)
     auto c = make("c");
     auto rb = std::make_unique<Runner<Consumer>>(*b);
     auto rc = std::make_unique<Runner<Consumer>>(*c);
-    REQUIRE(wait_until([&] { return b->metrics().snapshot().assigned_partitions > 0 &&
-                                    c->metrics().snapshot().assigned_partitions > 0; },
-                       60s));
+    REQUIRE(wait_until(
+        [&] {
+            return b->metrics().snapshot().assigned_partitions > 0 && c->metrics().snapshot().assigned_partitions > 0;
+        },
+        60s));
     // The joiners take over partitions with work left (which ones is the
     // assignor's choice, so only their sum is certain).
     REQUIRE(wait_until([&] { return b->metrics().snapshot().claimed + c->metrics().snapshot().claimed > 0; }, 60s));
@@ -395,13 +396,12 @@ TEST_CASE("a slow batch commits within its time budget and gives the rest back",
     f.check_exact(120);
 }
 
-TEST_CASE("events beyond the dedup horizon go to the dead letter, never to the handler; key window flag",
-          "[fault]")
+TEST_CASE("events beyond the dedup horizon go to the dead letter, never to the handler; key window flag", "[fault]")
 {
     Fixture f(1);
     using namespace std::chrono;
-    const auto now_ms = static_cast<std::uint64_t>(
-        duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count());
+    const auto now_ms =
+        static_cast<std::uint64_t>(duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count());
     const TestEvent ancient{EventId::from_v7_parts(now_ms - 8ULL * 24 * 3600 * 1000, 1, 42), "old", 1};
     const TestEvent hours_old{EventId::from_v7_parts(now_ms - 2ULL * 3600 * 1000, 1, 43), "mid", 2};
     const TestEvent fresh{new_event_id(), "new", 3};

@@ -175,7 +175,7 @@ TEST_CASE("a handler's session-level SET or RESET ALL does not change the librar
     cfg.lock_timeout = 4321ms;
     std::mutex mu;
     std::map<std::int64_t, std::vector<std::string>> lock_timeouts; // by amount, one per call
-    std::vector<std::string> read_only_defaults; // record 20's calls, after their ROLLBACK
+    std::vector<std::string> read_only_defaults;                    // record 20's calls, after their ROLLBACK
     auto show = [](pqxx::work& tx, const char* name) {
         return std::string(tx.exec(std::string("SHOW ") + name)[0][0].c_str());
     };
@@ -194,7 +194,8 @@ TEST_CASE("a handler's session-level SET or RESET ALL does not change the librar
             read_only_defaults.push_back(show(tx, "default_transaction_read_only"));
         }
     });
-    run_until(c, [&] { return f.committed_total(1) == 30; }, 90s);
+    run_until(
+        c, [&] { return f.committed_total(1) == 30; }, 90s);
     const auto m = c.metrics().snapshot();
     CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == 1);
     CHECK(m.dead_lettered_total() == 1);

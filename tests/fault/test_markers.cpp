@@ -84,15 +84,14 @@ std::int64_t high_watermark(rd_kafka_t* rk, const std::string& topic)
 {
     std::int64_t low = 0;
     std::int64_t high = 0;
-    REQUIRE(rd_kafka_query_watermark_offsets(rk, topic.c_str(), 0, &low, &high, 10000) ==
-            RD_KAFKA_RESP_ERR_NO_ERROR);
+    REQUIRE(rd_kafka_query_watermark_offsets(rk, topic.c_str(), 0, &low, &high, 10000) == RD_KAFKA_RESP_ERR_NO_ERROR);
     return high;
 }
 
 std::int64_t stored_position(const std::string& table, const std::string& group)
 {
-    return scalar(fmt::format("SELECT coalesce(max(next_offset), -1)::bigint FROM {} WHERE consumer_group = '{}'",
-                              table, group));
+    return scalar(
+        fmt::format("SELECT coalesce(max(next_offset), -1)::bigint FROM {} WHERE consumer_group = '{}'", table, group));
 }
 
 } // namespace
@@ -104,8 +103,7 @@ std::int64_t stored_position(const std::string& table, const std::string& group)
 // was assigned while its offset row could not be read (here: locked by
 // another transaction past lock_timeout), and verify_positions() later seeks
 // to the stored position.
-TEST_CASE("a stored position on a transaction's commit marker is resumed from, not waited for",
-          "[fault][markers]")
+TEST_CASE("a stored position on a transaction's commit marker is resumed from, not waited for", "[fault][markers]")
 {
     Fixture f(1);
     auto rk = transactional_producer();

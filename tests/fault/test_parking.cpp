@@ -109,8 +109,7 @@ struct ParkingFixture {
     }
 };
 
-template <class F>
-bool run_until(Consumer& c, F&& done, std::chrono::seconds timeout = 90s)
+template <class F> bool run_until(Consumer& c, F&& done, std::chrono::seconds timeout = 90s)
 {
     Runner<Consumer> run(c);
     const bool ok = wait_until(std::forward<F>(done), timeout);
@@ -155,8 +154,8 @@ TEST_CASE("a failing key parks only itself: the other keys of its partition flow
     const auto committed_while_parked = committed_offset(f.group, f.topic, 0);
     const auto m_parked = c.metrics().snapshot();
     REQUIRE(wait_until([&] { return f.bads() == static_cast<std::int64_t>(f.bad_offsets.size()); }, 60s));
-    REQUIRE(wait_until([&] { return committed_offset(f.group, f.topic, 0) == static_cast<std::int64_t>(f.events.size()); },
-                       30s));
+    REQUIRE(wait_until(
+        [&] { return committed_offset(f.group, f.topic, 0) == static_cast<std::int64_t>(f.events.size()); }, 30s));
     run.join();
     REQUIRE(!run.error());
 

@@ -179,8 +179,7 @@ TEST_CASE("a member frozen inside its transaction does not stall its successor: 
     Runner<Consumer> sr(successor);
     ReleaseOnExit release_before_joins{release}; // a failed REQUIRE releases the zombie before sr joins
     // Everything processed while the zombie is still frozen.
-    REQUIRE(wait_until(
-        [&] { return f.rows() == 200 && successor.metrics().snapshot().lag == 0; }, 90s));
+    REQUIRE(wait_until([&] { return f.rows() == 200 && successor.metrics().snapshot().lag == 0; }, 90s));
     CHECK_FALSE(release.load());
     const auto m = successor.metrics().snapshot();
     CHECK(m.frozen_members_ended == 1);

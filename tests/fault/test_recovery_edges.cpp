@@ -59,8 +59,8 @@ void record_effect(pqxx::work& tx, const Fixture& f, const TestEvent& e, const C
 
 std::int64_t stored_total(const std::string& table, const std::string& group)
 {
-    return scalar(fmt::format("SELECT coalesce(sum(next_offset), 0)::bigint FROM {} WHERE consumer_group = '{}'",
-                              table, group));
+    return scalar(
+        fmt::format("SELECT coalesce(sum(next_offset), 0)::bigint FROM {} WHERE consumer_group = '{}'", table, group));
 }
 
 // Joins a thread whose work is bounded, also when a REQUIRE fails first.
@@ -78,8 +78,7 @@ struct JoinOnExit {
 // Before: a refused position write rewound the batch at once; every later
 // write of the partition was refused again (the epoch never came back), so the
 // partition made no progress and fenced_writes grew without bound.
-TEST_CASE("a partition fenced by an operator's epoch bump is taken over again and finishes",
-          "[fault]")
+TEST_CASE("a partition fenced by an operator's epoch bump is taken over again and finishes", "[fault]")
 {
     Fixture f(1);
     f.publish(100);
@@ -118,7 +117,7 @@ TEST_CASE("a publish_all that times out does not purge another call's records", 
     const auto topic = unique_name("shared_producer");
     create_topic(topic, 1);
     Publisher pub(PublisherConfig{brokers(), {}, nullptr}); // B's purged record is logged as an error
-    pub.publish(topic, std::string("warm-up"), "warm-up"); // metadata and connection ready
+    pub.publish(topic, std::string("warm-up"), "warm-up");  // metadata and connection ready
 
     std::vector<OutgoingRecord> many;
     for (int i = 0; i < 50; ++i)
@@ -169,8 +168,7 @@ TEST_CASE("a publish_all that times out does not purge another call's records", 
 // Before: with workers > 1 in per-key mode, a batch whose lane 0 lost its
 // connection while another lane committed stored the merged positions
 // through lanes.front().db, reset by then: a null dereference.
-TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers: no crash, exact effects",
-          "[fault]")
+TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers: no crash, exact effects", "[fault]")
 {
     constexpr int events = 2000;
     Fixture f(4);
@@ -185,9 +183,8 @@ TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers:
     cfg.offsets_table = unique_name("offsets");
     Logs logs;
     cfg.log = logs.sink();
-    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        record_effect(tx, f, e, ctx);
-    });
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { record_effect(tx, f, e, ctx); });
     std::int64_t terminated = 0;
     {
         Runner<Consumer> run(c);
@@ -195,16 +192,18 @@ TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers:
         // (~200 ms), so one lane loses its connection while others commit,
         // forty times; then let it finish.
         int polls = 0;
-        const bool killed = wait_until([&] {
-            if (++polls % 10 == 0)
-                terminated += scalar(fmt::format("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM "
-                                                 "pg_stat_activity WHERE application_name = '{}' ORDER BY random() "
-                                                 "LIMIT 1) k",
-                                                 app));
-            return terminated >= 40;
-        }, 60s);
-        const bool done = killed && wait_until([&] { return f.rows() == events && c.metrics().snapshot().lag == 0; },
-                                             60s);
+        const bool killed = wait_until(
+            [&] {
+                if (++polls % 10 == 0)
+                    terminated += scalar(fmt::format("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM "
+                                                     "pg_stat_activity WHERE application_name = '{}' ORDER BY random() "
+                                                     "LIMIT 1) k",
+                                                     app));
+                return terminated >= 40;
+            },
+            60s);
+        const bool done =
+            killed && wait_until([&] { return f.rows() == events && c.metrics().snapshot().lag == 0; }, 60s);
         run.join();
         fail_if_threw(run.error());
         CAPTURE(terminated, f.rows());

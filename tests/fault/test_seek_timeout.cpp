@@ -57,9 +57,8 @@ namespace {
 void run_to_the_end(Consumer& c, Fixture& f, std::size_t events)
 {
     Runner<Consumer> run(c);
-    const bool done = wait_until([&] { return f.rows() >= static_cast<std::int64_t>(events) &&
-                                              c.metrics().snapshot().lag == 0; },
-                                 60s);
+    const bool done = wait_until(
+        [&] { return f.rows() >= static_cast<std::int64_t>(events) && c.metrics().snapshot().lag == 0; }, 60s);
     run.join();
     fail_if_threw(run.error());
     const auto m = c.metrics().snapshot();
@@ -97,8 +96,7 @@ TEST_CASE("seek reported as timed out: batches given back at the time budget los
 // Before: a partition paused for a retry backoff was resumed only after a seek
 // call reported success, so a seek that always reported a timeout kept the
 // partition paused for good.
-TEST_CASE("seek reported as timed out: records retried after a failure are resumed and lose nothing",
-          "[fault][seek]")
+TEST_CASE("seek reported as timed out: records retried after a failure are resumed and lose nothing", "[fault][seek]")
 {
     constexpr std::size_t events = 200;
     Fixture f(2);

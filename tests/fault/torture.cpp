@@ -131,8 +131,7 @@ std::string required_env(const char* name, const char* what)
 class Timeline {
 public:
     void open(const std::string& path) { file_.open(path); }
-    template <class... Args>
-    void say(fmt::format_string<Args...> f, Args&&... args)
+    template <class... Args> void say(fmt::format_string<Args...> f, Args&&... args)
     {
         const auto line = fmt::format("[{:7.2f}] {}", elapsed(), fmt::format(f, std::forward<Args>(args)...));
         std::lock_guard<std::mutex> lock(mu_);
@@ -294,13 +293,31 @@ public:
             reader_.join();
     }
 
-    pid_t pid() const { return pid_; }
-    const std::string& log_path() const { return err_path_; }
-    bool assigned() const { return assigned_; }
-    long long consumed() const { return consumed_; }
-    long long lag() const { return lag_; }
+    pid_t pid() const
+    {
+        return pid_;
+    }
+    const std::string& log_path() const
+    {
+        return err_path_;
+    }
+    bool assigned() const
+    {
+        return assigned_;
+    }
+    long long consumed() const
+    {
+        return consumed_;
+    }
+    long long lag() const
+    {
+        return lag_;
+    }
     /// Progress lines seen so far (one a second).
-    long long progress_lines() const { return progress_lines_; }
+    long long progress_lines() const
+    {
+        return progress_lines_;
+    }
     /// Whether a stderr line containing `text` has been seen.
     bool saw(std::string_view text) const
     {
@@ -338,7 +355,10 @@ public:
         return status_;
     }
 
-    void signal(int sig) { ::kill(pid_, sig); }
+    void signal(int sig)
+    {
+        ::kill(pid_, sig);
+    }
 
     void kill_now()
     {
@@ -552,10 +572,10 @@ Options parse_options(int argc, char** argv)
     }
     for (const auto& [path, name] : {std::pair{o.listener, "--listener"}, std::pair{o.producer, "--producer"}})
         if (path.empty() || ::access(path.c_str(), X_OK) != 0)
-            throw std::invalid_argument(fmt::format(
-                "{} must name an executable, got \"{}\" (the billing example is built with "
-                "IDEMKAFKA_BUILD_EXAMPLES=ON)",
-                name, path));
+            throw std::invalid_argument(
+                fmt::format("{} must name an executable, got \"{}\" (the billing example is built with "
+                            "IDEMKAFKA_BUILD_EXAMPLES=ON)",
+                            name, path));
     if (o.events < 1000 || o.kills < 1 || o.partitions < 1 || o.misbehaving < 0 || o.misbehaving > 333 ||
         o.oversize < 0)
         throw std::invalid_argument("--events must be at least 1000, --kills and --partitions positive, "
@@ -568,11 +588,16 @@ enum class Fault { none, broker_down, commit_errors, pg_terminate, pg_restart };
 const char* fault_name(Fault f)
 {
     switch (f) {
-    case Fault::broker_down: return "broker down";
-    case Fault::commit_errors: return "offset commit errors";
-    case Fault::pg_terminate: return "pg_terminate_backend";
-    case Fault::pg_restart: return "PostgreSQL restart";
-    default: return "none";
+    case Fault::broker_down:
+        return "broker down";
+    case Fault::commit_errors:
+        return "offset commit errors";
+    case Fault::pg_terminate:
+        return "pg_terminate_backend";
+    case Fault::pg_restart:
+        return "PostgreSQL restart";
+    default:
+        return "none";
     }
 }
 
@@ -694,8 +719,8 @@ private:
         const auto rate = std::max<long long>(1, static_cast<long long>(static_cast<double>(opt_.events) / seconds));
         producer_ = std::make_unique<Child>(
             std::vector<std::string>{opt_.producer, "--brokers", brokers_, "--topic", topic_, "--events",
-                                     std::to_string(opt_.events), "--duplicates", "0.1", "--poison", "0.01",
-                                     "--rate", std::to_string(rate), "--seed", std::to_string(opt_.seed)},
+                                     std::to_string(opt_.events), "--duplicates", "0.1", "--poison", "0.01", "--rate",
+                                     std::to_string(rate), "--seed", std::to_string(opt_.seed)},
             opt_.log_dir + "/producer.out", opt_.log_dir + "/producer.log");
         timeline.say("producer started: {} records at {}/s into {} ({} partitions)", opt_.events, rate, topic_,
                      opt_.partitions);
@@ -703,15 +728,29 @@ private:
 
     std::unique_ptr<Child> start_listener(const std::string& name, std::size_t max_batch)
     {
-        std::vector<std::string> argv{opt_.listener, "--brokers", brokers_, "--postgres", listener_pg_, "--topic",
-                                      topic_, "--group", group_, "--max-batch", std::to_string(max_batch),
-                                      "--charge-table", charge_table_, "--claims-table", claims_table_,
-                                      "--progress", "1", "--group-protocol", opt_.group_protocol};
+        std::vector<std::string> argv{opt_.listener,
+                                      "--brokers",
+                                      brokers_,
+                                      "--postgres",
+                                      listener_pg_,
+                                      "--topic",
+                                      topic_,
+                                      "--group",
+                                      group_,
+                                      "--max-batch",
+                                      std::to_string(max_batch),
+                                      "--charge-table",
+                                      charge_table_,
+                                      "--claims-table",
+                                      claims_table_,
+                                      "--progress",
+                                      "1",
+                                      "--group-protocol",
+                                      opt_.group_protocol};
         if (opt_.misbehaving > 0)
             argv.insert(argv.end(), {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
                                      std::to_string(opt_.misbehaving), "--ordering", opt_.ordering});
-        return std::make_unique<Child>(argv, opt_.log_dir + "/" + name + ".out",
-                                       opt_.log_dir + "/" + name + ".log");
+        return std::make_unique<Child>(argv, opt_.log_dir + "/" + name + ".out", opt_.log_dir + "/" + name + ".log");
     }
 
     // The oversize poison, published by the driver between listener runs,
@@ -723,9 +762,8 @@ private:
             return;
         try {
             if (!oversize_publisher_)
-                oversize_publisher_ = std::make_unique<idemkafka::Publisher>(
-                    idemkafka::PublisherConfig{brokers_, {{"message.max.bytes", "2000000"}},
-                                               idemkafka::test::log_sink()});
+                oversize_publisher_ = std::make_unique<idemkafka::Publisher>(idemkafka::PublisherConfig{
+                    brokers_, {{"message.max.bytes", "2000000"}}, idemkafka::test::log_sink()});
             while (oversize_published_ < due) {
                 ++oversize_published_;
                 std::string value(oversize_bytes, 'x');
@@ -852,7 +890,8 @@ private:
                              run, max_batch, d.count(), last_claims_);
                 continue;
             }
-            if (!wait_alive(*l, [&] { return l->assigned(); }, std::chrono::seconds(40))) {
+            if (!wait_alive(
+                    *l, [&] { return l->assigned(); }, std::chrono::seconds(40))) {
                 if (l->poll_exit())
                     listener_ended(*l, run);
                 else
@@ -936,13 +975,14 @@ private:
                 },
                 std::chrono::seconds(5));
             if (terminated == 0) {
-                fail(fmt::format("run {}: no PostgreSQL backend with application_name {} to terminate", run,
-                                 app_name_));
+                fail(
+                    fmt::format("run {}: no PostgreSQL backend with application_name {} to terminate", run, app_name_));
                 return !l.poll_exit();
             }
             ++pg_kills_;
             note = fmt::format("{} backend(s) terminated, ", terminated);
-            if (traffic && !wait_alive(l, [&] { return l.saw("reconnected to PostgreSQL"); }, recover_timeout)) {
+            if (traffic && !wait_alive(
+                               l, [&] { return l.saw("reconnected to PostgreSQL"); }, recover_timeout)) {
                 if (!l.poll_exit())
                     fail(fmt::format("run {}: the listener did not reconnect to PostgreSQL within 30 s after "
                                      "pg_terminate_backend (a hang?); last lines of {}:\n{}",
@@ -963,7 +1003,8 @@ private:
             ++pg_kills_;
             ++pg_restarts_;
             note = "PostgreSQL restarted, ";
-            if (traffic && !wait_alive(l, [&] { return l.saw("reconnected to PostgreSQL"); }, recover_timeout)) {
+            if (traffic && !wait_alive(
+                               l, [&] { return l.saw("reconnected to PostgreSQL"); }, recover_timeout)) {
                 if (!l.poll_exit())
                     fail(fmt::format("run {}: the listener did not reconnect to PostgreSQL within 30 s after the "
                                      "restart (a hang?); last lines of {}:\n{}",
@@ -983,7 +1024,8 @@ private:
         }
         // Recovered means consuming again: the progress count moves (fresh
         // records arrive several times a second).
-        if (!wait_alive(l, [&] { return l.consumed() > progress_before; }, recover_timeout)) {
+        if (!wait_alive(
+                l, [&] { return l.consumed() > progress_before; }, recover_timeout)) {
             if (!l.poll_exit())
                 fail(fmt::format("run {}: the listener consumed nothing for 30 s after the {} (a hang?); last lines "
                                  "of {}:\n{}",
@@ -1004,8 +1046,8 @@ private:
         }
         const auto line = last_line_of(opt_.log_dir + "/producer.out");
         if (*status != 0)
-            throw std::runtime_error(fmt::format("billing-producer failed ({}): {}\n{}", Child::describe(*status),
-                                                 line, tail_of(producer_->log_path(), 10)));
+            throw std::runtime_error(fmt::format("billing-producer failed ({}): {}\n{}", Child::describe(*status), line,
+                                                 tail_of(producer_->log_path(), 10)));
         producer_summary_ = fields_of(line);
         timeline.say("producer done: {}", line);
     }
@@ -1096,8 +1138,7 @@ private:
             }
             const auto j = nlohmann::json::parse(r.value.value_or(""), nullptr, false);
             if (j.is_discarded() || !j.contains("event_id") || !j.contains("order_id")) {
-                fail(fmt::format("record {}/{}@{} is neither poison nor a valid order", topic_, r.partition,
-                                 r.offset));
+                fail(fmt::format("record {}/{}@{} is neither poison nor a valid order", topic_, r.partition, r.offset));
                 continue;
             }
             const auto ev = j["event_id"].get<std::string>();
@@ -1192,8 +1233,8 @@ private:
                                     doubled[i]);
                 detail += fmt::format("\n    {}:", doubled[i]);
                 for (const auto& r : rows)
-                    detail += fmt::format(" [id {} key {} payment {} at {}]", r[0].c_str(), r[1].c_str(),
-                                          r[2].c_str(), r[3].c_str());
+                    detail += fmt::format(" [id {} key {} payment {} at {}]", r[0].c_str(), r[1].c_str(), r[2].c_str(),
+                                          r[3].c_str());
             }
             fail(fmt::format("{} orders charged more than once: {}{}", doubled.size(), some(doubled), detail));
         }
@@ -1203,8 +1244,8 @@ private:
             fail(fmt::format("{} charges for orders that were never published as valid: {}", unexpected.size(),
                              some(unexpected)));
         if (!wrong_key.empty())
-            fail(fmt::format("{} charges with an idempotency key other than the order's event id: {}",
-                             wrong_key.size(), some(wrong_key)));
+            fail(fmt::format("{} charges with an idempotency key other than the order's event id: {}", wrong_key.size(),
+                             some(wrong_key)));
 
         std::unordered_set<std::string> expected_events;
         for (const auto& [order, ev] : event_of_order)
@@ -1220,8 +1261,8 @@ private:
             if (!expected_events.count(row[0].as<std::string>()))
                 ++stray;
         if (claims_ != chargeable || stray != 0)
-            fail(fmt::format("{} claims in {} for group {} ({} of them for no chargeable event), expected {}",
-                             claims_, claims_table_, group_, stray, chargeable));
+            fail(fmt::format("{} claims in {} for group {} ({} of them for no chargeable event), expected {}", claims_,
+                             claims_table_, group_, stray, chargeable));
 
         if (opt_.misbehaving > 0) {
             // The swallowing handler's write after the error must never commit.
@@ -1292,8 +1333,8 @@ private:
                     problem = fmt::format("has key \"{}\", expected \"{}\"", key, p.key);
             }
             if (!problem.empty() && ++wrong <= 10)
-                fail(fmt::format("dead letter {}/{}@{} (key \"{}\", reason \"{}\", error \"{}\") {}", dlq_,
-                                 r.partition, r.offset, key, r.header(h::reason), r.header(h::error), problem));
+                fail(fmt::format("dead letter {}/{}@{} (key \"{}\", reason \"{}\", error \"{}\") {}", dlq_, r.partition,
+                                 r.offset, key, r.header(h::reason), r.header(h::error), problem));
         }
         if (wrong > 10)
             fail(fmt::format("... {} wrong dead letters in all", wrong));

@@ -154,7 +154,7 @@ TEST_CASE("crash after the DB commit and before the offset commit repeats no han
         REQUIRE_FALSE(run.error());
     }
     const auto m = b.metrics().snapshot();
-    CHECK(m.consumed == 200);  // every record came again: no offset was committed
+    CHECK(m.consumed == 200);                     // every record came again: no offset was committed
     CHECK(m.duplicates == crashed_batch.claimed); // ... and dedup absorbed the committed ones
     CHECK(second_calls == 200 - static_cast<int>(crashed_batch.claimed));
     CHECK(first_calls + second_calls == 200);
@@ -245,8 +245,7 @@ TEST_CASE("two consumer groups each process every event once", "[integration]")
     CHECK(b->metrics().snapshot().duplicates == 60);
 }
 
-TEST_CASE("poison records go to the dead-letter topic with their reason, and the partition moves on",
-          "[integration]")
+TEST_CASE("poison records go to the dead-letter topic with their reason, and the partition moves on", "[integration]")
 {
     const auto topic = unique_name("poison");
     const auto group = unique_name("g");
@@ -286,8 +285,7 @@ TEST_CASE("poison records go to the dead-letter topic with their reason, and the
     {
         Runner<Consumer> run(consumer);
         REQUIRE(wait_until([&] { return scalar("SELECT count(*) FROM " + effects) == 20; }, 60s));
-        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().dead_lettered_total() == poison.size(); },
-                           30s));
+        REQUIRE(wait_until([&] { return consumer.metrics().snapshot().dead_lettered_total() == poison.size(); }, 30s));
         run.join();
         REQUIRE_FALSE(run.error());
     }
@@ -488,7 +486,7 @@ TEST_CASE("offset commits are coalesced by commit_interval and flushed by stop()
     publish_events(topic, 60, 0);
 
     auto cfg = consumer_config(group, topic);
-    cfg.max_batch = 1;                             // 60 transactions
+    cfg.max_batch = 1;                           // 60 transactions
     cfg.commit_interval = std::chrono::hours(1); // only the first batch's commit goes out before stop()
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
         insert_effect(tx, effects, e, ctx, group);

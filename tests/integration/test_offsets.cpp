@@ -4,8 +4,8 @@
 #include <atomic>
 #include <cstdio>
 
-#include <sys/wait.h>
 #include <random>
+#include <sys/wait.h>
 #include <thread>
 
 #include <fmt/format.h>
@@ -71,8 +71,8 @@ struct OffsetsSetup {
     std::int64_t rows() const { return scalar("SELECT count(*) FROM " + effects); }
     std::int64_t stored_total() const
     {
-        return scalar(fmt::format("SELECT coalesce(sum(next_offset), 0) FROM consumer_offset WHERE consumer_group = '{}'",
-                                  group));
+        return scalar(fmt::format(
+            "SELECT coalesce(sum(next_offset), 0) FROM consumer_offset WHERE consumer_group = '{}'", group));
     }
 };
 
@@ -117,8 +117,7 @@ TEST_CASE("offset commits failing for every batch: a restart resumes from the da
     CHECK(s.rows() == 400);
 }
 
-TEST_CASE("group offsets reset to earliest after retention purged old claims: old events do not run again",
-          "[offsets]")
+TEST_CASE("group offsets reset to earliest after retention purged old claims: old events do not run again", "[offsets]")
 {
     OffsetsSetup s(2);
     s.publish(300);
@@ -164,8 +163,8 @@ TEST_CASE("commits PostgreSQL lost (a restored backup, a failover without them):
     std::string lost_ids;
     for (int i = 200 - lost; i < 200; ++i)
         lost_ids += (lost_ids.empty() ? "'" : ",'") + s.events[static_cast<std::size_t>(i)].id.to_string() + "'";
-    exec(fmt::format("DELETE FROM processed_event WHERE consumer_group = '{}' AND event_id IN ({})", s.group,
-                     lost_ids));
+    exec(
+        fmt::format("DELETE FROM processed_event WHERE consumer_group = '{}' AND event_id IN ({})", s.group, lost_ids));
     exec(fmt::format("DELETE FROM {} WHERE event_id IN ({})", s.effects, lost_ids));
     exec(fmt::format("UPDATE consumer_offset SET next_offset = {} WHERE consumer_group = '{}'", 200 - lost, s.group));
     REQUIRE(s.rows() == 200 - lost);
@@ -295,9 +294,9 @@ TEST_CASE("a fenced zombie cannot move the stored position back, and effects sta
         },
         event_id_of,
         [&](pqxx::work& tx, const TestEvent& e, const Context&) {
-            detail::pg::exec_params(tx,
-                                    fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, 'zombie')", s.effects),
-                                    e.id.to_string());
+            detail::pg::exec_params(
+                tx, fmt::format("INSERT INTO {} (event_id, who) VALUES ($1::uuid, 'zombie')", s.effects),
+                e.id.to_string());
             ++calls;
             if (!handler_frozen.exchange(true))
                 while (!release)
@@ -437,8 +436,8 @@ TEST_CASE("idemkafka-admin offsets lists stored positions with Kafka's and sets 
         Consumer c(s.config(), decode, event_id_of, s.handler(calls));
         drain(c, [&] { return s.rows() == 100 && c.metrics().snapshot().lag == 0; });
     }
-    const std::int64_t p0 = scalar(fmt::format(
-        "SELECT next_offset FROM consumer_offset WHERE consumer_group = '{}' AND partition = 0", s.group));
+    const std::int64_t p0 = scalar(
+        fmt::format("SELECT next_offset FROM consumer_offset WHERE consumer_group = '{}' AND partition = 0", s.group));
     const auto common = fmt::format("--postgres {} --brokers {} --group {}", q(pg()), q(brokers()), q(s.group));
 
     auto list = admin("offsets " + common + " --json");

@@ -120,8 +120,7 @@ TEST_CASE("pipeline: the next batch is decoded while a handler runs, on another 
     CHECK(*decode_threads.begin() != *handler_threads.begin());
 }
 
-TEST_CASE("pipeline: records polled behind a rewound partition are dropped and come again in order",
-          "[integration]")
+TEST_CASE("pipeline: records polled behind a rewound partition are dropped and come again in order", "[integration]")
 {
     const auto topic = unique_name("pipe-rewind");
     const auto group = unique_name("g");

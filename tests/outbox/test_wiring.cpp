@@ -4,12 +4,12 @@
 #include <mutex>
 #include <vector>
 
-#include <fmt/format.h>
-#include <idemkafka/consumer.hpp>
-#include <idemkafka/publisher.hpp>
-#include <idemkafka/outbox.hpp>
 #include "catch_compat.hpp"
 #include "test_env.hpp"
+#include <fmt/format.h>
+#include <idemkafka/consumer.hpp>
+#include <idemkafka/outbox.hpp>
+#include <idemkafka/publisher.hpp>
 using namespace idemkafka;
 using namespace idemkafka::test;
 using namespace std::chrono_literals;
@@ -32,8 +32,7 @@ TEST_CASE("wiring: a consumer with an outbox runs its relay", "[integration][out
     oc.relay_options.poll_interval = std::chrono::milliseconds(5000); // only wake() makes it quick
     cfg.outbox = oc;
     const Outbox ob = oc.outbox();
-    IdempotentConsumer<TestEvent> c(cfg, decode, event_id_of,
-                                    [&](pqxx::work& tx, const TestEvent& e, const Context&) {
+    IdempotentConsumer<TestEvent> c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
         const EventId id = Outbox::new_event_id();
         ob.enqueue(tx, out, std::string_view(e.entity), encode(TestEvent{id, e.entity, e.amount}), {}, id);
     });
@@ -54,9 +53,9 @@ TEST_CASE("wiring: a consumer with an outbox runs its relay", "[integration][out
     OutboxConfig bad;
     bad.table = "";
     cfg.outbox = bad;
-    CHECK_THROWS_AS(IdempotentConsumer<TestEvent>(cfg, decode, event_id_of,
-                                                  [](pqxx::work&, const TestEvent&, const Context&) {}),
-                    ConfigError);
+    CHECK_THROWS_AS(
+        IdempotentConsumer<TestEvent>(cfg, decode, event_id_of, [](pqxx::work&, const TestEvent&, const Context&) {}),
+        ConfigError);
 }
 
 TEST_CASE("trace context: a record's traceparent reaches its handler, its log lines and what the relay publishes",
@@ -99,16 +98,17 @@ TEST_CASE("trace context: a record's traceparent reaches its handler, its log li
     const Outbox ob = oc.outbox();
     std::atomic<int> seen_mismatch{0};
     std::atomic<bool> failed_once{false};
-    IdempotentConsumer<TestEvent> c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        const int i = static_cast<int>(e.amount);
-        if (ctx.trace_id() != (i % 5 != 0 ? trace_id(i) : std::string()))
-            ++seen_mismatch;
-        // No headers given: the outbox adds the record's trace context by itself.
-        const EventId id = Outbox::new_event_id();
-        ob.enqueue(tx, out, std::string_view(e.entity), encode(TestEvent{id, e.entity, e.amount}), {}, id);
-        if (i == 7 && !failed_once.exchange(true))
-            throw std::runtime_error("first attempt of record 7 fails");
-    });
+    IdempotentConsumer<TestEvent> c(
+        cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+            const int i = static_cast<int>(e.amount);
+            if (ctx.trace_id() != (i % 5 != 0 ? trace_id(i) : std::string()))
+                ++seen_mismatch;
+            // No headers given: the outbox adds the record's trace context by itself.
+            const EventId id = Outbox::new_event_id();
+            ob.enqueue(tx, out, std::string_view(e.entity), encode(TestEvent{id, e.entity, e.amount}), {}, id);
+            if (i == 7 && !failed_once.exchange(true))
+                throw std::runtime_error("first attempt of record 7 fails");
+        });
     {
         Runner<IdempotentConsumer<TestEvent>> run(c);
         REQUIRE(wait_until(

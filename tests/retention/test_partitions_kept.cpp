@@ -50,8 +50,7 @@ bool has(const std::vector<std::string>& v, const std::string& s)
 
 } // namespace
 
-TEST_CASE("an expired partition whose DROP times out is counted as kept until a run drops it",
-          "[retention]")
+TEST_CASE("an expired partition whose DROP times out is counted as kept until a run drops it", "[retention]")
 {
     const ProcessedEventStore store("public", unique_name("pe_kept"));
     DropTable drop{store.qualified_name()};
@@ -123,9 +122,12 @@ TEST_CASE("an expired partition whose DROP times out is counted as kept until a 
         CHECK(logs.count("could not drop partition " + held) >= 1);
         CHECK(has(partitions(*conn, store), held));
         release.now();
-        const bool dropped = kept && wait_until([&] {
-            return c.metrics().snapshot().expired_partitions_kept == 0 && !has(partitions(*conn, store), held);
-        }, 45s);
+        const bool dropped = kept && wait_until(
+                                         [&] {
+                                             return c.metrics().snapshot().expired_partitions_kept == 0 &&
+                                                    !has(partitions(*conn, store), held);
+                                         },
+                                         45s);
         run.join();
         REQUIRE_FALSE(run.error());
         REQUIRE(kept);

@@ -205,8 +205,7 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
          << " ms");
 }
 
-TEST_CASE("schema: --print-sql applied with psql -f gives the schema migrate creates (pg_dump)",
-          "[retention][schema]")
+TEST_CASE("schema: --print-sql applied with psql -f gives the schema migrate creates (pg_dump)", "[retention][schema]")
 {
     const auto started = std::chrono::steady_clock::now();
     for (const std::string& mode : std::vector<std::string>{"partitioned", "purge"}) {
@@ -216,9 +215,9 @@ TEST_CASE("schema: --print-sql applied with psql -f gives the schema migrate cre
             const std::string by_sql = unique_name("ik_sql");
             DropSchema d1{by_migrate}, d2{by_sql};
             // A fixed "now": both place the same initial partitions.
-            const std::vector<std::string> common = {"--mode",   mode,        "--offsets", "--outbox",
-                                                     "--now",    "2031-05-06", "--retention", "3d",
-                                                     "--partition-width", "12h"};
+            const std::vector<std::string> common = {
+                "--mode",     mode,          "--offsets", "--outbox",          "--now",
+                "2031-05-06", "--retention", "3d",        "--partition-width", "12h"};
             auto args = std::vector<std::string>{"migrate", "--postgres", pg(), "--schema", by_migrate};
             args.insert(args.end(), common.begin(), common.end());
             const auto m = admin(args);

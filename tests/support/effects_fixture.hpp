@@ -100,8 +100,7 @@ inline void fail_if_threw(std::exception_ptr e, const char* context = "run() thr
     }
 }
 
-template <class F>
-void run_until(Consumer& c, F&& done, std::chrono::seconds timeout = std::chrono::seconds(90))
+template <class F> void run_until(Consumer& c, F&& done, std::chrono::seconds timeout = std::chrono::seconds(90))
 {
     Runner<Consumer> run(c);
     const bool ok = wait_until(std::forward<F>(done), timeout);

@@ -54,8 +54,9 @@ void print_log_lines(const std::string& heading)
     std::lock_guard<std::mutex> lock(k.mu);
     if (k.lines.empty())
         return;
-    std::fprintf(stderr, "--- %s: the test case's last %zu log lines (%zu earlier ones not kept; seconds since it "
-                         "started) ---\n",
+    std::fprintf(stderr,
+                 "--- %s: the test case's last %zu log lines (%zu earlier ones not kept; seconds since it "
+                 "started) ---\n",
                  heading.c_str(), k.lines.size(), k.dropped);
     for (const auto& l : k.lines)
         std::fprintf(stderr, "%s\n", l.c_str());

@@ -44,9 +44,9 @@ std::string brokers()
 std::string unique_name(std::string_view prefix)
 {
     static std::atomic<int> counter{0};
-    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+    const auto now =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     return fmt::format("{}_{}_{}_{}", prefix, getpid(), now % 100000000, counter++);
 }
 
@@ -202,7 +202,9 @@ void reset_group_offsets(const std::string& group, const std::string& topic, int
     if (consumer_protocol())
         fast_mock_consumer_groups();
     for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-             {"bootstrap.servers", brokers()}, {"group.id", group}, {"enable.auto.commit", "false"},
+             {"bootstrap.servers", brokers()},
+             {"group.id", group},
+             {"enable.auto.commit", "false"},
              consumer_protocol() ? std::pair<std::string, std::string>{"group.protocol", "consumer"}
                                  : std::pair<std::string, std::string>{"session.timeout.ms", "6000"}})
         rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err);
@@ -250,9 +252,11 @@ std::vector<ReadRecord> read_topic(const std::string& topic, std::size_t count, 
     char err[512];
     rd_kafka_conf_t* conf = rd_kafka_conf_new();
     const std::string group = unique_name("reader");
-    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-             {"bootstrap.servers", brokers()}, {"group.id", group}, {"enable.auto.commit", "false"},
-             {"auto.offset.reset", "earliest"}, {"session.timeout.ms", "6000"}})
+    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{{"bootstrap.servers", brokers()},
+                                                                               {"group.id", group},
+                                                                               {"enable.auto.commit", "false"},
+                                                                               {"auto.offset.reset", "earliest"},
+                                                                               {"session.timeout.ms", "6000"}})
         if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
             throw std::runtime_error(err);
     rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
@@ -283,9 +287,9 @@ std::vector<ReadRecord> read_topic(const std::string& topic, std::size_t count, 
                 const void* val;
                 size_t size;
                 for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == 0; ++i)
-                    r.headers.push_back(Header{name, val ? std::optional<std::string>(std::string(
-                                                               static_cast<const char*>(val), size))
-                                                         : std::nullopt});
+                    r.headers.push_back(
+                        Header{name, val ? std::optional<std::string>(std::string(static_cast<const char*>(val), size))
+                                         : std::nullopt});
             }
             out.push_back(std::move(r));
         }

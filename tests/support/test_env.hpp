@@ -94,7 +94,10 @@ struct TestEvent {
 };
 std::string encode(const TestEvent& e);
 TestEvent decode(std::string_view payload);
-inline EventId event_id_of(const TestEvent& e) { return e.id; }
+inline EventId event_id_of(const TestEvent& e)
+{
+    return e.id;
+}
 
 /// This test program again, as a child process running the test cases
 /// `spec` selects (a hidden case: "[xyz-child]"), with this process's
@@ -103,18 +106,18 @@ pid_t spawn_self(const std::string& spec, const std::vector<std::string>& extra_
 
 /// Runs a consumer's run() on its own thread; stop() and join() on destruction.
 /// The exception run() ended with, if any, is kept in `error`.
-template <class C>
-class Runner {
+template <class C> class Runner {
 public:
-    explicit Runner(C& c) : c_(c), t_([this] {
-        try {
-            c_.run();
-        } catch (...) {
-            std::lock_guard<std::mutex> lock(mu_);
-            error_ = std::current_exception();
-        }
-        finished_ = true;
-    })
+    explicit Runner(C& c)
+        : c_(c), t_([this] {
+              try {
+                  c_.run();
+              } catch (...) {
+                  std::lock_guard<std::mutex> lock(mu_);
+                  error_ = std::current_exception();
+              }
+              finished_ = true;
+          })
     {
     }
     ~Runner() { join(); }

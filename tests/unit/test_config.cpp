@@ -142,7 +142,8 @@ TEST_CASE("the dead-letter topic: a valid Kafka name, never consumed by its own 
     c.dead_letter_topic = "billing-v2.dlq";
     CHECK(error_of(c).empty());
 
-    for (const auto& bad : {std::string(".."), std::string("dead letters"), std::string(250, 'x'), std::string("dlq/x")}) {
+    for (const auto& bad :
+         {std::string(".."), std::string("dead letters"), std::string(250, 'x'), std::string("dlq/x")}) {
         c = valid();
         c.dead_letter_topic = bad;
         CAPTURE(bad);

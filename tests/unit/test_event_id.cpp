@@ -20,9 +20,9 @@ namespace {
 
 std::uint64_t now_ms()
 {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          std::chrono::system_clock::now().time_since_epoch())
-                                          .count());
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
 }
 
 std::uint16_t rand_a_of(const EventId& id)
@@ -57,16 +57,20 @@ TEST_CASE("1,000,000 generated ids are strictly increasing, unique, v7 and RFC v
     UuidV7Generator generator;
     std::vector<EventId> ids;
     ids.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) ids.push_back(generator.next());
+    for (std::size_t i = 0; i < count; ++i)
+        ids.push_back(generator.next());
 
     // Assertions per element would dominate the run time; count and report instead.
     std::size_t not_increasing = 0, bad_version = 0, bad_variant = 0;
     std::size_t first_bad = count;
     for (std::size_t i = 0; i < count; ++i) {
-        if (ids[i].version() != 7) ++bad_version;
-        if (!ids[i].is_rfc_variant()) ++bad_variant;
+        if (ids[i].version() != 7)
+            ++bad_version;
+        if (!ids[i].is_rfc_variant())
+            ++bad_variant;
         if (i > 0 && !(ids[i - 1].bytes() < ids[i].bytes())) {
-            if (not_increasing++ == 0) first_bad = i;
+            if (not_increasing++ == 0)
+                first_bad = i;
         }
     }
     INFO("first out-of-order index " << first_bad);
@@ -87,17 +91,20 @@ TEST_CASE("generator uses rand_a as a counter seeded with its top bit clear", "[
     UuidV7Generator generator;
     std::vector<EventId> ids;
     ids.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) ids.push_back(generator.next());
+    for (std::size_t i = 0; i < count; ++i)
+        ids.push_back(generator.next());
 
     std::size_t bad_step = 0, bad_seed = 0, ms_changes = 0;
     for (std::size_t i = 1; i < count; ++i) {
         const std::uint64_t prev_ms = ids[i - 1].unix_ms();
         const std::uint64_t ms = ids[i].unix_ms();
         if (ms == prev_ms) {
-            if (rand_a_of(ids[i]) != rand_a_of(ids[i - 1]) + 1) ++bad_step;
+            if (rand_a_of(ids[i]) != rand_a_of(ids[i - 1]) + 1)
+                ++bad_step;
         } else {
             ++ms_changes;
-            if (ms < prev_ms || rand_a_of(ids[i]) > 0x7FF) ++bad_seed;
+            if (ms < prev_ms || rand_a_of(ids[i]) > 0x7FF)
+                ++bad_seed;
         }
     }
     CHECK(bad_step == 0);
@@ -116,10 +123,12 @@ TEST_CASE("ids from 4 threads sharing new_event_id() are all unique", "[event_id
         workers.emplace_back([&results, t] {
             auto& out = results[t];
             out.reserve(per_thread);
-            for (std::size_t i = 0; i < per_thread; ++i) out.push_back(idemkafka::new_event_id());
+            for (std::size_t i = 0; i < per_thread; ++i)
+                out.push_back(idemkafka::new_event_id());
         });
     }
-    for (auto& w : workers) w.join();
+    for (auto& w : workers)
+        w.join();
 
     std::unordered_set<EventId> unique;
     unique.reserve(threads * per_thread);
@@ -128,9 +137,11 @@ TEST_CASE("ids from 4 threads sharing new_event_id() are all unique", "[event_id
         REQUIRE(ids.size() == per_thread);
         for (std::size_t i = 0; i < ids.size(); ++i) {
             unique.insert(ids[i]);
-            if (ids[i].version() != 7 || !ids[i].is_rfc_variant()) ++not_v7;
+            if (ids[i].version() != 7 || !ids[i].is_rfc_variant())
+                ++not_v7;
             // One shared generator: each thread's own view must still be ordered.
-            if (i > 0 && !(ids[i - 1] < ids[i])) ++not_increasing;
+            if (i > 0 && !(ids[i - 1] < ids[i]))
+                ++not_increasing;
         }
     }
     CHECK(unique.size() == threads * per_thread);
@@ -276,8 +287,7 @@ TEST_CASE("parse error messages name the problem and quote the input", "[event_i
           "invalid event id \"" + missing_dash + "\": expected '-' at position 8, got '0'");
 
     const std::string non_hex = "017f22e2-79b0-7cc3-98c4-dc0c0c07398g";
-    CHECK(parse_error(non_hex) ==
-          "invalid event id \"" + non_hex + "\": expected a hex digit at position 35, got 'g'");
+    CHECK(parse_error(non_hex) == "invalid event id \"" + non_hex + "\": expected a hex digit at position 35, got 'g'");
 
     SECTION("non-printable characters are escaped")
     {

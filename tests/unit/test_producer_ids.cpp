@@ -4,11 +4,11 @@
 
 #include "catch_compat.hpp"
 
+#include "core/sha1.hpp"
 #include "idemkafka/cloud_events.hpp"
 #include "idemkafka/consumer.hpp"
 #include "idemkafka/debezium_outbox.hpp"
 #include "idemkafka/error.hpp"
-#include "core/sha1.hpp"
 
 #include <chrono>
 #include <cstdint>

@@ -27,7 +27,7 @@ TEST_CASE("trace: well-formed traceparent values are taken, others are not", "[u
     for (const std::string& bad : {
              std::string(),
              std::string("garbage"),
-             good + "-extra",                                                  // version 00 has no more fields
+             good + "-extra",                                                        // version 00 has no more fields
              std::string("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), // version ff is invalid
              std::string("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), // all-zero trace id
              std::string("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"), // all-zero parent id
@@ -79,7 +79,8 @@ TEST_CASE("trace: inside a handler call, published headers gain the record's tra
         CHECK(out[1].name == "traceparent");
         CHECK(out[1].value == good);
         // A traceparent of the caller's own wins.
-        const std::vector<Header> own{{"traceparent", std::string("00-11111111111111111111111111111111-2222222222222222-01")}};
+        const std::vector<Header> own{
+            {"traceparent", std::string("00-11111111111111111111111111111111-2222222222222222-01")}};
         CHECK(&with_trace(own, storage) == &own);
         {
             const TraceScope batch(nullptr); // a batch call of several records: none

@@ -175,8 +175,7 @@ std::unique_ptr<Maintenance> make_maintenance(const std::string& command, DbOpti
     if (o.mode)
         o.config.mode = *o.mode;
     try {
-        return std::make_unique<Maintenance>(
-            ProcessedEventStore(o.schema, o.table), o.config, progress, wall_clock(o));
+        return std::make_unique<Maintenance>(ProcessedEventStore(o.schema, o.table), o.config, progress, wall_clock(o));
     } catch (const ConfigError& e) {
         throw UsageError(fmt::format("{}: {}", command, e.what()));
     }
@@ -383,16 +382,15 @@ missing or lacks something.
 
   --json                     one JSON object instead of the tables
   --brokers HOST:PORT        Kafka, for the committed offsets and lag (default: $IDEMKAFKA_BROKERS)
-)") + table_options_help + db_options_help +
-            retention_options_help + durations_help);
+)") + table_options_help +
+            db_options_help + retention_options_help + durations_help);
         return exit_ok;
     }
     const SchemaSpec spec = make_spec("status", o);
     auto m = make_maintenance("status", o);
     auto conn = connect(o.postgres);
     const auto checks = check_schema(*conn, spec);
-    const bool schema_ok =
-        std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
+    const bool schema_ok = std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
     const auto s = m->status(*conn);
     const auto& cfg = m->config();
     if (json) {
@@ -400,8 +398,8 @@ missing or lacks something.
         j += fmt::format("\"table\":{},\"schema\":{},\"name\":{},\"exists\":{}",
                          json_string(m->store().qualified_name()), json_string(o.schema), json_string(o.table),
                          s.exists ? "true" : "false");
-        j += fmt::format(",\"schema_version\":{},\"schema_ok\":{},\"migrate_command\":{},\"tables\":[",
-                         schema_version, schema_ok ? "true" : "false", json_string(migrate_command(spec)));
+        j += fmt::format(",\"schema_version\":{},\"schema_ok\":{},\"migrate_command\":{},\"tables\":[", schema_version,
+                         schema_ok ? "true" : "false", json_string(migrate_command(spec)));
         for (std::size_t i = 0; i < checks.size(); ++i) {
             const auto& c = checks[i];
             std::string problems;
@@ -439,15 +437,15 @@ missing or lacks something.
     }
     out(fmt::format("schema        version {} expected by this library", schema_version));
     for (const auto& c : checks)
-        out(fmt::format("  {:<8} {}: {}{}", c.kind, c.qualified,
-                        c.version ? fmt::format("version {}", *c.version)
-                                  : std::string(c.exists ? "no version mark" : "missing"),
-                        c.ok() ? ", ok" : ", " + [&c] {
-                            std::string all;
-                            for (const auto& p : c.problems)
-                                all += (all.empty() ? "" : "; ") + p;
-                            return all;
-                        }()));
+        out(fmt::format(
+            "  {:<8} {}: {}{}", c.kind, c.qualified,
+            c.version ? fmt::format("version {}", *c.version) : std::string(c.exists ? "no version mark" : "missing"),
+            c.ok() ? ", ok" : ", " + [&c] {
+                std::string all;
+                for (const auto& p : c.problems)
+                    all += (all.empty() ? "" : "; ") + p;
+                return all;
+            }()));
     if (!s.exists) {
         err(fmt::format("idemkafka-admin: error: {} does not exist; run `idemkafka-admin migrate` first: `{}`",
                         m->store().qualified_name(), migrate_command(spec)));

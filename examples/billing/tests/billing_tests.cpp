@@ -37,8 +37,8 @@ using namespace std::chrono_literals;
 namespace {
 
 using idemkafka::DeadLetterReason;
-using idemkafka::wait_until;
 using idemkafka::DeliveryOutcome;
+using idemkafka::wait_until;
 
 billing::OrderConfirmed order(int n)
 {
