@@ -359,7 +359,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// group membership while a handler call runs long.
     bool pipeline = true;
     /// A batch also closes once its payloads reach this many bytes.
-    std::size_t max_batch_bytes = 8 * 1024 * 1024;
+    std::size_t max_batch_bytes = std::size_t{8} << 20;
     /// Bytes and records the Kafka client may prefetch ahead of processing, for
     /// all assigned partitions together (librdkafka queued.max.messages.kbytes
     /// and queued.min.messages; fetch responses are 1 MiB at most
@@ -370,7 +370,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// partition to fill batches round-robin across partitions. Fetching
     /// resumes once the queue is down to half a cap (librdkafka 2.0 would
     /// otherwise wait up to a second), so small caps keep the throughput.
-    std::size_t max_prefetch_bytes = 32 * 1024 * 1024;
+    std::size_t max_prefetch_bytes = std::size_t{32} << 20;
     std::size_t max_prefetch_records = 10000; ///< the same cap in records
     /// Longest time to wait for a batch to fill before processing what is there.
     std::chrono::milliseconds max_batch_wait{50};
@@ -443,7 +443,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// Dead-letter topic. Empty means "<group_id>.dlq".
     std::string dead_letter_topic;
     /// Records with a larger value are dead-lettered (reason payload_too_large).
-    std::size_t max_payload_bytes = 1024 * 1024;
+    std::size_t max_payload_bytes = std::size_t{1} << 20;
     /// Extra properties for the dead-letter producer. Security settings
     /// (security.protocol, sasl.*, ssl.*) are copied from `kafka` unless set here.
     std::map<std::string, std::string> dead_letter_kafka;

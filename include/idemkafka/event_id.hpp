@@ -108,9 +108,9 @@ template <> struct std::hash<idemkafka::EventId> {
     {
         // The low 8 bytes of a v7 id are random; mix both halves for other versions.
         std::uint64_t hi = 0, lo = 0;
-        for (int i = 0; i < 8; ++i) {
-            hi = (hi << 8) | id.bytes()[static_cast<std::size_t>(i)];
-            lo = (lo << 8) | id.bytes()[static_cast<std::size_t>(i + 8)];
+        for (std::size_t i = 0; i < 8; ++i) {
+            hi = (hi << 8) | id.bytes()[i];
+            lo = (lo << 8) | id.bytes()[i + 8];
         }
         return static_cast<std::size_t>(lo ^ (hi * 0x9E3779B97F4A7C15ULL));
     }

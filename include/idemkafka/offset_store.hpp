@@ -45,7 +45,7 @@ public:
 
     /// Names are quoted, never spliced in as they are; throws ConfigError for
     /// a name quote_identifier() refuses.
-    OffsetStore(std::string schema, std::string table);
+    OffsetStore(const std::string& schema, const std::string& table);
 
     /// `"schema"."table"`, quoted.
     const std::string& qualified_name() const noexcept { return qualified_; }

@@ -78,7 +78,7 @@ class IDEMKAFKA_API Publisher {
 public:
     /// Throws ConfigError for invalid configuration, KafkaError if the client
     /// cannot be created.
-    explicit Publisher(PublisherConfig config);
+    explicit Publisher(const PublisherConfig& config);
     /// Waits up to 10 s for outstanding deliveries (failures are logged).
     ~Publisher();
     Publisher(const Publisher&) = delete;

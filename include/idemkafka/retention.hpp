@@ -261,7 +261,7 @@ private:
 class IDEMKAFKA_API MaintenanceRunner {
 public:
     /// Starts the thread. Throws ConfigError if `config` does not validate.
-    MaintenanceRunner(std::string conninfo, ProcessedEventStore store, RetentionConfig config, LogSink log = {},
+    MaintenanceRunner(std::string conninfo, ProcessedEventStore store, const RetentionConfig& config, LogSink log = {},
                       Maintenance::WallClock clock = {});
     /// stop().
     ~MaintenanceRunner();

@@ -110,7 +110,7 @@ IDEMKAFKA_API std::string schema_upgrade_sql(const SchemaSpec& spec, int from_ve
 /// DatabaseError (PostgreSQL failed; nothing changed).
 IDEMKAFKA_API SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec,
                                                    Maintenance::Existing existing = Maintenance::Existing::keep,
-                                                   LogSink log = {}, Maintenance::WallClock clock = {});
+                                                   const LogSink& log = {}, const Maintenance::WallClock& clock = {});
 
 /// Inspects every table of `spec` (catalog queries only: needs no privilege
 /// on the tables themselves). Throws DatabaseError when PostgreSQL fails.

@@ -174,12 +174,12 @@ void ConsumerConfig::validate() const
     require(oldest_claim_refresh.count() >= 0, "oldest_claim_refresh: must not be negative");
     // The table names are quoted, not checked against a pattern; this only
     // refuses what cannot be quoted.
-    ProcessedEventStore(schema, table);
+    (void)ProcessedEventStore(schema, table);
     retention.validate();
     if (outbox)
         outbox->validate();
     if (offsets_in_database) {
-        OffsetStore(schema, offsets_table);
+        (void)OffsetStore(schema, offsets_table);
         require(offsets_table != table, "offsets_table: must differ from table");
     }
 

@@ -40,6 +40,7 @@ bool Engine::Impl::assigned(std::vector<std::pair<TopicPartition, std::int64_t>>
 std::optional<std::vector<OffsetCommit>> Engine::Impl::inherit_failures(const std::vector<TopicPartition>& tps)
 {
     std::vector<OffsetCommit> committed;
+    committed.reserve(tps.size());
     for (const auto& tp : tps)
         committed.push_back({tp, kafka::offset_invalid, {}});
     if (!kafka->committed(committed, inherit_wait)) {

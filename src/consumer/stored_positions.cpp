@@ -19,6 +19,7 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
                                                                                const std::vector<OffsetCommit>* known)
 {
     std::vector<std::pair<std::string, std::int32_t>> wanted;
+    wanted.reserve(tps.size());
     for (const auto& tp : tps)
         wanted.emplace_back(tp.topic, tp.partition);
     std::vector<OffsetStore::Stored> stored;

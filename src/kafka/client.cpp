@@ -74,7 +74,7 @@ HandlePtr make_client(rd_kafka_type_t type, const std::map<std::string, std::str
     if (!rk)
         throw KafkaError(secrets(
             fmt::format("cannot create Kafka {}: {}", type == RD_KAFKA_CONSUMER ? "consumer" : "producer", err)));
-    conf.release(); // owned by the client now
+    (void)conf.release(); // owned by the client now
     return rk;
 }
 

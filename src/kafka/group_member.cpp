@@ -52,7 +52,7 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     // x fetch.max.bytes: small responses keep that near the queue itself, and
     // measured no slower than larger ones. librdkafka wants fetch.max.bytes >=
     // message.max.bytes (1,000,000).
-    const std::size_t fetch_bytes = 1024 * 1024;
+    const std::size_t fetch_bytes = std::size_t{1} << 20;
     // The round-robin (see poll()) holds up to half of each prefetch cap,
     // librdkafka's queue the other half: together they stay within the caps.
     hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
@@ -221,6 +221,7 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
         cooperative_ = std::strcmp(protocol, "COOPERATIVE") == 0;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         std::vector<std::pair<TopicPartition, std::int64_t>> start;
+        start.reserve(static_cast<std::size_t>(list->cnt));
         for (int i = 0; i < list->cnt; ++i)
             start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
         const char* mode = cooperative_ ? "cooperative" : "eager";

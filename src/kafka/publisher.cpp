@@ -157,8 +157,8 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
         for (;;) {
             const detail::kafka::ErrorPtr error(rd_kafka_produceva(rk.get(), vus, n));
             if (!error) {
-                ref.release(); // the message's now, freed by its delivery report
-                return;        // the headers too
+                (void)ref.release(); // the message's now, freed by its delivery report
+                return;              // the headers too
             }
             const auto err = rd_kafka_error_code(error.get());
             if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && std::chrono::steady_clock::now() < deadline) {
@@ -173,7 +173,7 @@ struct Publisher::Impl : detail::kafka::ClientOwner { // its log: of the publish
     }
 };
 
-Publisher::Publisher(PublisherConfig config) : impl_(std::make_unique<Impl>())
+Publisher::Publisher(const PublisherConfig& config) : impl_(std::make_unique<Impl>())
 {
     config.validate();
     const Redactor secrets = detail::secrets_of({}, {&config.kafka});

@@ -10,7 +10,7 @@
 
 namespace idemkafka {
 
-OffsetStore::OffsetStore(std::string schema, std::string table)
+OffsetStore::OffsetStore(const std::string& schema, const std::string& table)
 {
     try {
         schema_q_ = quote_identifier(schema);

@@ -977,7 +977,7 @@ RetentionStatus Maintenance::status(pqxx::connection& conn) const
 // ---- maintenance runner ----------------------------------------------------
 
 struct MaintenanceRunner::Impl {
-    Impl(std::string conninfo_in, ProcessedEventStore store, RetentionConfig config, LogSink sink,
+    Impl(std::string conninfo_in, ProcessedEventStore store, const RetentionConfig& config, LogSink sink,
          Maintenance::WallClock clock)
         : conninfo(std::move(conninfo_in)),
           // The connection string's password is masked in every line, also where
@@ -1002,10 +1002,9 @@ struct MaintenanceRunner::Impl {
     detail::PeriodicThread thread; // last: stopped before the members it uses go
 };
 
-MaintenanceRunner::MaintenanceRunner(std::string conninfo, ProcessedEventStore store, RetentionConfig config,
+MaintenanceRunner::MaintenanceRunner(std::string conninfo, ProcessedEventStore store, const RetentionConfig& config,
                                      LogSink log, Maintenance::WallClock clock)
-    : impl_(std::make_unique<Impl>(std::move(conninfo), std::move(store), std::move(config), std::move(log),
-                                   std::move(clock)))
+    : impl_(std::make_unique<Impl>(std::move(conninfo), std::move(store), config, std::move(log), std::move(clock)))
 {
     Impl* impl = impl_.get();
     impl->thread.start(impl->interval, [impl] { impl->run(); });

@@ -503,7 +503,7 @@ std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const s
 // ---- migrate -----------------------------------------------------------------------
 
 SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec, Maintenance::Existing existing,
-                                     LogSink log, Maintenance::WallClock clock)
+                                     const LogSink& log, const Maintenance::WallClock& clock)
 {
     SchemaMigrationReport report;
     const ProcessedEventStore store(spec.schema, spec.claims_table);

@@ -87,7 +87,7 @@ RdKafkaPtr new_client(rd_kafka_type_t type, ConfPtr conf, const char* what)
     RdKafkaPtr rk{rd_kafka_new(type, conf.get(), err, sizeof err)};
     if (!rk)
         throw KafkaError(fmt::format("TestBroker: cannot create the {}: {}", what, err));
-    conf.release(); // rd_kafka_new() took it
+    (void)conf.release(); // rd_kafka_new() took it
     return rk;
 }
 
@@ -259,6 +259,8 @@ struct TestBroker::Impl {
         vus[5].vtype = RD_KAFKA_VTYPE_HEADERS;
         vus[5].u.headers = hdrs.get();
         vus[6].vtype = RD_KAFKA_VTYPE_OPAQUE;
+        // librdkafka hands the opaque back as the delivery report's id.
+        // NOLINTNEXTLINE(performance-no-int-to-ptr)
         vus[6].u.ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(id));
         if (rd_kafka_error_t* error = rd_kafka_produceva(rk, vus, std::size(vus))) {
             const std::string why = fmt::format("{} ({})", rd_kafka_error_string(error), rd_kafka_error_name(error));
@@ -266,7 +268,7 @@ struct TestBroker::Impl {
             forget();
             throw KafkaError(fmt::format("TestBroker::produce to {}: {}", topic, why));
         }
-        hdrs.release(); // the message owns them now
+        (void)hdrs.release(); // the message owns them now
         const auto deadline = std::chrono::steady_clock::now() + produce_timeout;
         for (;;) {
             rd_kafka_poll(rk, std::min(100, ms_left(deadline)));

@@ -79,6 +79,7 @@ std::string tail_of(const std::string& path, std::size_t lines)
 int run_process(const std::vector<std::string>& args, const std::string& log, const std::string& cwd)
 {
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (const auto& a : args)
         argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
