@@ -1,5 +1,6 @@
 #include "idemkafka/event_id.hpp"
 
+#include "core/hex.hpp"
 #include "idemkafka/error.hpp"
 
 #include <atomic>
@@ -21,6 +22,8 @@ namespace idemkafka {
 
 namespace {
 
+using detail::hex_value;
+
 constexpr std::size_t text_length = 36;
 constexpr std::uint64_t ms_mask = (std::uint64_t{1} << 48) - 1;
 constexpr std::uint64_t rand_b_mask = (std::uint64_t{1} << 62) - 1;
@@ -36,17 +39,6 @@ constexpr char hex_digits[] = "0123456789abcdef";
 constexpr bool is_dash_position(std::size_t i) noexcept
 {
     return i == 8 || i == 13 || i == 18 || i == 23;
-}
-
-int hex_value(char c) noexcept
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 enum class ParseProblem { none, length, dash, hex };

@@ -4,21 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "core/hex.hpp"
 #include "idemkafka/error.hpp"
 
 namespace idemkafka::detail::outbox {
 namespace {
-
-int hex_value(char c) noexcept
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 // Headers column format: per header a 4-byte big-endian name length, the name,
 // a 4-byte big-endian value length (0xFFFFFFFF for a null value), the value.
