@@ -188,9 +188,12 @@ TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers:
     std::int64_t terminated = 0;
     {
         Runner<Consumer> run(c);
-        // Terminate one of the consumer's backends, at random, every 10th poll
-        // (~200 ms), so one lane loses its connection while others commit,
-        // forty times; then let it finish.
+        // Once it runs (a connection lost during start-up fails the start, as
+        // it should: that is not what this test is about), terminate one of the
+        // consumer's backends, at random, every 10th poll (~200 ms), so one lane
+        // loses its connection while others commit, forty times; then let it finish.
+        REQUIRE(wait_until([&] { return c.metrics().snapshot().db_commits > 0 || run.finished(); }, 60s));
+        REQUIRE_FALSE(run.finished());
         int polls = 0;
         const bool killed = wait_until(
             [&] {
