@@ -144,6 +144,8 @@ private:
     // in the background, silenced (librdkafka waits there for commits that
     // wait for a coordinator, up to session.timeout.ms).
     void destroy(int flags, std::chrono::milliseconds bound) noexcept;
+    void note_settings(std::map<std::string, std::string>& props);
+    void subscribe(const ConsumerConfig& cfg);
     static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                              void* opaque);
     static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,
