@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "kafka/record_of.hpp"
 
 namespace idemkafka::detail::kafka {
 namespace {
@@ -472,27 +473,7 @@ void GroupMember::wake_poll() noexcept
 
 void GroupMember::read(const rd_kafka_message_t& m, Record& record)
 {
-    record.topic = rd_kafka_topic_name(m.rkt);
-    record.partition = m.partition;
-    record.offset = m.offset;
-    rd_kafka_timestamp_type_t tstype;
-    record.timestamp_ms = rd_kafka_message_timestamp(&m, &tstype);
-    if (m.key)
-        record.key = std::string_view(static_cast<const char*>(m.key), m.key_len);
-    if (m.payload)
-        record.value = std::string_view(static_cast<const char*>(m.payload), m.len);
-    rd_kafka_headers_t* hdrs = nullptr;
-    if (rd_kafka_message_headers(&m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
-        const char* name;
-        const void* val;
-        size_t size;
-        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
-            Header h{name, std::nullopt};
-            if (val)
-                h.value.emplace(static_cast<const char*>(val), size);
-            record.headers.push_back(std::move(h));
-        }
-    }
+    record = record_of(m);
 }
 
 // Called around filling a batch: a queue at half a cap or more before the

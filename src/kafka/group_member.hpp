@@ -92,7 +92,7 @@ public:
 
     /// The topic of a message (not an error).
     static const char* topic_of(const rd_kafka_message_t& m) { return rd_kafka_topic_name(m.rkt); }
-    /// The record fields of a message (views into it: it must outlive them).
+    /// The record fields of a message (views into it: it must outlive them): record_of().
     static void read(const rd_kafka_message_t& m, Record& record);
 
     enum class SeekResult { done, queued, failed };
