@@ -294,7 +294,7 @@ struct CircuitBreaker {
 struct IDEMKAFKA_API ConsumerConfig {
     /// Kafka bootstrap servers, `host:port[,host:port...]`. Required.
     std::string brokers;
-    /// Kafka consumer group id; also the `consumer_group` column of the dedup table,
+    /// Kafka consumer group id; also the `consumer_group` column of the claims table,
     /// so two groups each process an event once. Required.
     std::string group_id;
     /// Topics to subscribe to. Required, at least one.

@@ -238,7 +238,7 @@ private:
 
 /// Consumes `config.topics` in group `config.group_id` and, for each record:
 /// decodes it, takes its event id, and in one PostgreSQL transaction claims the
-/// id in the dedup table and runs the handler only if the claim is new. Up to
+/// id in the claims table and runs the handler only if the claim is new. Up to
 /// `max_batch` records share one transaction and one claim statement. Kafka
 /// offsets are committed (explicitly, per partition) only after that
 /// transaction has committed. A handler that throws rolls the transaction back;
@@ -289,7 +289,7 @@ public:
     IdempotentConsumer(const IdempotentConsumer&) = delete;
     IdempotentConsumer& operator=(const IdempotentConsumer&) = delete;
 
-    /// Connects to PostgreSQL and Kafka, creates the dedup table when
+    /// Connects to PostgreSQL and Kafka, creates the claims table when
     /// `create_schema` is set, subscribes, and processes records until stop().
     /// Returns after the last batch committed and the consumer left the group.
     /// Throws DatabaseError/KafkaError when start-up fails, and whatever a

@@ -162,7 +162,7 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// (also counted in in_flight_records), and the keys parked now.
     std::int64_t parked_records = 0;
     std::int64_t parked_keys = 0; ///< Ordering::key: the keys parked now
-    /// Creation time (Unix ms) of this group's oldest claim in the dedup table:
+    /// Creation time (Unix ms) of this group's oldest claim in the claims table:
     /// the UUIDv7 time of its smallest event id, or the oldest `processed_at`
     /// when that id is not a UUIDv7; -1 while unknown (no claim, not measured
     /// yet, or ConsumerConfig::oldest_claim_refresh is zero).

@@ -50,8 +50,10 @@ public:
     /// `"schema"."table"`, quoted.
     const std::string& qualified_name() const noexcept { return qualified_; }
 
-    /// Creates the schema and table if missing (serialised with an advisory
-    /// lock; safe concurrently). Throws DatabaseError.
+    /// Creates the schema and table if missing, from the one schema definition
+    /// (idemkafka/schema.hpp); an existing table is left as it is
+    /// (migrate_schema() upgrades one of an earlier schema version).
+    /// Serialised with an advisory lock: safe concurrently. Throws DatabaseError.
     void ensure_schema(pqxx::work& tx) const;
 
     /// Takes ownership of `partitions` for `group`: creates missing rows and

@@ -56,9 +56,11 @@ public:
     /// The table name as configured (unquoted). Never throws.
     const std::string& table() const noexcept { return table_; }
 
-    /// Creates the schema, table and indexes if they do not exist. Safe to run
-    /// from several processes at once (serialised with a transaction-level
-    /// advisory lock). Throws DatabaseError on failure.
+    /// Creates the schema, table and indexes if they do not exist, from the one
+    /// schema definition (idemkafka/schema.hpp); an existing table is left as
+    /// it is (migrate_schema() upgrades one of an earlier schema version). Safe
+    /// to run from several processes at once (serialised with a
+    /// transaction-level advisory lock). Throws DatabaseError on failure.
     void ensure_schema(pqxx::work& tx) const;
     /// Same, in a connection and transaction of its own. Throws DatabaseError.
     void ensure_schema(const std::string& conninfo) const;

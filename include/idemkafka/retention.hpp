@@ -281,7 +281,7 @@ public:
     std::optional<MaintenanceReport> last_report() const;
 
 private:
-    struct IDEMKAFKA_LOCAL Impl; // the thread, its connection and the counters (src/retention.cpp)
+    struct IDEMKAFKA_LOCAL Impl; // the thread, its connection and the counters (src/retention/runner.cpp)
     std::unique_ptr<Impl> impl_;
 };
 

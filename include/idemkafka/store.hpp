@@ -37,9 +37,17 @@ public:
     /// `"schema"`, quoted.
     const std::string& quoted_schema() const noexcept { return schema_q_; }
 
-    /// Creates the schema and table if they do not exist. Safe to run from
-    /// several processes at once (serialised with a transaction-level advisory
-    /// lock). Throws DatabaseError (wrapping the PostgreSQL error) on failure.
+    /// Creates the schema and table if they do not exist, from the one schema
+    /// definition (idemkafka/schema.hpp), in the layout of RetentionMode::purge:
+    /// a plain table with an index on processed_at. The consumer (with
+    /// create_schema), `idemkafka-admin migrate` and migrate_schema() create
+    /// the layout RetentionConfig::mode names, by default
+    /// RetentionMode::partitioned (partitioned by range of event id, with a
+    /// default partition); Maintenance maintains either as it finds it.
+    /// An existing table is left as it is, whatever its layout or schema
+    /// version: migrate_schema() upgrades one. Safe to run from several
+    /// processes at once (serialised with a transaction-level advisory lock).
+    /// Throws DatabaseError (wrapping the PostgreSQL error) on failure.
     void ensure_schema(pqxx::work& tx) const;
     /// Same, in a connection and transaction of its own.
     void ensure_schema(const std::string& conninfo) const;

@@ -110,40 +110,54 @@ void validate_group_protocol(const std::map<std::string, std::string>& kafka)
                 fmt::format("kafka[\"{}\"]: not supported with group.protocol=consumer (KIP-848): {}", key, instead));
 }
 
-} // namespace
-
-void ConsumerConfig::validate() const
+// Where to connect and what to consume.
+void validate_subscription(const ConsumerConfig& c)
 {
-    require(!brokers.empty(), "brokers: must name at least one bootstrap server");
-    require(!group_id.empty(), "group_id: must not be empty");
-    require(!topics.empty(), "topics: must name at least one topic");
-    for (const auto& t : topics)
+    require(!c.brokers.empty(), "brokers: must name at least one bootstrap server");
+    require(!c.group_id.empty(), "group_id: must not be empty");
+    require(!c.topics.empty(), "topics: must name at least one topic");
+    for (const auto& t : c.topics)
         require(!t.empty(), "topics: a topic name is empty");
-    require(!postgres.empty(), "postgres: must be a libpq connection string");
-    require(max_batch >= 1, "max_batch: must be at least 1");
-    require(max_batch <= 100000, "max_batch: must be at most 100000");
-    require(max_batch_wait.count() >= 0, "max_batch_wait: must not be negative");
-    require(commit_interval.count() >= 0, "commit_interval: must not be negative");
-    require(max_batch_bytes >= 1, "max_batch_bytes: must be at least 1");
-    require(max_prefetch_bytes >= 1024, "max_prefetch_bytes: must be at least 1024");
-    require(max_prefetch_records >= 1 && max_prefetch_records <= 10000000,
+    require(!c.postgres.empty(), "postgres: must be a libpq connection string");
+}
+
+// Batches, prefetch and the workers.
+void validate_workers(const ConsumerConfig& c)
+{
+    require(c.max_batch >= 1, "max_batch: must be at least 1");
+    require(c.max_batch <= 100000, "max_batch: must be at most 100000");
+    require(c.max_batch_wait.count() >= 0, "max_batch_wait: must not be negative");
+    require(c.commit_interval.count() >= 0, "commit_interval: must not be negative");
+    require(c.max_batch_bytes >= 1, "max_batch_bytes: must be at least 1");
+    require(c.max_prefetch_bytes >= 1024, "max_prefetch_bytes: must be at least 1024");
+    require(c.max_prefetch_records >= 1 && c.max_prefetch_records <= 10000000,
             "max_prefetch_records: must be between 1 and 10000000");
-    require(workers >= 1, "workers: must be at least 1");
-    require(workers <= 256, "workers: must be at most 256");
-    require(max_batch_duration.count() >= 0, "max_batch_duration: must not be negative");
-    require(max_attempts >= 1, "max_attempts: must be at least 1");
-    require(transaction_retries >= 0, "transaction_retries: must not be negative");
-    require(lock_timeout.count() >= 0, "lock_timeout: must not be negative");
-    require(frozen_member_timeout.count() >= 0, "frozen_member_timeout: must not be negative");
-    require(db_timeout.count() >= 0, "db_timeout: must not be negative");
-    require(max_payload_bytes >= 1, "max_payload_bytes: must be at least 1");
-    require(dead_letter_timeout.count() > 0, "dead_letter_timeout: must be positive");
-    const auto dlq = effective_dead_letter_topic();
+    require(c.workers >= 1, "workers: must be at least 1");
+    require(c.workers <= 256, "workers: must be at most 256");
+    require(c.max_batch_duration.count() >= 0, "max_batch_duration: must not be negative");
+}
+
+// Attempts and the bounds of PostgreSQL's waits.
+void validate_transactions(const ConsumerConfig& c)
+{
+    require(c.max_attempts >= 1, "max_attempts: must be at least 1");
+    require(c.transaction_retries >= 0, "transaction_retries: must not be negative");
+    require(c.lock_timeout.count() >= 0, "lock_timeout: must not be negative");
+    require(c.frozen_member_timeout.count() >= 0, "frozen_member_timeout: must not be negative");
+    require(c.db_timeout.count() >= 0, "db_timeout: must not be negative");
+}
+
+// The dead-letter topic (never one the group consumes) and its producer.
+void validate_dead_letters(const ConsumerConfig& c)
+{
+    require(c.max_payload_bytes >= 1, "max_payload_bytes: must be at least 1");
+    require(c.dead_letter_timeout.count() > 0, "dead_letter_timeout: must be positive");
+    const auto dlq = c.effective_dead_letter_topic();
     if (const char* problem = topic_name_problem(dlq))
         throw ConfigError(fmt::format("dead_letter_topic: \"{}\"{} is not a valid Kafka topic name: {}{}", dlq,
-                                      dead_letter_topic.empty() ? " (group_id + \".dlq\")" : "", problem,
-                                      dead_letter_topic.empty() ? "; set dead_letter_topic" : ""));
-    for (const auto& t : topics) {
+                                      c.dead_letter_topic.empty() ? " (group_id + \".dlq\")" : "", problem,
+                                      c.dead_letter_topic.empty() ? "; set dead_letter_topic" : ""));
+    for (const auto& t : c.topics) {
         require(t != dlq, "dead_letter_topic: must not be one of the consumed topics (a dead letter would loop)");
         if (t.front() == '^' && pattern_matches(t, dlq))
             throw ConfigError(fmt::format("topics: the pattern {} matches the dead-letter topic {}: the group would "
@@ -151,16 +165,21 @@ void ConsumerConfig::validate() const
                                           "dead_letter_topic to a name it does not match",
                                           t, dlq));
     }
-    for (const auto& [key, value] : dead_letter_kafka) {
+    for (const auto& [key, value] : c.dead_letter_kafka) {
         if ((key == "enable.idempotence" && !is_true(value)) ||
             ((key == "acks" || key == "request.required.acks") && value != "all" && value != "-1"))
             throw ConfigError(fmt::format("dead_letter_kafka[\"{}\"]={}: refused, dead letters are produced "
                                           "idempotently with acks=all",
                                           key, value));
     }
-    require(retry_backoff.count() >= 0, "retry_backoff: must not be negative");
-    require(retry_backoff_max >= retry_backoff, "retry_backoff_max: must not be below retry_backoff");
-    const auto& cb = circuit_breaker;
+}
+
+// A record's retries and the circuit breaker.
+void validate_backoff(const ConsumerConfig& c)
+{
+    require(c.retry_backoff.count() >= 0, "retry_backoff: must not be negative");
+    require(c.retry_backoff_max >= c.retry_backoff, "retry_backoff_max: must not be below retry_backoff");
+    const auto& cb = c.circuit_breaker;
     require(cb.window.count() > 0, "circuit_breaker.window: must be positive");
     require(cb.min_attempts >= 1, "circuit_breaker.min_attempts: must be at least 1");
     require(cb.failure_ratio > 0 && cb.failure_ratio <= 1,
@@ -170,20 +189,28 @@ void ConsumerConfig::validate() const
     require(cb.backoff.count() > 0, "circuit_breaker.backoff: must be positive");
     require(cb.backoff_max >= cb.backoff, "circuit_breaker.backoff_max: must not be below circuit_breaker.backoff");
     require(cb.probe_records >= 1, "circuit_breaker.probe_records: must be at least 1");
-    require(shutdown_timeout.count() > 0, "shutdown_timeout: must be positive");
-    require(oldest_claim_refresh.count() >= 0, "oldest_claim_refresh: must not be negative");
+}
+
+// The tables: the claims table, its retention, the outbox and the positions table.
+void validate_database(const ConsumerConfig& c)
+{
     // The table names are quoted, not checked against a pattern; this only
     // refuses what cannot be quoted.
-    (void)ProcessedEventStore(schema, table);
-    retention.validate();
-    if (outbox)
-        outbox->validate();
-    if (offsets_in_database) {
-        (void)OffsetStore(schema, offsets_table);
-        require(offsets_table != table, "offsets_table: must differ from table");
+    (void)ProcessedEventStore(c.schema, c.table);
+    c.retention.validate();
+    if (c.outbox)
+        c.outbox->validate();
+    if (c.offsets_in_database) {
+        (void)OffsetStore(c.schema, c.offsets_table);
+        require(c.offsets_table != c.table, "offsets_table: must differ from table");
     }
+}
 
-    for (const auto& [key, value] : kafka) {
+// The raw librdkafka properties: nothing that would move offsets before the
+// effects commit, nothing the configuration sets itself.
+void validate_kafka(const ConsumerConfig& c)
+{
+    for (const auto& [key, value] : c.kafka) {
         if ((key == "enable.auto.commit" || key == "enable.auto.offset.store") && is_true(value))
             throw ConfigError(fmt::format("kafka[\"{}\"]={}: refused, offsets are committed only after the PostgreSQL "
                                           "transaction that holds the event's effects has committed",
@@ -195,7 +222,23 @@ void ConsumerConfig::validate() const
         if (key == "enable.partition.eof" && is_true(value))
             throw ConfigError("kafka[\"enable.partition.eof\"]: not supported by the consumer loop");
     }
-    validate_group_protocol(kafka);
+    validate_group_protocol(c.kafka);
+}
+
+} // namespace
+
+// Each concern in turn; the first problem found is the one reported.
+void ConsumerConfig::validate() const
+{
+    validate_subscription(*this);
+    validate_workers(*this);
+    validate_transactions(*this);
+    validate_dead_letters(*this);
+    validate_backoff(*this);
+    require(shutdown_timeout.count() > 0, "shutdown_timeout: must be positive");
+    require(oldest_claim_refresh.count() >= 0, "oldest_claim_refresh: must not be negative");
+    validate_database(*this);
+    validate_kafka(*this);
 }
 
 std::string ConsumerConfig::effective_dead_letter_topic() const

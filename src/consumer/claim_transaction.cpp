@@ -489,165 +489,253 @@ std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, B
 // One transaction over the worker's pending records that are not held.
 ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
 {
-    auto& items = b.items;
-    auto held = [&](const Item& it) { return detail::held(w.holds, it); };
-    std::vector<EventId> ids;
-    std::vector<std::size_t> first; // index of the first pending item per id, in batch order
-    std::unordered_set<EventId> seen;
-    ids.reserve(w.items.size());
-    first.reserve(w.items.size());
-    seen.reserve(w.items.size());
-    std::size_t active = 0;
-    for (std::size_t i : w.items) {
-        const auto& it = items[i];
-        if (it.state != ItemState::pending || held(it))
-            continue;
-        ++active;
-        if (seen.insert(it.id).second) {
-            ids.push_back(it.id);
-            first.push_back(i);
-        }
-    }
+    Attempt a = collect(w, b);
     w.info = BatchInfo{};
-    w.info.records = active;
+    w.info.records = a.active;
     w.calls_ok = 0;
-    if (ids.empty())
+    if (a.ids.empty())
         return Outcome::committed;
-    // Claims in id order: workers that share ids lock them in the same order
-    // and cannot deadlock each other.
-    std::vector<std::int64_t> fingerprints;
-    if (s_.cfg.payload_fingerprint) {
-        std::vector<std::pair<EventId, std::int64_t>> by_id;
-        by_id.reserve(first.size());
-        for (std::size_t i : first)
-            by_id.emplace_back(items[i].id, fingerprint_of(items[i]));
-        std::sort(by_id.begin(), by_id.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-        fingerprints.reserve(by_id.size());
-        for (std::size_t k = 0; k < by_id.size(); ++k) {
-            ids[k] = by_id[k].first;
-            fingerprints.push_back(by_id[k].second);
-        }
-    } else {
-        std::sort(ids.begin(), ids.end());
-    }
-
-    std::size_t current = nobody; // the record whose handler runs
-    std::size_t claimed_override = SIZE_MAX;
-    const bool batched = s_.stage.batched();
-    const bool gather = batched && !w.one_by_one;
     w.call_items.clear();
     w.call_slots.clear();
     w.call_contexts.clear();
     try {
-        // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
-        const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
-        pqxx::work tx(*w.db);
-        pg::open_for_writes(tx, s_.cfg.lock_timeout);
-        auto claimed_list = pg::claimed_ids(claim(tx, ids, fingerprints));
-        w.watch.arm(s_.cfg.db_timeout);
-        std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
-        // Only where a record is not the first claim of its id: a conflict, or
-        // an id twice in the batch.
-        if (s_.cfg.payload_fingerprint && (claimed.size() < ids.size() || active > ids.size())) {
-            const Reused reused = reject_reused(tx, w, b, first, claimed);
-            if (reused.held)
-                return Outcome::split; // again without the partition's tail behind the held dead letter
-            active -= reused.rejected;
-            w.info.records = active;
+        return transact(w, b, a, failure);
+    } catch (...) {
+        // What the transaction's end means is decided in one place, classify();
+        // what is not ours to decide (a non-standard exception) goes on up.
+        return recover(classify(std::current_exception(), a.current != nobody), w, a, failure);
+    }
+}
+
+// The worker's pending records that are not held, each id once (its first
+// record in batch order). Claims go in id order: workers that share ids lock
+// them in the same order and cannot deadlock each other.
+ClaimTransaction::Attempt ClaimTransaction::collect(const Worker& w, const Batch& b) const
+{
+    const auto& items = b.items;
+    Attempt a;
+    std::unordered_set<EventId> seen;
+    a.ids.reserve(w.items.size());
+    a.first.reserve(w.items.size());
+    seen.reserve(w.items.size());
+    for (std::size_t i : w.items) {
+        const auto& it = items[i];
+        if (it.state != ItemState::pending || held(w.holds, it))
+            continue;
+        ++a.active;
+        if (seen.insert(it.id).second) {
+            a.ids.push_back(it.id);
+            a.first.push_back(i);
         }
-        std::size_t handled = 0;
-        for (std::size_t k = 0; k < first.size(); ++k) {
-            const std::size_t i = first[k];
-            auto& it = items[i];
-            if (!claimed.count(it.id))
-                continue;
-            if (s_.forced() || w.revoked.load())
-                throw Abandon{};
-            if (handled > 0 && Clock::now() >= b.deadline) {
-                // Over the time budget: commit what ran, give the rest back so
-                // the consumer polls again long before max.poll.interval.ms.
-                const auto given_back = give_back(tx, w, b, first, k, claimed);
-                say(s_.log, LogLevel::info, {},
-                    "batch over its time budget after {} handler calls; {} records come again", handled, given_back);
-                active = 0;
-                for (std::size_t j : w.items)
-                    if (items[j].state == ItemState::pending && !held(items[j]))
-                        ++active;
-                w.info.records = active;
-                claimed_override = handled;
-                break;
-            }
-            if (!it.key_window_open)
-                s_.metrics.key_window_closed.add();
-            if (gather) {
-                w.call_items.push_back(i);
-                w.call_slots.push_back(it.slot);
-                w.call_contexts.emplace_back(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
-                                             it.key_window_open);
-                continue;
-            }
-            current = i;
-            ++handled;
-            const bool ok = call_handler(i, failure, [&] {
-                const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
-                const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
-                                  it.key_window_open);
-                const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
-                if (batched)
-                    s_.stage.handle_batch(tx, &it.slot, &ctx, 1);
-                else
-                    s_.stage.handle(it.slot, tx, ctx);
-            });
-            if (w.revoked.load())
-                throw Abandon{}; // what the call did is not ours to commit any more
-            if (!ok || !left_usable(tx, w, i, failure))
-                return Outcome::handler_failed;
-            ++w.calls_ok;
-            current = nobody;
-        }
-        if (!w.call_items.empty()) {
-            // One call for every claimed record of the transaction.
-            handled = w.call_items.size();
-            current = w.call_items.front();
-            bool ok = call_handler(current, failure, [&] {
-                const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
-                // One record: what the handler publishes carries its trace; several: each passes its own.
-                const TraceScope trace(handled == 1 ? &items[current].record : nullptr);
-                s_.stage.handle_batch(tx, w.call_slots.data(), w.call_contexts.data(), handled);
-            });
-            if (w.revoked.load())
-                throw Abandon{};
-            ok = ok && left_usable(tx, w, current, failure);
-            if (!ok && handled == 1)
-                return Outcome::handler_failed;
-            if (!ok) {
-                s_.metrics.batch_splits.add();
-                say(s_.log, LogLevel::warning, {},
-                    "batch handler failed on {} events; running them one at a time to find the failing record: {}",
-                    handled, failure.what);
-                w.one_by_one = true;
-                return Outcome::split;
-            }
-            w.calls_ok += handled;
-        }
-        current = nobody;
-        std::vector<std::pair<PartitionState*, std::int64_t>> stored;
-        if (s_.offsets && !s_.positions_after_merge)
-            write_positions(tx, positions_of(w, b, &stored));
-        if (const auto state = pg::state_of(tx); state != pg::TxState::open)
-            throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
-        if (!pg::arm_commit(tx))
-            throw Replaced{};
-        if (w.revoked.load())
+    }
+    if (!s_.cfg.payload_fingerprint) {
+        std::sort(a.ids.begin(), a.ids.end());
+        return a;
+    }
+    std::vector<std::pair<EventId, std::int64_t>> by_id;
+    by_id.reserve(a.first.size());
+    for (std::size_t i : a.first)
+        by_id.emplace_back(items[i].id, fingerprint_of(items[i]));
+    std::sort(by_id.begin(), by_id.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    a.fingerprints.reserve(by_id.size());
+    for (std::size_t k = 0; k < by_id.size(); ++k) {
+        a.ids[k] = by_id[k].first;
+        a.fingerprints.push_back(by_id[k].second);
+    }
+    return a;
+}
+
+// The transaction itself: claim, handler calls, stored positions, COMMIT.
+// What ends it early throws (see classify()).
+ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attempt& a, Failure& failure)
+{
+    // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
+    const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
+    pqxx::work tx(*w.db);
+    pg::open_for_writes(tx, s_.cfg.lock_timeout);
+    auto claimed_list = pg::claimed_ids(claim(tx, a.ids, a.fingerprints));
+    w.watch.arm(s_.cfg.db_timeout);
+    a.claimed = std::unordered_set<EventId>(claimed_list.begin(), claimed_list.end());
+    // Only where a record is not the first claim of its id: a conflict, or
+    // an id twice in the batch.
+    if (s_.cfg.payload_fingerprint && (a.claimed.size() < a.ids.size() || a.active > a.ids.size())) {
+        const Reused reused = reject_reused(tx, w, b, a.first, a.claimed);
+        if (reused.held)
+            return Outcome::split; // again without the partition's tail behind the held dead letter
+        a.active -= reused.rejected;
+        w.info.records = a.active;
+    }
+    if (const auto out = call_each(tx, w, b, a, failure))
+        return *out;
+    if (const auto out = call_gathered(tx, w, b, a, failure))
+        return *out;
+    a.current = nobody;
+    return commit(tx, w, b, a);
+}
+
+// The handler calls of the claimed records, in batch order: one call per
+// record, or, for a batch handler that has not failed on this batch, each
+// record gathered for call_gathered(). An outcome when the attempt ends here.
+std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work& tx, Worker& w, Batch& b, Attempt& a,
+                                                                     Failure& failure)
+{
+    const bool batched = s_.stage.batched();
+    const bool gather = batched && !w.one_by_one;
+    std::size_t handled = 0;
+    for (std::size_t k = 0; k < a.first.size(); ++k) {
+        const std::size_t i = a.first[k];
+        auto& it = b.items[i];
+        if (!a.claimed.count(it.id))
+            continue;
+        if (s_.forced() || w.revoked.load())
             throw Abandon{};
-        tx.commit();
-        w.stored = std::move(stored);
-        w.info.claimed = claimed_override != SIZE_MAX ? claimed_override : claimed.size();
-        w.info.duplicates = active - w.info.claimed;
-        return Outcome::committed;
+        if (handled > 0 && Clock::now() >= b.deadline) {
+            over_budget(tx, w, b, a, k, handled);
+            break;
+        }
+        if (!it.key_window_open)
+            s_.metrics.key_window_closed.add();
+        if (gather) {
+            w.call_items.push_back(i);
+            w.call_slots.push_back(it.slot);
+            w.call_contexts.emplace_back(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset),
+                                         it.key_window_open);
+            continue;
+        }
+        a.current = i;
+        ++handled;
+        const bool ok = call_handler(i, failure, [&] {
+            const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+            const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset), it.key_window_open);
+            const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
+            if (batched)
+                s_.stage.handle_batch(tx, &it.slot, &ctx, 1);
+            else
+                s_.stage.handle(it.slot, tx, ctx);
+        });
+        if (w.revoked.load())
+            throw Abandon{}; // what the call did is not ours to commit any more
+        if (!ok || !left_usable(tx, w, i, failure))
+            return Outcome::handler_failed;
+        ++w.calls_ok;
+        a.current = nobody;
+    }
+    return std::nullopt;
+}
+
+// Over the time budget after `handled` calls, at a.first[k]: commit what ran,
+// give the rest back so the consumer polls again long before
+// max.poll.interval.ms.
+void ClaimTransaction::over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k,
+                                   std::size_t handled)
+{
+    const auto given_back = give_back(tx, w, b, a.first, k, a.claimed);
+    say(s_.log, LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again", handled,
+        given_back);
+    a.active = 0;
+    for (std::size_t j : w.items)
+        if (b.items[j].state == ItemState::pending && !held(w.holds, b.items[j]))
+            ++a.active;
+    w.info.records = a.active;
+    a.claimed_override = handled;
+}
+
+// One batch handler call for every record call_each() gathered. A failed call
+// of several records splits the batch: they run again one at a time to find
+// the failing one. An outcome when the attempt ends here.
+std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_gathered(pqxx::work& tx, Worker& w, Batch& b,
+                                                                         Attempt& a, Failure& failure)
+{
+    if (w.call_items.empty())
+        return std::nullopt;
+    const std::size_t handled = w.call_items.size();
+    a.current = w.call_items.front();
+    bool ok = call_handler(a.current, failure, [&] {
+        const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+        // One record: what the handler publishes carries its trace; several: each passes its own.
+        const TraceScope trace(handled == 1 ? &b.items[a.current].record : nullptr);
+        s_.stage.handle_batch(tx, w.call_slots.data(), w.call_contexts.data(), handled);
+    });
+    if (w.revoked.load())
+        throw Abandon{};
+    ok = ok && left_usable(tx, w, a.current, failure);
+    if (!ok && handled == 1)
+        return Outcome::handler_failed;
+    if (!ok) {
+        s_.metrics.batch_splits.add();
+        say(s_.log, LogLevel::warning, {},
+            "batch handler failed on {} events; running them one at a time to find the failing record: {}", handled,
+            failure.what);
+        w.one_by_one = true;
+        return Outcome::split;
+    }
+    w.calls_ok += handled;
+    return std::nullopt;
+}
+
+// The stored positions, the checks that the transaction is still the claim's
+// own, and COMMIT.
+ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a)
+{
+    std::vector<std::pair<PartitionState*, std::int64_t>> stored;
+    if (s_.offsets && !s_.positions_after_merge)
+        write_positions(tx, positions_of(w, b, &stored));
+    if (const auto state = pg::state_of(tx); state != pg::TxState::open)
+        throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
+    if (!pg::arm_commit(tx))
+        throw Replaced{};
+    if (w.revoked.load())
+        throw Abandon{};
+    tx.commit();
+    w.stored = std::move(stored);
+    w.info.claimed = a.claimed_override != SIZE_MAX ? a.claimed_override : a.claimed.size();
+    w.info.duplicates = a.active - w.info.claimed;
+    return Outcome::committed;
+}
+
+// What an exception that ended the transaction means. `in_handler`: a
+// handler call was running. Rethrows what is none of the library's (not a
+// std::exception): it goes on up as before.
+ClaimTransaction::Classified ClaimTransaction::classify(const std::exception_ptr& error, bool in_handler)
+{
+    try {
+        std::rethrow_exception(error);
     } catch (const Abandon&) {
-        return Outcome::abandoned;
+        return {Fault::abandoned, {}};
     } catch (const Replaced&) {
+        return {Fault::replaced, {}};
+    } catch (const Fenced&) {
+        return {Fault::fenced, {}};
+    } catch (const pqxx::in_doubt_error& e) {
+        // The commit may or may not have happened: never guess.
+        return {Fault::connection, e.what()};
+    } catch (const pqxx::broken_connection& e) {
+        return {Fault::connection, e.what()};
+    } catch (const pqxx::check_violation& e) {
+        // 23514 on the claim: maintenance attached the partition for this id
+        // at that moment (handler errors never get here).
+        return {Fault::conflict, e.what()};
+    } catch (const pqxx::transaction_rollback& e) {
+        // 40001 / 40P01: the whole transaction is safe to run again.
+        return {Fault::conflict, e.what()};
+    } catch (const pqxx::sql_error& e) {
+        if (!in_handler && (e.sqlstate() == "42P01" || e.sqlstate() == "26000"))
+            return {Fault::setup_lost, e.what()};
+        if (pg::is_lock_timeout(e))
+            return {Fault::lock_timeout, e.what()};
+        return {Fault::other, e.what()};
+    } catch (const std::exception& e) {
+        return {Fault::other, e.what()};
+    }
+}
+
+// Does what classify() found: counts, logs, and names the attempt's outcome.
+ClaimTransaction::Outcome ClaimTransaction::recover(const Classified& c, Worker& w, const Attempt& a, Failure& failure)
+{
+    switch (c.fault) {
+    case Fault::abandoned:
+        return Outcome::abandoned;
+    case Fault::replaced:
         // A handler ended the transaction and began another, on a server that
         // does not report it at once (before PostgreSQL 14): which handler is
         // unknown. Nothing commits; the batch runs again after a backoff.
@@ -658,65 +746,53 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             "back and the batch runs again after a backoff. PostgreSQL 14 or later names the record",
             pg::transaction_ended);
         return Outcome::db_failed;
-    } catch (const Fenced&) {
+    case Fault::fenced:
         w.fenced = true;
         return Outcome::abandoned;
-    } catch (const pqxx::in_doubt_error& e) {
-        // The commit may or may not have happened: never guess. Nothing is
-        // committed to Kafka; redelivery and dedup settle it.
-        lost_connection(w, e.what());
+    case Fault::connection:
+        // Nothing is committed to Kafka; redelivery and dedup settle it.
+        lost_connection(w, c.what.c_str());
         return Outcome::db_failed;
-    } catch (const pqxx::broken_connection& e) {
-        lost_connection(w, e.what());
+    case Fault::conflict:
+        // In a handler call it may be that record's doing; at the claim or at
+        // COMMIT it is nobody's. Run it again.
+        failure = {a.current, c.what, true, a.current != nobody && w.call_items.size() > 1};
+        return Outcome::conflict;
+    case Fault::setup_lost:
+        // The session lost what prepare() gave it (the guard table, the claim
+        // statement): libpqxx 6 reconnected by itself, or a handler ran
+        // DISCARD. A new connection gets them again.
+        s_.metrics.db_failures.add();
+        say(s_.log, LogLevel::error, error_field(c.what),
+            "the PostgreSQL session lost the library's setup; reconnecting: {}", c.what);
+        w.lost_connection = true;
         return Outcome::db_failed;
-    } catch (const pqxx::check_violation& e) {
-        // 23514 on the claim: maintenance attached the partition for this id
-        // at that moment (handler errors never get here). Run it again.
-        failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
-        return Outcome::conflict;
-    } catch (const pqxx::transaction_rollback& e) {
-        // 40001 / 40P01: the whole transaction is safe to run again. In a
-        // handler call it may be that record's doing; at the claim or at
-        // COMMIT it is nobody's.
-        failure = {current, e.what(), true, current != nobody && w.call_items.size() > 1};
-        return Outcome::conflict;
-    } catch (const pqxx::sql_error& e) {
-        if (current == nobody && (e.sqlstate() == "42P01" || e.sqlstate() == "26000")) {
-            // The session lost what prepare() gave it (the guard table, the
-            // claim statement): libpqxx 6 reconnected by itself, or a handler
-            // ran DISCARD. A new connection gets them again.
-            s_.metrics.db_failures.add();
-            say(s_.log, LogLevel::error, error_field(e.what()),
-                "the PostgreSQL session lost the library's setup; reconnecting: {}", e.what());
-            w.lost_connection = true;
-            return Outcome::db_failed;
-        }
-        if (!pg::is_lock_timeout(e))
-            return db_error(w, e);
+    case Fault::lock_timeout:
         s_.metrics.lock_timeouts.add();
-        say(s_.log, LogLevel::warning, error_field(e.what()),
+        say(s_.log, LogLevel::warning, error_field(c.what),
             "a statement waited for a lock longer than lock_timeout ({} ms){}; the batch is rolled back and runs "
             "again after a backoff: {}",
             s_.cfg.lock_timeout.count(),
-            current == nobody ? " at the claim (another member's batch holds these event ids?)" : " in a handler",
-            e.what());
-        if (current == nobody)
+            a.current == nobody ? " at the claim (another member's batch holds these event ids?)" : " in a handler",
+            c.what);
+        if (a.current == nobody)
             end_frozen_members(w);
         return Outcome::db_failed;
-    } catch (const std::exception& e) {
-        return db_error(w, e);
+    case Fault::other:
+        break;
     }
+    return db_error(w, c.what);
 }
 
 // Any other PostgreSQL error outside the handlers: the batch is rolled back
 // and runs again after a backoff.
-ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::exception& e)
+ClaimTransaction::Outcome ClaimTransaction::db_error(Worker& w, const std::string& what)
 {
     s_.metrics.db_failures.add();
-    say(s_.log, LogLevel::error, error_field(e.what()),
-        "PostgreSQL error outside the handler, batch rolled back and retried after a backoff: {}", e.what());
+    say(s_.log, LogLevel::error, error_field(what),
+        "PostgreSQL error outside the handler, batch rolled back and retried after a backoff: {}", what);
     if (w.db && !w.db->is_open())
-        lost_connection(w, e.what());
+        lost_connection(w, what.c_str());
     return Outcome::db_failed;
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -157,7 +158,42 @@ private:
         bool held = false; // a dead letter was not acknowledged: its partition is held there
     };
 
+    // One attempt's records and where it stands.
+    struct Attempt {
+        std::vector<EventId> ids;                // to claim, in id order
+        std::vector<std::int64_t> fingerprints;  // payload_fingerprint: of ids, in their order
+        std::vector<std::size_t> first;          // index of the first pending item per id, in batch order
+        std::size_t active = 0;                  // pending records that are not held
+        std::unordered_set<EventId> claimed;     // the ids the claim took
+        std::size_t current = nobody;            // the record whose handler runs
+        std::size_t claimed_override = SIZE_MAX; // over the time budget: the claims that stay
+    };
+
+    // What ended a transaction by an exception, so what attempt() does next.
+    enum class Fault {
+        abandoned,    // a forced stop or a revoke
+        replaced,     // a handler ended the transaction and began another
+        fenced,       // the offset table refused our epoch
+        connection,   // connection lost or COMMIT in doubt
+        conflict,     // serialization failure, deadlock, the claim's check violation: run it again
+        setup_lost,   // the session lost what prepare() gave it
+        lock_timeout, // waited for a lock longer than lock_timeout
+        other,        // any other error: rolled back, again after a backoff
+    };
+    struct Classified {
+        Fault fault;
+        std::string what;
+    };
+
     Outcome attempt(Worker& w, Batch& b, Failure& failure);
+    Attempt collect(const Worker& w, const Batch& b) const;
+    Outcome transact(Worker& w, Batch& b, Attempt& a, Failure& failure);
+    std::optional<Outcome> call_each(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
+    void over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k, std::size_t handled);
+    std::optional<Outcome> call_gathered(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
+    Outcome commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a);
+    static Classified classify(const std::exception_ptr& error, bool in_handler);
+    Outcome recover(const Classified& c, Worker& w, const Attempt& a, Failure& failure);
     pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                        const std::vector<std::int64_t>& fingerprints);
     Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
@@ -171,7 +207,7 @@ private:
                           std::size_t k, const std::unordered_set<EventId>& claimed);
     std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b,
                                                     std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
-    Outcome db_error(Worker& w, const std::exception& e);
+    Outcome db_error(Worker& w, const std::string& what);
     void lost_connection(Worker& w, const char* why);
     void end_frozen_members(Worker& w);
 

@@ -12,40 +12,12 @@ namespace {
 
 using kafka::offset_invalid;
 
-} // namespace
-
-std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(kafka::GroupMember& consumer,
-                                                                               const std::vector<TopicPartition>& tps,
-                                                                               const std::vector<OffsetCommit>* known)
+// Kafka's committed offsets of `tps`: `known` when the caller has them, else
+// asked of the group; empty when unknown (the stored positions decide).
+std::vector<std::pair<TopicPartition, std::int64_t>> committed_offsets(kafka::GroupMember& consumer,
+                                                                       const std::vector<TopicPartition>& tps,
+                                                                       const std::vector<OffsetCommit>* known)
 {
-    std::vector<std::pair<std::string, std::int32_t>> wanted;
-    wanted.reserve(tps.size());
-    for (const auto& tp : tps)
-        wanted.emplace_back(tp.topic, tp.partition);
-    std::vector<OffsetStore::Stored> stored;
-    try {
-        if (!own_.db) {
-            own_.connect(cfg_.postgres);
-            const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
-            pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
-            pg::guard_session(*own_.db);
-        }
-        // On the poll thread: a frozen server must not stop the polling.
-        const pg::Watch::Armed armed(own_.watch, locking_bound(cfg_));
-        pqxx::work tx(*own_.db);
-        pg::open_for_writes(tx, cfg_.lock_timeout);
-        stored = store_.acquire(tx, cfg_.group_id, wanted);
-        tx.commit();
-    } catch (const std::exception& e) {
-        emit(log_, LogLevel::warning,
-             fmt::format("cannot read stored positions, partitions wait for PostgreSQL: {}", e.what()), "consumer",
-             {{log_field::error, e.what()}});
-        if (own_.watch.take_fired())
-            metrics_.db_timeouts.add();
-        if (own_.db && !own_.db->is_open())
-            own_.disconnect();
-        return std::nullopt;
-    }
     std::vector<std::pair<TopicPartition, std::int64_t>> committed;
     if (known) {
         for (const auto& c : *known)
@@ -56,8 +28,21 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
         if (!consumer.committed(committed, std::chrono::milliseconds(10000)))
             committed.clear(); // unknown: the stored positions decide
     }
+    return committed;
+}
+
+} // namespace
+
+std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(kafka::GroupMember& consumer,
+                                                                               const std::vector<TopicPartition>& tps,
+                                                                               const std::vector<OffsetCommit>* known)
+{
+    const auto stored = take_over(tps);
+    if (!stored)
+        return std::nullopt;
+    const auto committed = committed_offsets(consumer, tps, known);
     std::map<TopicPartition, std::int64_t> target;
-    for (const auto& st : stored) {
+    for (const auto& st : *stored) {
         auto* ps = ledger_.find(st.topic, st.partition);
         if (ps) {
             ps->epoch = st.epoch;
@@ -82,29 +67,70 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
             ps->start_offset = *st.next_offset; // for the lag gauge
             ps->start_known = true;
         }
-        if (kafka_offset >= 0 && *st.next_offset < kafka_offset) {
-            metrics_.positions_behind_kafka.add();
-            metrics_.records_behind_kafka.add(static_cast<std::uint64_t>(kafka_offset - *st.next_offset));
-            emit(log_, LogLevel::warning,
-                 fmt::format("{}/{}: the stored position {} is behind Kafka's committed offset {}: PostgreSQL lost "
-                             "commits (a failover to a standby without them, a restored backup) or the group's "
-                             "offsets were reset in Kafka; the {} records in between are processed again (those "
-                             "whose claims survived are skipped as duplicates). To skip records, move the stored "
-                             "position: idemkafka-admin offsets set",
-                             st.topic, st.partition, *st.next_offset, kafka_offset, kafka_offset - *st.next_offset),
-                 "consumer",
-                 {{log_field::topic, st.topic},
-                  {log_field::partition, std::to_string(st.partition)},
-                  {"stored", std::to_string(*st.next_offset)},
-                  {"committed", std::to_string(kafka_offset)}});
-        } else {
-            emit(log_, LogLevel::info,
-                 fmt::format("{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition,
-                             *st.next_offset, kafka_offset),
-                 "consumer", coordinates(st.topic, st.partition, *st.next_offset));
-        }
+        report_start(st, kafka_offset);
     }
     return target;
+}
+
+// The offset table's part of acquire(), on the poll thread's own connection:
+// new epochs and the stored positions; nullopt when PostgreSQL failed.
+std::optional<std::vector<OffsetStore::Stored>> StoredPositions::take_over(const std::vector<TopicPartition>& tps)
+{
+    std::vector<std::pair<std::string, std::int32_t>> wanted;
+    wanted.reserve(tps.size());
+    for (const auto& tp : tps)
+        wanted.emplace_back(tp.topic, tp.partition);
+    try {
+        if (!own_.db) {
+            own_.connect(cfg_.postgres);
+            const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
+            pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
+            pg::guard_session(*own_.db);
+        }
+        // On the poll thread: a frozen server must not stop the polling.
+        const pg::Watch::Armed armed(own_.watch, locking_bound(cfg_));
+        pqxx::work tx(*own_.db);
+        pg::open_for_writes(tx, cfg_.lock_timeout);
+        std::optional<std::vector<OffsetStore::Stored>> stored = store_.acquire(tx, cfg_.group_id, wanted);
+        tx.commit();
+        return stored;
+    } catch (const std::exception& e) {
+        emit(log_, LogLevel::warning,
+             fmt::format("cannot read stored positions, partitions wait for PostgreSQL: {}", e.what()), "consumer",
+             {{log_field::error, e.what()}});
+        if (own_.watch.take_fired())
+            metrics_.db_timeouts.add();
+        if (own_.db && !own_.db->is_open())
+            own_.disconnect();
+        return std::nullopt;
+    }
+}
+
+// Logs where a partition starts from its stored position: behind Kafka's
+// committed offset is counted and warned about (lost commits or a reset).
+void StoredPositions::report_start(const OffsetStore::Stored& st, std::int64_t kafka_offset)
+{
+    if (kafka_offset >= 0 && *st.next_offset < kafka_offset) {
+        metrics_.positions_behind_kafka.add();
+        metrics_.records_behind_kafka.add(static_cast<std::uint64_t>(kafka_offset - *st.next_offset));
+        emit(log_, LogLevel::warning,
+             fmt::format("{}/{}: the stored position {} is behind Kafka's committed offset {}: PostgreSQL lost "
+                         "commits (a failover to a standby without them, a restored backup) or the group's "
+                         "offsets were reset in Kafka; the {} records in between are processed again (those "
+                         "whose claims survived are skipped as duplicates). To skip records, move the stored "
+                         "position: idemkafka-admin offsets set",
+                         st.topic, st.partition, *st.next_offset, kafka_offset, kafka_offset - *st.next_offset),
+             "consumer",
+             {{log_field::topic, st.topic},
+              {log_field::partition, std::to_string(st.partition)},
+              {"stored", std::to_string(*st.next_offset)},
+              {"committed", std::to_string(kafka_offset)}});
+    } else {
+        emit(log_, LogLevel::info,
+             fmt::format("{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition,
+                         *st.next_offset, kafka_offset),
+             "consumer", coordinates(st.topic, st.partition, *st.next_offset));
+    }
 }
 
 std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::GroupMember& consumer)

@@ -57,6 +57,9 @@ public:
     Stored store(Worker& w, const std::set<PartitionState*>& moved);
 
 private:
+    std::optional<std::vector<OffsetStore::Stored>> take_over(const std::vector<TopicPartition>& tps);
+    void report_start(const OffsetStore::Stored& st, std::int64_t kafka_offset);
+
     const ConsumerConfig& cfg_;
     const OffsetStore& store_;
     PartitionLedger& ledger_;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "kafka/record_of.hpp"
 
 namespace idemkafka::detail::kafka {
 namespace {
@@ -40,25 +41,20 @@ GroupMember& GroupMember::of(void* opaque)
     return *static_cast<Relay*>(static_cast<ClientOwner*>(opaque))->consumer;
 }
 
-GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
-                         const Redactor& secrets)
-    : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
-      shutdown_timeout_(cfg.shutdown_timeout)
+namespace {
+
+// The client's properties before the ones the consumer forces: its fetch
+// settings within the prefetch caps' share of librdkafka's queue, then the
+// user's kafka map over them.
+std::map<std::string, std::string> client_properties(const ConsumerConfig& cfg, std::size_t queue_records,
+                                                     std::size_t queue_bytes)
 {
-    relay_->log = log_;
-    relay_->consumer = this;
     // Every queued record keeps its whole fetch response alive, so the
     // responses in memory are about (queued records / records per response)
     // x fetch.max.bytes: small responses keep that near the queue itself, and
     // measured no slower than larger ones. librdkafka wants fetch.max.bytes >=
     // message.max.bytes (1,000,000).
     const std::size_t fetch_bytes = std::size_t{1} << 20;
-    // The round-robin (see poll()) holds up to half of each prefetch cap,
-    // librdkafka's queue the other half: together they stay within the caps.
-    hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
-    hold_max_bytes_ = std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2);
-    const std::size_t queue_records = std::max<std::size_t>(1, cfg.max_prefetch_records - hold_max_records_);
-    const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
     std::map<std::string, std::string> props = {
         {"isolation.level", "read_committed"},
         {"auto.offset.reset", "earliest"},
@@ -90,18 +86,26 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
             // not a number: librdkafka's own error names the property
         }
     }
-    const auto& reset = props["auto.offset.reset"];
-    reset_to_latest_ = reset == "latest" || reset == "largest" || reset == "end";
-    if (auto mp = props.find("max.poll.interval.ms"); mp != props.end())
-        max_poll_interval_ = milliseconds(std::strtol(mp->second.c_str(), nullptr, 10));
-    {
-        auto gp = props.find("group.protocol");
-        std::string protocol = gp == props.end() ? "" : gp->second;
-        for (auto& c : protocol)
-            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        consumer_protocol_ = protocol.find("consumer") != std::string::npos; // validate() allows only the two
-        cooperative_ = consumer_protocol_;
-    }
+    return props;
+}
+
+} // namespace
+
+GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
+                         const Redactor& secrets)
+    : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
+      shutdown_timeout_(cfg.shutdown_timeout)
+{
+    relay_->log = log_;
+    relay_->consumer = this;
+    // The round-robin (see poll()) holds up to half of each prefetch cap,
+    // librdkafka's queue the other half: together they stay within the caps.
+    hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
+    hold_max_bytes_ = std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2);
+    const std::size_t queue_records = std::max<std::size_t>(1, cfg.max_prefetch_records - hold_max_records_);
+    const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
+    auto props = client_properties(cfg, queue_records, queue_bytes);
+    note_settings(props);
     props["bootstrap.servers"] = cfg.brokers;
     props["group.id"] = cfg.group_id;
     props["enable.auto.commit"] = "false";
@@ -127,7 +131,27 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
         wake_below_bytes_ = std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512;
         fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
     }
+    subscribe(cfg);
+}
 
+// What the member itself reads of the user's settings: the reset policy,
+// max.poll.interval.ms and the group protocol.
+void GroupMember::note_settings(std::map<std::string, std::string>& props)
+{
+    const auto& reset = props["auto.offset.reset"];
+    reset_to_latest_ = reset == "latest" || reset == "largest" || reset == "end";
+    if (auto mp = props.find("max.poll.interval.ms"); mp != props.end())
+        max_poll_interval_ = milliseconds(std::strtol(mp->second.c_str(), nullptr, 10));
+    auto gp = props.find("group.protocol");
+    std::string protocol = gp == props.end() ? "" : gp->second;
+    for (auto& c : protocol)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    consumer_protocol_ = protocol.find("consumer") != std::string::npos; // validate() allows only the two
+    cooperative_ = consumer_protocol_;
+}
+
+void GroupMember::subscribe(const ConsumerConfig& cfg)
+{
     auto topics = make_list(static_cast<int>(cfg.topics.size()));
     for (const auto& t : cfg.topics)
         rd_kafka_topic_partition_list_add(topics.get(), t.c_str(), RD_KAFKA_PARTITION_UA);
@@ -454,27 +478,7 @@ void GroupMember::wake_poll() noexcept
 
 void GroupMember::read(const rd_kafka_message_t& m, Record& record)
 {
-    record.topic = rd_kafka_topic_name(m.rkt);
-    record.partition = m.partition;
-    record.offset = m.offset;
-    rd_kafka_timestamp_type_t tstype;
-    record.timestamp_ms = rd_kafka_message_timestamp(&m, &tstype);
-    if (m.key)
-        record.key = std::string_view(static_cast<const char*>(m.key), m.key_len);
-    if (m.payload)
-        record.value = std::string_view(static_cast<const char*>(m.payload), m.len);
-    rd_kafka_headers_t* hdrs = nullptr;
-    if (rd_kafka_message_headers(&m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
-        const char* name;
-        const void* val;
-        size_t size;
-        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
-            Header h{name, std::nullopt};
-            if (val)
-                h.value.emplace(static_cast<const char*>(val), size);
-            record.headers.push_back(std::move(h));
-        }
-    }
+    record = record_of(m);
 }
 
 // Called around filling a batch: a queue at half a cap or more before the

@@ -92,7 +92,7 @@ public:
 
     /// The topic of a message (not an error).
     static const char* topic_of(const rd_kafka_message_t& m) { return rd_kafka_topic_name(m.rkt); }
-    /// The record fields of a message (views into it: it must outlive them).
+    /// The record fields of a message (views into it: it must outlive them): record_of().
     static void read(const rd_kafka_message_t& m, Record& record);
 
     enum class SeekResult { done, queued, failed };
@@ -149,6 +149,8 @@ private:
     // in the background, silenced (librdkafka waits there for commits that
     // wait for a coordinator, up to session.timeout.ms).
     void destroy(int flags, std::chrono::milliseconds bound) noexcept;
+    void note_settings(std::map<std::string, std::string>& props);
+    void subscribe(const ConsumerConfig& cfg);
     static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                              void* opaque);
     static void commit_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* offsets,

@@ -139,7 +139,7 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "parked_records", "Records parked now behind a failed record of their key.", label,
                  parked_records);
     render_gauge(out, "parked_keys", "Keys parked now after a failed record.", label, parked_keys);
-    render_gauge(out, "oldest_claim_age_seconds", "Age of the group's oldest claim in the dedup table (-1: unknown).",
+    render_gauge(out, "oldest_claim_age_seconds", "Age of the group's oldest claim in the claims table (-1: unknown).",
                  label, oldest_claim_age_seconds);
     render_gauge(out, "expired_partitions_kept",
                  "Expired claim partitions the latest maintenance run could not drop (lock_timeout).", label,

@@ -24,6 +24,7 @@
 
 #include "idemkafka/config.hpp"
 #include "idemkafka/error.hpp"
+#include "kafka/record_of.hpp"
 
 namespace idemkafka {
 namespace {
@@ -387,24 +388,14 @@ namespace {
 
 TestRecord record_of(const std::string& topic, const rd_kafka_message_t* m)
 {
+    const Record read = detail::kafka::record_of(*m);
     TestRecord r;
     r.topic = topic;
-    r.partition = m->partition;
-    r.offset = m->offset;
-    if (m->key)
-        r.key.emplace(static_cast<const char*>(m->key), m->key_len);
-    if (m->payload)
-        r.value.emplace(static_cast<const char*>(m->payload), m->len);
-    rd_kafka_headers_t* hdrs = nullptr; // owned by the message
-    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        const char* name = nullptr;
-        const void* val = nullptr;
-        size_t size = 0;
-        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
-            r.headers.push_back(
-                Header{name, val ? std::optional<std::string>(std::in_place, static_cast<const char*>(val), size)
-                                 : std::nullopt});
-    }
+    r.partition = read.partition;
+    r.offset = read.offset;
+    r.key = detail::kafka::owned(read.key);
+    r.value = detail::kafka::owned(read.value);
+    r.headers = read.headers;
     return r;
 }
 

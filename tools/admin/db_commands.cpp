@@ -199,6 +199,67 @@ std::string opt_time(const std::optional<std::chrono::system_clock::time_point>&
 
 // ---- migrate ---------------------------------------------------------------
 
+namespace {
+
+constexpr const char* migrate_help = R"(usage: idemkafka-admin migrate [options]
+
+Creates every table idemkafka uses (and their schemas) if missing, or upgrades tables of an
+earlier schema version in place (every claim and position kept), and marks each with the schema
+version: the claims table always, the offsets and outbox tables when asked for. One transaction;
+idempotent: safe to run twice, and from several places at once. Consumers with create_schema =
+false check at start-up that these tables exist and have this version.
+
+  --print-sql                print the statements migrate runs on a database without the tables,
+                             in order, without connecting: for review, or for a Flyway,
+                             Liquibase, sqitch or plain SQL migration (with --now for the
+                             initial partitions' dates)
+  --from-version N           with --print-sql: print instead the statements that upgrade tables
+                             of schema version N (`idemkafka-admin status` shows it) to this one
+  --mode partitioned|purge   layout of a new claims table (default partitioned). Given for an
+                             existing plain table, `partitioned` converts it: the table becomes
+                             the default partition of a new partitioned table (its rows expire
+                             there by processed_at). Without --mode an existing table keeps its
+                             layout.
+)";
+
+// --print-sql: the statements, without connecting.
+int print_migrate_sql(const SchemaSpec& spec, const DbOptions& o, std::optional<int> from_version)
+{
+    if (from_version) {
+        try {
+            out(schema_upgrade_sql(spec, *from_version, migrate_command(spec)));
+        } catch (const ConfigError& e) {
+            throw UsageError(fmt::format("migrate: --from-version: {}", e.what()));
+        }
+        return exit_ok;
+    }
+    std::string cmd = migrate_command(spec);
+    if (o.now)
+        cmd += " --now " + format_time(*o.now);
+    out(schema_sql(spec, o.now ? *o.now : std::chrono::system_clock::now(), cmd));
+    return exit_ok;
+}
+
+void print_migrated(const SchemaSpec& spec, const ProcessedEventStore& store, const SchemaMigrationReport& r)
+{
+    out(fmt::format("{} is {} ({}{} partitions created)", store.qualified_name(),
+                    r.claims.mode == RetentionMode::partitioned ? "partitioned by event id"
+                                                                : "a plain table (purge mode)",
+                    r.claims.created     ? "created, "
+                    : r.claims.converted ? "converted, "
+                                         : "",
+                    r.claims.partitions_created.size()));
+    if (spec.offsets_table)
+        out(fmt::format("{}.{} {}", quote_identifier(spec.schema), quote_identifier(*spec.offsets_table),
+                        r.offsets_created ? "created" : "exists"));
+    if (spec.outbox_table)
+        out(fmt::format("{}.{} {}", quote_identifier(spec.outbox_schema), quote_identifier(*spec.outbox_table),
+                        r.outbox_created ? "created" : "exists"));
+    out(fmt::format("schema version {}", schema_version));
+}
+
+} // namespace
+
 int run_migrate(std::vector<std::string> args)
 {
     ArgReader a("migrate", std::move(args));
@@ -225,66 +286,20 @@ int run_migrate(std::vector<std::string> args)
         }
     }
     if (o.help) {
-        out(std::string(R"(usage: idemkafka-admin migrate [options]
-
-Creates every table idemkafka uses (and their schemas) if missing, or upgrades tables of an
-earlier schema version in place (every claim and position kept), and marks each with the schema
-version: the claims table always, the offsets and outbox tables when asked for. One transaction;
-idempotent: safe to run twice, and from several places at once. Consumers with create_schema =
-false check at start-up that these tables exist and have this version.
-
-  --print-sql                print the statements migrate runs on a database without the tables,
-                             in order, without connecting: for review, or for a Flyway,
-                             Liquibase, sqitch or plain SQL migration (with --now for the
-                             initial partitions' dates)
-  --from-version N           with --print-sql: print instead the statements that upgrade tables
-                             of schema version N (`idemkafka-admin status` shows it) to this one
-  --mode partitioned|purge   layout of a new claims table (default partitioned). Given for an
-                             existing plain table, `partitioned` converts it: the table becomes
-                             the default partition of a new partitioned table (its rows expire
-                             there by processed_at). Without --mode an existing table keeps its
-                             layout.
-)") + table_options_help +
-            db_options_help + retention_options_help + durations_help);
+        out(std::string(migrate_help) + table_options_help + db_options_help + retention_options_help + durations_help);
         return exit_ok;
     }
     const SchemaSpec spec = make_spec("migrate", o);
     if (from_version && !print_sql)
         throw UsageError("migrate: --from-version goes with --print-sql (migrate itself reads each table's version)");
-    if (print_sql && from_version) {
-        try {
-            out(schema_upgrade_sql(spec, *from_version, migrate_command(spec)));
-        } catch (const ConfigError& e) {
-            throw UsageError(fmt::format("migrate: --from-version: {}", e.what()));
-        }
-        return exit_ok;
-    }
-    if (print_sql) {
-        std::string cmd = migrate_command(spec);
-        if (o.now)
-            cmd += " --now " + format_time(*o.now);
-        out(schema_sql(spec, o.now ? *o.now : std::chrono::system_clock::now(), cmd));
-        return exit_ok;
-    }
+    if (print_sql)
+        return print_migrate_sql(spec, o, from_version);
     auto m = make_maintenance("migrate", o);
     auto conn = connect(o.postgres);
     out(fmt::format("migrating {} ...", m->store().qualified_name()));
     const auto r = migrate_schema(*conn, spec, o.mode ? Maintenance::Existing::convert : Maintenance::Existing::keep,
                                   progress, wall_clock(o));
-    out(fmt::format("{} is {} ({}{} partitions created)", m->store().qualified_name(),
-                    r.claims.mode == RetentionMode::partitioned ? "partitioned by event id"
-                                                                : "a plain table (purge mode)",
-                    r.claims.created     ? "created, "
-                    : r.claims.converted ? "converted, "
-                                         : "",
-                    r.claims.partitions_created.size()));
-    if (spec.offsets_table)
-        out(fmt::format("{}.{} {}", quote_identifier(spec.schema), quote_identifier(*spec.offsets_table),
-                        r.offsets_created ? "created" : "exists"));
-    if (spec.outbox_table)
-        out(fmt::format("{}.{} {}", quote_identifier(spec.outbox_schema), quote_identifier(*spec.outbox_table),
-                        r.outbox_created ? "created" : "exists"));
-    out(fmt::format("schema version {}", schema_version));
+    print_migrated(spec, m->store(), r);
     return exit_ok;
 }
 
@@ -350,24 +365,9 @@ Only one session maintains a table at a time; if another one is at it, nothing i
 
 // ---- status ----------------------------------------------------------------
 
-int run_status(std::vector<std::string> args)
-{
-    ArgReader a("status", std::move(args));
-    DbOptions o;
-    bool json = false;
-    std::string brokers;
-    while (a.more()) {
-        if (db_option(a, o) || table_option(a, o))
-            continue;
-        if (a.option("--json"))
-            json = true;
-        else if (a.option("--brokers"))
-            brokers = a.value();
-        else
-            a.unknown();
-    }
-    if (o.help) {
-        out(std::string(R"(usage: idemkafka-admin status [options]
+namespace {
+
+constexpr const char* status_help = R"(usage: idemkafka-admin status [options]
 
 Claims per consumer group, the partitions with the creation-time ranges of the event ids they hold,
 the oldest and newest claim, and the effective dedup horizon. Counts are exact (the table is scanned).
@@ -382,59 +382,87 @@ missing or lacks something.
 
   --json                     one JSON object instead of the tables
   --brokers HOST:PORT        Kafka, for the committed offsets and lag (default: $IDEMKAFKA_BROKERS)
-)") + table_options_help +
-            db_options_help + retention_options_help + durations_help);
-        return exit_ok;
+)";
+
+// What status found, for the JSON and the text forms.
+struct StatusReport {
+    const DbOptions& o;
+    const SchemaSpec& spec;
+    const Maintenance& m;
+    const std::vector<TableCheck>& checks;
+    bool schema_ok;
+    const RetentionStatus& s;
+};
+
+std::string json_checks(const std::vector<TableCheck>& checks)
+{
+    std::string j;
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+        const auto& c = checks[i];
+        std::string problems;
+        for (std::size_t k = 0; k < c.problems.size(); ++k)
+            problems += (k ? "," : "") + json_string(c.problems[k]);
+        j += fmt::format("{}{{\"kind\":{},\"table\":{},\"exists\":{},\"version\":{},\"problems\":[{}]}}", i ? "," : "",
+                         json_string(c.kind), json_string(c.qualified), c.exists ? "true" : "false",
+                         c.version ? std::to_string(*c.version) : "null", problems);
     }
-    const SchemaSpec spec = make_spec("status", o);
-    auto m = make_maintenance("status", o);
-    auto conn = connect(o.postgres);
-    const auto checks = check_schema(*conn, spec);
-    const bool schema_ok = std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
-    const auto s = m->status(*conn);
-    const auto& cfg = m->config();
-    if (json) {
-        std::string j = "{";
-        j += fmt::format("\"table\":{},\"schema\":{},\"name\":{},\"exists\":{}",
-                         json_string(m->store().qualified_name()), json_string(o.schema), json_string(o.table),
-                         s.exists ? "true" : "false");
-        j += fmt::format(",\"schema_version\":{},\"schema_ok\":{},\"migrate_command\":{},\"tables\":[", schema_version,
-                         schema_ok ? "true" : "false", json_string(migrate_command(spec)));
-        for (std::size_t i = 0; i < checks.size(); ++i) {
-            const auto& c = checks[i];
-            std::string problems;
-            for (std::size_t k = 0; k < c.problems.size(); ++k)
-                problems += (k ? "," : "") + json_string(c.problems[k]);
-            j += fmt::format("{}{{\"kind\":{},\"table\":{},\"exists\":{},\"version\":{},\"problems\":[{}]}}",
-                             i ? "," : "", json_string(c.kind), json_string(c.qualified), c.exists ? "true" : "false",
-                             c.version ? std::to_string(*c.version) : "null", problems);
-        }
-        j += "]";
-        j += fmt::format(",\"mode\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}",
-                         s.exists ? json_string(to_string(s.mode)) : "null", s.rows, json_time(s.oldest_claim),
-                         json_time(s.newest_claim));
-        j += fmt::format(",\"now\":{},\"retention_ms\":{},\"horizon_margin_ms\":{},\"dedup_horizon_ms\":{},"
-                         "\"horizon_cutoff\":{},\"partitions_from\":{},\"partitions_to\":{}",
-                         json_time(s.now), cfg.retention.count(), cfg.horizon_margin.count(), s.dedup_horizon.count(),
-                         json_time(s.horizon_cutoff), json_time(s.partitions_from), json_time(s.partitions_to));
-        j += ",\"groups\":[";
-        for (std::size_t i = 0; i < s.groups.size(); ++i) {
-            const auto& g = s.groups[i];
-            j += fmt::format("{}{{\"consumer_group\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}}}",
-                             i ? "," : "", json_string(g.consumer_group), g.rows, json_time(g.oldest_claim),
-                             json_time(g.newest_claim));
-        }
-        j += "],\"partitions\":[";
-        for (std::size_t i = 0; i < s.partitions.size(); ++i) {
-            const auto& p = s.partitions[i];
-            j += fmt::format("{}{{\"name\":{},\"default\":{},\"from\":{},\"to\":{},\"bound\":{},\"rows\":{}}}",
-                             i ? "," : "", json_string(p.name), p.is_default ? "true" : "false", json_time(p.from),
-                             json_time(p.to), json_string(p.bound), p.rows);
-        }
-        j += "]}";
-        out(j);
-        return s.exists && schema_ok ? exit_ok : exit_failure;
+    return j;
+}
+
+// The members of the JSON arrays of groups and partitions.
+std::string json_groups(const RetentionStatus& s)
+{
+    std::string j;
+    for (std::size_t i = 0; i < s.groups.size(); ++i) {
+        const auto& g = s.groups[i];
+        j +=
+            fmt::format("{}{{\"consumer_group\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}}}", i ? "," : "",
+                        json_string(g.consumer_group), g.rows, json_time(g.oldest_claim), json_time(g.newest_claim));
     }
+    return j;
+}
+
+std::string json_partitions(const RetentionStatus& s)
+{
+    std::string j;
+    for (std::size_t i = 0; i < s.partitions.size(); ++i) {
+        const auto& p = s.partitions[i];
+        j += fmt::format("{}{{\"name\":{},\"default\":{},\"from\":{},\"to\":{},\"bound\":{},\"rows\":{}}}",
+                         i ? "," : "", json_string(p.name), p.is_default ? "true" : "false", json_time(p.from),
+                         json_time(p.to), json_string(p.bound), p.rows);
+    }
+    return j;
+}
+
+// --json: one object.
+std::string status_json(const StatusReport& r)
+{
+    const auto& s = r.s;
+    const auto& cfg = r.m.config();
+    std::string j = "{";
+    j += fmt::format("\"table\":{},\"schema\":{},\"name\":{},\"exists\":{}", json_string(r.m.store().qualified_name()),
+                     json_string(r.o.schema), json_string(r.o.table), s.exists ? "true" : "false");
+    j += fmt::format(",\"schema_version\":{},\"schema_ok\":{},\"migrate_command\":{},\"tables\":[", schema_version,
+                     r.schema_ok ? "true" : "false", json_string(migrate_command(r.spec)));
+    j += json_checks(r.checks);
+    j += "]";
+    j += fmt::format(",\"mode\":{},\"rows\":{},\"oldest_claim\":{},\"newest_claim\":{}",
+                     s.exists ? json_string(to_string(s.mode)) : "null", s.rows, json_time(s.oldest_claim),
+                     json_time(s.newest_claim));
+    j += fmt::format(",\"now\":{},\"retention_ms\":{},\"horizon_margin_ms\":{},\"dedup_horizon_ms\":{},"
+                     "\"horizon_cutoff\":{},\"partitions_from\":{},\"partitions_to\":{}",
+                     json_time(s.now), cfg.retention.count(), cfg.horizon_margin.count(), s.dedup_horizon.count(),
+                     json_time(s.horizon_cutoff), json_time(s.partitions_from), json_time(s.partitions_to));
+    j += ",\"groups\":[";
+    j += json_groups(s);
+    j += "],\"partitions\":[";
+    j += json_partitions(s);
+    j += "]}";
+    return j;
+}
+
+void print_schema_checks(const std::vector<TableCheck>& checks)
+{
     out(fmt::format("schema        version {} expected by this library", schema_version));
     for (const auto& c : checks)
         out(fmt::format(
@@ -446,15 +474,14 @@ missing or lacks something.
                     all += (all.empty() ? "" : "; ") + p;
                 return all;
             }()));
-    if (!s.exists) {
-        err(fmt::format("idemkafka-admin: error: {} does not exist; run `idemkafka-admin migrate` first: `{}`",
-                        m->store().qualified_name(), migrate_command(spec)));
-        return exit_failure;
-    }
-    if (!schema_ok)
-        err(fmt::format("idemkafka-admin: error: the schema is not ready for idemkafka; fix it with `{}`",
-                        migrate_command(spec)));
-    out(fmt::format("table         {} ({})", m->store().qualified_name(),
+}
+
+// The claims table, its claims and horizon, and the claims per group.
+void print_claims(const StatusReport& r)
+{
+    const auto& s = r.s;
+    const auto& cfg = r.m.config();
+    out(fmt::format("table         {} ({})", r.m.store().qualified_name(),
                     s.mode == RetentionMode::partitioned ? "partitioned by event id" : "plain, purge mode"));
     out(fmt::format("claims        {}", s.rows));
     out(fmt::format("oldest claim  {}", opt_time(s.oldest_claim)));
@@ -474,9 +501,10 @@ missing or lacks something.
                         opt_time(g.newest_claim)));
     if (s.groups.empty())
         out("(no claims)");
-    print_stored_positions(o.postgres, o.schema, brokers);
-    if (s.mode != RetentionMode::partitioned)
-        return schema_ok ? exit_ok : exit_failure;
+}
+
+void print_partitions(const RetentionStatus& s)
+{
     out("");
     std::size_t pw = 9;
     for (const auto& p : s.partitions)
@@ -491,6 +519,55 @@ missing or lacks something.
         else
             out(fmt::format("{:<{}}  {:<50}  {:>12}", p.name, pw, p.bound, p.rows));
     }
+}
+
+} // namespace
+
+int run_status(std::vector<std::string> args)
+{
+    ArgReader a("status", std::move(args));
+    DbOptions o;
+    bool json = false;
+    std::string brokers;
+    while (a.more()) {
+        if (db_option(a, o) || table_option(a, o))
+            continue;
+        if (a.option("--json"))
+            json = true;
+        else if (a.option("--brokers"))
+            brokers = a.value();
+        else
+            a.unknown();
+    }
+    if (o.help) {
+        out(std::string(status_help) + table_options_help + db_options_help + retention_options_help + durations_help);
+        return exit_ok;
+    }
+    const SchemaSpec spec = make_spec("status", o);
+    auto m = make_maintenance("status", o);
+    auto conn = connect(o.postgres);
+    const auto checks = check_schema(*conn, spec);
+    const bool schema_ok = std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
+    const auto s = m->status(*conn);
+    const StatusReport report{o, spec, *m, checks, schema_ok, s};
+    if (json) {
+        out(status_json(report));
+        return s.exists && schema_ok ? exit_ok : exit_failure;
+    }
+    print_schema_checks(checks);
+    if (!s.exists) {
+        err(fmt::format("idemkafka-admin: error: {} does not exist; run `idemkafka-admin migrate` first: `{}`",
+                        m->store().qualified_name(), migrate_command(spec)));
+        return exit_failure;
+    }
+    if (!schema_ok)
+        err(fmt::format("idemkafka-admin: error: the schema is not ready for idemkafka; fix it with `{}`",
+                        migrate_command(spec)));
+    print_claims(report);
+    print_stored_positions(o.postgres, o.schema, brokers);
+    if (s.mode != RetentionMode::partitioned)
+        return schema_ok ? exit_ok : exit_failure;
+    print_partitions(s);
     return schema_ok ? exit_ok : exit_failure;
 }
 

@@ -18,6 +18,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "kafka/record_of.hpp"
 
 namespace idemkafka::detail::admin {
 namespace {
@@ -135,7 +136,7 @@ Owned<rd_kafka_t> topic_reader(const Options& o)
     Owned<rd_kafka_t> rk(rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), errstr, sizeof errstr));
     if (!rk)
         throw KafkaError(fmt::format("cannot create Kafka consumer: {}", errstr));
-    conf.release();
+    (void)conf.release(); // rd_kafka_new() took it
     rd_kafka_poll_set_consumer(rk.get());
     return rk;
 }
@@ -182,28 +183,14 @@ std::map<std::int32_t, std::int64_t> assign_whole_topic(rd_kafka_t* rk, const Op
 
 DeadLetter dead_letter_of(rd_kafka_message_t* m)
 {
+    const Record read = kafka::record_of(*m);
     DeadLetter d;
-    d.partition = m->partition;
-    d.offset = m->offset;
-    d.timestamp_ms = rd_kafka_message_timestamp(m, nullptr);
-    if (m->key)
-        d.key.emplace(static_cast<const char*>(m->key), m->key_len);
-    if (m->payload)
-        d.value.emplace(static_cast<const char*>(m->payload), m->len);
-    rd_kafka_headers_t* hdrs = nullptr;
-    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR && hdrs) {
-        const char* name = nullptr;
-        const void* value = nullptr;
-        std::size_t size = 0;
-        for (std::size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
-             ++i) {
-            Header h;
-            h.name = name;
-            if (value)
-                h.value.emplace(static_cast<const char*>(value), size);
-            d.headers.push_back(std::move(h));
-        }
-    }
+    d.partition = read.partition;
+    d.offset = read.offset;
+    d.timestamp_ms = read.timestamp_ms;
+    d.key = kafka::owned(read.key);
+    d.value = kafka::owned(read.value);
+    d.headers = read.headers;
     return d;
 }
 
