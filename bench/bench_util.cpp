@@ -23,6 +23,7 @@
 
 #include <idemkafka/error.hpp>
 #include <idemkafka/publisher.hpp>
+#include <idemkafka/schema.hpp>
 #include <idemkafka/store.hpp>
 
 namespace idemkafka::bench {
@@ -459,11 +460,23 @@ bool SeenSet::mark(std::int64_t seq) noexcept
 
 // ---- PostgreSQL ------------------------------------------------------------
 
-Tables prepare_tables(const std::string& conninfo, const std::string& schema, const std::string& mode)
+void create_claims_table(pqxx::connection& conn, const std::string& schema, const std::string& table,
+                         RetentionMode mode)
+{
+    SchemaSpec spec;
+    spec.schema = schema;
+    spec.claims_table = table;
+    spec.retention.mode = mode;
+    migrate_schema(conn, spec);
+}
+
+Tables prepare_tables(const std::string& conninfo, const std::string& schema, const std::string& mode,
+                      const ClaimsLayout& layout)
 {
     Tables t;
     t.schema = schema;
-    t.claims = mode + "_claims";
+    const bool prefilled = !layout.prefilled_table.empty();
+    t.claims = prefilled ? layout.prefilled_table : mode + "_claims";
     t.effect = mode + "_effect";
     const ProcessedEventStore store(schema, t.claims);
     t.claims_q = store.qualified_name();
@@ -474,19 +487,32 @@ Tables prepare_tables(const std::string& conninfo, const std::string& schema, co
     t.insert_effects_unnest = fmt::format("INSERT INTO {} (event_id, entity, amount, produced_us) "
                                           "SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bigint[])",
                                           t.effect_q);
+    if (prefilled)
+        t.claims_of_run = fmt::format("event_id >= '{}'::uuid", layout.run_ids_from.to_string());
 
     pqxx::connection conn(conninfo);
+    if (!prefilled)
+        create_claims_table(conn, schema, t.claims, layout.mode);
+    std::size_t deleted = 0;
     {
         pqxx::work tx(conn);
-        store.ensure_schema(tx);
         tx.exec(fmt::format("CREATE TABLE IF NOT EXISTS {} (event_id uuid NOT NULL, entity text NOT NULL,"
                             " amount bigint NOT NULL, produced_us bigint NOT NULL)",
                             t.effect_q));
-        tx.exec(fmt::format("TRUNCATE {}, {}", t.claims_q, t.effect_q));
+        if (prefilled) {
+            tx.exec(fmt::format("TRUNCATE {}", t.effect_q));
+            // Earlier runs' claims sit above the prefill: gone, so that every
+            // run meets the prefill alone, as an empty-table run meets nothing.
+            deleted = tx.exec(fmt::format("DELETE FROM {} WHERE {}", t.claims_q, t.claims_of_run)).affected_rows();
+        } else {
+            tx.exec(fmt::format("TRUNCATE {}, {}", t.claims_q, t.effect_q));
+        }
         tx.commit();
     }
+    pqxx::nontransaction tx(conn);
+    if (deleted > 0)
+        tx.exec(fmt::format("VACUUM {}", t.claims_q)); // their index entries too, as autovacuum would
     try {
-        pqxx::nontransaction tx(conn);
         tx.exec("CHECKPOINT");
     } catch (const pqxx::sql_error&) {
         // Not a superuser on an external server: runs may then share a checkpoint.
@@ -502,7 +528,9 @@ DbCounts count_rows(const std::string& conninfo, const Tables& t)
     const auto r = tx.exec(fmt::format("SELECT count(*), count(DISTINCT event_id) FROM {}", t.effect_q));
     c.effects = r[0][0].as<std::int64_t>();
     c.distinct_effects = r[0][1].as<std::int64_t>();
-    c.claims = tx.exec(fmt::format("SELECT count(*) FROM {}", t.claims_q))[0][0].as<std::int64_t>();
+    c.claims = tx.exec(fmt::format("SELECT count(*) FROM {}{}", t.claims_q,
+                                   t.claims_of_run.empty() ? "" : " WHERE " + t.claims_of_run))[0][0]
+                   .as<std::int64_t>();
     return c;
 }
 

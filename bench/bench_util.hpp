@@ -18,6 +18,7 @@
 
 #include <pqxx/pqxx>
 
+#include <idemkafka/config.hpp>
 #include <idemkafka/event_id.hpp>
 
 namespace idemkafka::bench {
@@ -194,12 +195,35 @@ struct Tables {
     std::string effect_q;              // "schema"."effect"
     std::string insert_effect;         // INSERT ... VALUES ($1::uuid, $2, $3, $4)
     std::string insert_effects_unnest; // INSERT ... SELECT unnest(...) x4
+    /// SQL condition selecting the claims of this run (prefilled table: the
+    /// ids above the prefill), or empty: every row of the claims table.
+    std::string claims_of_run;
+};
+
+/// Where a mode's claims go.
+struct ClaimsLayout {
+    /// The table's layout, created by migrate_schema() as a consumer with that
+    /// RetentionConfig::mode creates it: partitioned (the default) or plain.
+    RetentionMode mode = RetentionMode::partitioned;
+    /// Non-empty: claim into this prefilled table (see prefill_claims())
+    /// instead of one of the mode's own; its rows below `run_ids_from` are the
+    /// prefill and stay, the rest (earlier runs' claims) is deleted first.
+    std::string prefilled_table;
+    EventId run_ids_from;
 };
 
 /// Creates (if missing) and empties the tables of `mode`, then checkpoints, so
-/// every run starts from empty tables and no checkpoint of an earlier run's
-/// WAL lands inside it.
-Tables prepare_tables(const std::string& conninfo, const std::string& schema, const std::string& mode);
+/// every run starts from empty tables (or from the prefill alone) and no
+/// checkpoint of an earlier run's WAL lands inside it.
+Tables prepare_tables(const std::string& conninfo, const std::string& schema, const std::string& mode,
+                      const ClaimsLayout& layout);
+
+/// Creates claims table `schema`.`table` in `mode` with migrate_schema(), as
+/// a consumer configured with that mode does at start-up (partitioned: with
+/// the partitions of the retention window and those ahead). A no-op for a table
+/// that exists.
+void create_claims_table(pqxx::connection& conn, const std::string& schema, const std::string& table,
+                         RetentionMode mode);
 
 /// Effect rows, distinct event ids among them, and claim rows.
 struct DbCounts {

@@ -26,6 +26,7 @@
 #include <idemkafka/store.hpp>
 
 #include "modes.hpp"
+#include "prefill.hpp"
 #include "report.hpp"
 
 #ifndef IDEMKAFKA_BENCH_VERSION
@@ -53,15 +54,35 @@ services and runs this; by hand, point it at your own:
                          are created with the admin API)
   --events LIST          record counts, comma-separated (default 10000,100000,1000000)
   --dups LIST            duplicate shares in percent (default 0,30)
-  --modes LIST           modes to run (default: all), from kafka_raw,
-                         pg_floor_per_event, pg_floor_batch, pg_floor_batch_rowwise,
-                         idemkafka_per_event, idemkafka_batch, idemkafka_batch_rowwise,
-                         idemkafka_batch_wN,
-                         naive_listener; and, only when named (or --mixed),
+  --modes LIST           modes to run (default: all of the first group), from
+                         kafka_raw, pg_floor_per_event, pg_floor_batch,
+                         pg_floor_batch_rowwise, idemkafka_per_event,
+                         idemkafka_batch, idemkafka_batch_plain,
+                         idemkafka_batch_rowwise, idemkafka_batch_wN,
+                         naive_listener; and, only when named (or with --mixed,
+                         --full, --prefill): idemkafka_batch_fingerprint
+                         (idemkafka_batch with ConsumerConfig::payload_fingerprint;
+                         at 0% re-sends only, as the bench's re-sends are not
+                         byte for byte their originals),
                          idemkafka_mixed_partition, idemkafka_mixed_key,
-                         idemkafka_batch_fingerprint (idemkafka_batch with
-                         ConsumerConfig::payload_fingerprint), idemkafka_mixed_fast
-
+                         idemkafka_mixed_fast, idemkafka_handler5ms_partition,
+                         idemkafka_handler5ms_key, idemkafka_batch_prefilled,
+                         idemkafka_per_event_prefilled.
+                         Claims tables are partitioned, as the consumer's default
+                         configuration creates them; idemkafka_batch_plain is
+                         idemkafka_batch on a plain table (RetentionMode::purge)
+  --full                 every mode: the default ones, idemkafka_batch_fingerprint,
+                         the mixed and the 5 ms handler modes (at most
+                         --mixed-max records each, no paced runs) and, with
+                         --prefill, the prefilled ones
+  --prefill ROWS         steady state: before the runs, fill one claims table
+                         (partitioned, as by default) with ROWS claims whose ids
+                         spread over the retention window (7 days) up to now,
+                         then VACUUM ANALYZE; idemkafka_batch_prefilled and
+                         idemkafka_per_event_prefilled claim into it (rows of
+                         earlier runs deleted first), next to idemkafka_batch and
+                         idemkafka_per_event on empty tables (default 0: off;
+                         50,000,000 rows take about 7 GB)
   --slow-max N           per-record modes (pg_floor_per_event, idemkafka_per_event,
                          naive_listener) run at most N records (default 10000);
                          the count actually run is reported, never extrapolated
@@ -82,7 +103,7 @@ services and runs this; by hand, point it at your own:
   --no-pipeline          library modes with ConsumerConfig::pipeline = false
                          (batches polled and processed one after the other)
   --quick                smoke run: 10k records, per-record modes at 2000,
-                         1 s paced runs
+                         1 s paced runs at the first --dups share only
   --mixed                mixed workload: 1% of records (every 100th) hold their
                          handler call 200 ms; idemkafka_mixed_partition and
                          idemkafka_mixed_key (per-record handler, --mixed-workers
@@ -91,13 +112,21 @@ services and runs this; by hand, point it at your own:
                          (--events/--dups given after --mixed still apply);
                          idemkafka_mixed_fast runs the same records with no
                          slow call: its time is the fast path of the ideal
-                         each mixed row is compared with
-  --mixed-max N          mixed modes run at most N records (default 20000)
+                         each mixed row is compared with; and the 5 ms
+                         handler modes (--handler-workers)
+  --mixed-max N          mixed and 5 ms handler modes run at most N records
+                         (default 20000)
   --producer-batch N     records per producer batch of the data topics
                          (batch.num.messages, default 10000: about 5,000 per
                          partition batch at 1M; a consumer reads a partition in
                          runs of whole batches)
   --mixed-workers N      workers of the mixed modes (default 4)
+  --handler-workers N    workers of idemkafka_handler5ms_partition and
+                         idemkafka_handler5ms_key (default 64), whose handler
+                         takes 5 ms on every record (the workload Confluent's
+                         Parallel Consumer is compared on); each is reported
+                         against records x 5 ms / workers (/ partitions, for
+                         Ordering::partition, when fewer)
   --out PATH             JSON report (default bench/results/latest.json)
   --keep                 keep the bench schema in PostgreSQL afterwards
   --verbose              library and librdkafka info logs on stderr
@@ -118,6 +147,9 @@ struct Options {
     std::size_t mixed_max = 20000;
     std::size_t producer_batch = 10000;
     int mixed_workers = 4;
+    int handler_workers = 64;
+    std::uint64_t prefill = 0;
+    bool full = false;
     std::vector<int> workers = {2};
     int partitions = 32;
     double latency_rate = 200;
@@ -129,6 +161,9 @@ struct Options {
     bool keep = false;
     bool verbose = false;
     bool pipeline = true;
+    /// Paced runs at every --dups share; --quick: at the first only (the
+    /// drains already check each mode's re-send handling).
+    bool paced_every_dup = true;
 };
 
 [[noreturn]] void fail_usage(const std::string& why)
@@ -219,10 +254,19 @@ Options parse_options(int argc, char** argv)
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--mixed") {
-            o.modes = {"idemkafka_mixed_partition", "idemkafka_mixed_key", "idemkafka_mixed_fast"};
+            o.modes = {"idemkafka_mixed_partition", "idemkafka_mixed_key", "idemkafka_mixed_fast",
+                       "idemkafka_handler5ms_partition", "idemkafka_handler5ms_key"};
             o.events = {20000};
             o.dups = {0};
             o.latency_seconds = 0;
+        } else if (arg == "--full") {
+            o.full = true;
+        } else if (arg == "--prefill") {
+            o.prefill = parse_list<std::uint64_t>(arg, value()).front();
+        } else if (arg == "--handler-workers") {
+            o.handler_workers = parse_list<int>(arg, value()).front();
+            if (o.handler_workers < 1)
+                fail_usage("--handler-workers: at least 1");
         } else if (arg == "--producer-batch") {
             o.producer_batch = parse_list<std::size_t>(arg, value()).front();
             if (o.producer_batch < 1)
@@ -249,6 +293,7 @@ Options parse_options(int argc, char** argv)
         o.events = {10000};
         o.slow_max = 2000;
         o.latency_seconds = 1;
+        o.paced_every_dup = false;
     }
     for (auto& e : o.events)
         if (e == 0)
@@ -267,12 +312,27 @@ struct ModeSpec {
     std::size_t batch;
     int workers;
     bool batch_handler; // idemkafka: one handler call per transaction
-    bool mixed = false; // idemkafka: 1% of handler calls take 200 ms
+    // idemkafka, handler-time workloads (capped at --mixed-max, no paced runs):
+    // every `slow_every`-th record's handler call takes `slow_ms`.
+    bool mixed = false;
     bool key_ordering = false;
     bool fingerprint = false; // idemkafka: ConsumerConfig::payload_fingerprint
+    int slow_every = 0;
+    int slow_ms = 0;
+    bool plain = false;     // claims in a plain table (RetentionMode::purge)
+    bool prefilled = false; // claims into the --prefill table
 };
 
+// The modes a run without --modes has; the rest run when named, with --mixed
+// or --full (the prefilled ones with --prefill).
+bool in_default_set(const ModeSpec& s)
+{
+    return !s.mixed && !s.fingerprint && !s.prefilled;
+}
+
 // `batch`: the library's default max_batch, which the batch floors use too.
+// Modes of one family stay next to each other: their runs follow one another,
+// so the ratios between them meet the same load on a shared machine.
 std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
 {
     std::vector<ModeSpec> all = {
@@ -281,29 +341,65 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         {"pg_floor_batch", Kind::pg_floor_batch, false, batch, 0, false},
         {"pg_floor_batch_rowwise", Kind::pg_floor_batch_rowwise, false, batch, 0, false},
         {"idemkafka_per_event", Kind::idemkafka, true, 1, 0, false},
-        {"idemkafka_batch", Kind::idemkafka, false, batch, 0, true},
-        {"idemkafka_batch_rowwise", Kind::idemkafka, false, batch, 0, false},
     };
+    ModeSpec per_event_prefilled = all.back();
+    per_event_prefilled.name = "idemkafka_per_event_prefilled";
+    per_event_prefilled.prefilled = true;
+    all.push_back(per_event_prefilled);
+    const ModeSpec library_batch{"idemkafka_batch", Kind::idemkafka, false, batch, 0, true};
+    all.push_back(library_batch);
+    ModeSpec batch_prefilled = library_batch;
+    batch_prefilled.name = "idemkafka_batch_prefilled";
+    batch_prefilled.prefilled = true;
+    all.push_back(batch_prefilled);
+    ModeSpec batch_plain = library_batch;
+    batch_plain.name = "idemkafka_batch_plain";
+    batch_plain.plain = true;
+    all.push_back(batch_plain);
+    // What the payload fingerprint costs: idemkafka_batch with it on.
+    ModeSpec batch_fingerprint = library_batch;
+    batch_fingerprint.name = "idemkafka_batch_fingerprint";
+    batch_fingerprint.fingerprint = true;
+    all.push_back(batch_fingerprint);
+    all.push_back({"idemkafka_batch_rowwise", Kind::idemkafka, false, batch, 0, false});
     if constexpr (library_has_workers) {
         for (int w : o.workers)
             if (w > 0)
                 all.push_back({fmt::format("idemkafka_batch_w{}", w), Kind::idemkafka, false, batch, w, true});
     }
     all.push_back({"naive_listener", Kind::naive_listener, true, 1, 0, false});
-    if (o.modes.empty())
-        return all;
-    // The mixed workload runs only when asked for (it measures handler time,
-    // not the library's cost per event).
-    all.push_back({"idemkafka_mixed_partition", Kind::idemkafka, false, batch, o.mixed_workers, false, true, false});
-    all.push_back({"idemkafka_mixed_key", Kind::idemkafka, false, batch, o.mixed_workers, false, true, true});
-    // What the payload fingerprint costs: idemkafka_batch with it on.
-    all.push_back({"idemkafka_batch_fingerprint", Kind::idemkafka, false, batch, 0, true, false, false, true});
-    // The same records and workers with no slow call: the fast path of the ideal.
-    all.push_back({"idemkafka_mixed_fast", Kind::idemkafka, false, batch, o.mixed_workers, false, true, true});
+    // Handler-time workloads: they measure how much handler time the workers
+    // hide, not the library's cost per event. Mixed: every 100th call takes
+    // 200 ms; mixed_fast is the same records and workers with no slow call
+    // (the fast path of the ideal).
+    auto handler_mode = [&](std::string name, int workers, bool key, int every, int ms) {
+        ModeSpec m{std::move(name), Kind::idemkafka, false, batch, workers, false};
+        m.mixed = true;
+        m.key_ordering = key;
+        m.slow_every = every;
+        m.slow_ms = ms;
+        all.push_back(std::move(m));
+    };
+    handler_mode("idemkafka_mixed_partition", o.mixed_workers, false, 100, 200);
+    handler_mode("idemkafka_mixed_key", o.mixed_workers, true, 100, 200);
+    handler_mode("idemkafka_mixed_fast", o.mixed_workers, true, 0, 0);
+    // Every call takes 5 ms, on many workers: the workload Confluent's
+    // Parallel Consumer is usually shown with.
+    handler_mode("idemkafka_handler5ms_partition", o.handler_workers, false, 1, 5);
+    handler_mode("idemkafka_handler5ms_key", o.handler_workers, true, 1, 5);
+
     std::vector<ModeSpec> out;
-    for (const auto& m : all)
-        if (o.modes.count(m.name))
+    for (const auto& m : all) {
+        bool wanted = false;
+        if (!o.modes.empty())
+            wanted = o.modes.count(m.name) > 0;
+        else if (m.prefilled)
+            wanted = o.prefill > 0;
+        else
+            wanted = o.full || in_default_set(m);
+        if (wanted)
             out.push_back(m);
+    }
     for (const auto& m : o.modes) {
         const bool known = std::any_of(all.begin(), all.end(), [&](const ModeSpec& s) { return s.name == m; });
         if (!known) {
@@ -314,6 +410,13 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
                 fail_usage("--modes: unknown mode '" + m + "'");
         }
     }
+    if (std::any_of(out.begin(), out.end(), [](const ModeSpec& s) { return s.fingerprint; }) &&
+        std::any_of(o.dups.begin(), o.dups.end(), [](int d) { return d > 0; }))
+        std::fprintf(stderr, "note: idemkafka_batch_fingerprint runs at 0%% re-sends only: the bench's re-sends "
+                             "differ from their originals (sequence number, timestamp)\n");
+    const bool any_prefilled = std::any_of(out.begin(), out.end(), [](const ModeSpec& s) { return s.prefilled; });
+    if (any_prefilled && o.prefill == 0)
+        fail_usage("the _prefilled modes need --prefill ROWS");
     return out;
 }
 
@@ -330,16 +433,28 @@ std::size_t cap_of(const ModeSpec& s, const Options& o, std::size_t events)
     return events;
 }
 
-void set_mixed(Job& job, const ModeSpec& s)
+// The bench's re-sends are not byte for byte their originals (a new sequence
+// number and produce timestamp), so with the payload fingerprint on they are
+// dead-lettered as event_id_reused, as the option is meant to: the
+// fingerprint mode runs without re-sends only.
+bool runs_at(const ModeSpec& s, int dup_percent)
 {
-    job.fingerprint = s.fingerprint; // not a mixed mode: idemkafka_batch_fingerprint
-    if (!s.mixed)
-        return;
+    return !s.fingerprint || dup_percent == 0;
+}
+
+void set_mode(Job& job, const ModeSpec& s)
+{
+    job.mode = s.name;
+    job.kind = s.kind;
+    job.batch = s.batch;
+    job.workers = s.workers;
+    job.batch_handler = s.batch_handler;
+    job.fingerprint = s.fingerprint;
     job.key_ordering = s.key_ordering;
-    if (s.name == "idemkafka_mixed_fast")
-        return;
-    job.slow_every = 100;
-    job.slow_for = std::chrono::milliseconds(200);
+    job.slow_every = s.slow_every;
+    job.slow_for = std::chrono::milliseconds(s.slow_ms);
+    job.plain_claims = s.plain;
+    job.prefilled = s.prefilled;
 }
 
 std::string iso_now()
@@ -398,7 +513,7 @@ int run(const Options& o)
         tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
     }
     const Meter meter(backend_pid, o.services.mock_control);
-    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline};
+    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, {}, {}};
 
     utsname un{};
     uname(&un);
@@ -418,6 +533,10 @@ int run(const Options& o)
         {"producer_batch", o.producer_batch},
         {"mixed_workers", o.mixed_workers},
         {"mixed_slow", "every 100th record's handler call takes 200 ms"},
+        {"handler_workers", o.handler_workers},
+        {"handler5ms", "every record's handler call takes 5 ms"},
+        {"claims_layout", "partitioned (the default configuration); _plain modes: plain (RetentionMode::purge)"},
+        {"prefill_rows", o.prefill},
         {"max_batch", defaults.max_batch},
         {"max_batch_wait_ms", defaults.max_batch_wait.count()},
         {"partitions_min", o.partitions},
@@ -434,6 +553,27 @@ int run(const Options& o)
     if (std::string(IDEMKAFKA_BENCH_BUILD_TYPE) != "Release")
         std::fprintf(stderr, "note: built as %s, not Release: numbers are not representative\n",
                      IDEMKAFKA_BENCH_BUILD_TYPE);
+
+    // Before the data sets: their ids, minted from now on, sort above every
+    // prefilled one.
+    if (std::any_of(specs.begin(), specs.end(), [](const ModeSpec& s) { return s.prefilled; })) {
+        try {
+            const Prefill p = prefill_claims(o.services.postgres, o.schema, "steady_claims", "ikbench-steady-state",
+                                             o.prefill, defaults.retention);
+            env.prefill_table = p.table;
+            env.prefill_run_ids_from = p.run_ids_from;
+            report.meta["prefill"] = {{"table", p.table},
+                                      {"rows", p.rows},
+                                      {"window_hours", static_cast<double>(p.window_ms) / 3.6e6},
+                                      {"range_partitions", p.partitions},
+                                      {"fill_seconds", std::round(p.fill_seconds * 10) / 10},
+                                      {"vacuum_analyze_seconds", std::round(p.vacuum_seconds * 10) / 10},
+                                      {"heap_bytes", p.heap_bytes},
+                                      {"total_bytes", p.total_bytes}};
+        } catch (const std::exception& e) {
+            report.errors.push_back(fmt::format("prefill: {}", e.what()));
+        }
+    }
 
     bool any_kafka = false;
     for (const auto& s : specs)
@@ -486,17 +626,12 @@ int run(const Options& o)
             for (const auto& s : specs) {
                 const bool runs_here =
                     std::any_of(o.events.begin(), o.events.end(), [&](std::size_t e) { return cap_of(s, o, e) == n; });
-                if (!runs_here)
+                if (!runs_here || !runs_at(s, data.dup_percent()))
                     continue;
                 Job job;
-                job.mode = s.name;
-                job.kind = s.kind;
+                set_mode(job, s);
                 job.data = &data;
                 job.count = n;
-                job.batch = s.batch;
-                job.workers = s.workers;
-                job.batch_handler = s.batch_handler;
-                set_mixed(job, s);
                 job.serial = ++serial;
                 if (kafka_mode(s.kind)) {
                     auto t = topics.find({data.dup_percent(), n});
@@ -520,20 +655,19 @@ int run(const Options& o)
         const auto warmup = static_cast<std::size_t>(std::max(20.0, o.latency_rate / 2));
         const auto count = warmup + static_cast<std::size_t>(o.latency_rate * o.latency_seconds);
         for (const auto& data : datasets) {
+            if (!o.paced_every_dup && &data != &datasets.front())
+                break;
             for (const auto& s : specs) {
+                if (s.mixed || !runs_at(s, data.dup_percent()))
+                    continue; // mixed: their latency is the handler's time
                 Job job;
-                job.mode = s.name;
-                job.kind = s.kind;
+                set_mode(job, s);
                 job.data = &data;
                 job.count = count;
                 job.paced = true;
                 job.rate = o.latency_rate;
                 job.warmup = warmup;
-                job.batch = s.batch;
                 job.batch_wait = s.batch > 1 ? defaults.max_batch_wait : std::chrono::milliseconds(0);
-                job.workers = s.workers;
-                job.batch_handler = s.batch_handler;
-                set_mixed(job, s);
                 job.serial = ++serial;
                 std::atomic<bool> abort{false};
                 std::thread producer;

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -51,8 +52,17 @@ Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready)
     const auto wall_start = SteadyClock::now();
     std::int64_t start_us = -1;
     try {
-        if (job.kind != Kind::kafka_raw)
-            st.tables = prepare_tables(env.services.postgres, env.schema, job.mode);
+        if (job.kind != Kind::kafka_raw) {
+            ClaimsLayout layout;
+            layout.mode = job.plain_claims ? RetentionMode::purge : RetentionMode::partitioned;
+            if (job.prefilled) {
+                if (env.prefill_table.empty())
+                    throw std::logic_error(job.mode + ": no prefilled table (--prefill)");
+                layout.prefilled_table = env.prefill_table;
+                layout.run_ids_from = env.prefill_run_ids_from;
+            }
+            st.tables = prepare_tables(env.services.postgres, env.schema, job.mode, layout);
+        }
         Meter::reset_peak();
         r.rss_start_mb = Meter::rss_mb();
         st.cpu_before = env.meter->sample();

@@ -72,7 +72,12 @@ struct Job {
     std::chrono::milliseconds slow_for{0};
     bool key_ordering = false; ///< idemkafka: Ordering::key (else partition)
     bool fingerprint = false;  ///< idemkafka: ConsumerConfig::payload_fingerprint
-    int serial = 0;            ///< unique per run: names groups and statements
+    /// Claims in a plain table, RetentionConfig::mode = purge for the library;
+    /// otherwise partitioned, the consumer's default.
+    bool plain_claims = false;
+    /// Claims into the prefilled table (RunEnv::prefill_table).
+    bool prefilled = false;
+    int serial = 0; ///< unique per run: names groups and statements
 };
 
 struct Result {
@@ -115,6 +120,9 @@ struct RunEnv {
     std::map<std::string, std::string> consumer_props;
     /// ConsumerConfig::pipeline of the library modes (--no-pipeline: false).
     bool pipeline = true;
+    /// --prefill: the prefilled claims table, and the lowest id a run claims in it.
+    std::string prefill_table;
+    EventId prefill_run_ids_from;
 };
 
 /// Called once the consumer can receive records (assigned, or at once for the

@@ -78,6 +78,10 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     if (job.key_ordering)
         cfg.ordering = Ordering::key;
     cfg.payload_fingerprint = job.fingerprint;
+    // The layout prepare_tables() created: the consumer finds what it is
+    // configured for, as a user's does.
+    if (job.plain_claims)
+        cfg.retention.mode = RetentionMode::purge;
     LatencyRecorder& latency = st.latency;
     std::mutex pending_mu;
     std::vector<Pending> pending;

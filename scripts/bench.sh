@@ -4,12 +4,24 @@
 # bench/results/latest.json and renders bench/results/throughput.png, then removes
 # the services again (also on failure).
 #
-#   scripts/bench.sh                      full run: 10k, 100k, 1M records x 0%/30% re-sends
+#   scripts/bench.sh                      10k, 100k, 1M records x 0%/30% re-sends, the default modes
+#   scripts/bench.sh --full               the same with every mode: also the payload fingerprint,
+#                                         the mixed and the 5 ms handler modes (at most 20k records)
 #   scripts/bench.sh --quick              10k records only (the CTest smoke run)
+#   scripts/bench.sh --mixed              handler-time workloads only: every 100th call 200 ms
+#                                         (4 workers), every call 5 ms (64 workers), 20k records
+#   scripts/bench.sh --prefill 5000000 --events 100000 --dups 0 \
+#       --modes idemkafka_batch,idemkafka_batch_prefilled,idemkafka_per_event,idemkafka_per_event_prefilled
+#                                         steady state: a claims table holding 5M claims
+#                                         against empty ones, in one run
 #   scripts/bench.sh --events 10000,50000 --modes idemkafka_batch,pg_floor_batch
 #
-# Arguments go to idemkafka-bench (see --help). Environment: BUILD_DIR (default
-# <repo>/build-bench), RESULTS_DIR (default <repo>/bench/results),
+# Claims tables are partitioned, as the consumer's default configuration creates them;
+# idemkafka_batch_plain runs idemkafka_batch on a plain table (RetentionMode::purge), so
+# the report's `idemkafka_batch / idemkafka_batch_plain` is what partitioning costs.
+#
+# Arguments go to idemkafka-bench; `scripts/bench.sh --help` lists them all. Environment:
+# BUILD_DIR (default <repo>/build-bench), RESULTS_DIR (default <repo>/bench/results),
 # IDEMKAFKA_TEST_PG / IDEMKAFKA_TEST_BROKERS to measure existing services instead, and
 # IDEMKAFKA_BENCH_PERF=1 to run under `perf record` and write the consumer thread's
 # profile to RESULTS_DIR/perf.txt (best with one mode: --modes idemkafka_batch).
@@ -26,6 +38,21 @@ case "$results" in
     /*) ;;
     *) results="$PWD/$results" ;;
 esac
+
+# --help: this header and the binary's options, building the binary first if needed
+# (no services are started).
+for arg in "$@"; do
+    if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then
+        sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+        echo
+        if [ ! -x "$BUILD_DIR/bench/idemkafka-bench" ]; then
+            echo "(building idemkafka-bench for its options)" >&2
+            cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DIDEMKAFKA_BUILD_BENCH=ON >/dev/null
+            cmake --build "$BUILD_DIR" -j2 --target idemkafka-bench >/dev/null
+        fi
+        exec "$BUILD_DIR/bench/idemkafka-bench" --help
+    fi
+done
 
 ik_ensure_packages
 # gnuplot only draws the chart: a missing one costs the PNG, not the run.
