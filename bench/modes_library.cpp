@@ -268,10 +268,11 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     }
     if (m.consumed > expected)
         st.result.notes.push_back(fmt::format("{} records fetched again (rewind or rebalance)", m.consumed - expected));
-    if (unmatched_batches.load())
-        st.result.notes.push_back(fmt::format(
-            "{} commit(s) stamped a different number of effects than they claimed (hooks running concurrently?)",
-            unmatched_batches.load()));
+    // With several workers a hook also takes effects of transactions still
+    // running on other workers (stamped a little early): expected there.
+    if (unmatched_batches.load() && job.workers <= 1)
+        st.result.notes.push_back(fmt::format("{} commit(s) stamped a different number of effects than they claimed",
+                                              unmatched_batches.load()));
 }
 
 } // namespace idemkafka::bench

@@ -57,7 +57,7 @@ struct Worker : pg::Session {
     BatchInfo info;
     bool failed = false; // nothing of this worker's final transaction committed
     bool lost_connection = false;
-    bool abandoned = false;              // a forced stop abandoned it
+    bool abandoned = false; // a forced stop abandoned it
     // Set by the poll thread: a rebalance took partitions of this worker's
     // records while a handler call ran past revoke_wait; its transaction
     // rolls back at the next chance. Cleared when its outcome is merged.

@@ -38,6 +38,7 @@
 #include "idemkafka/consumer.hpp"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -123,8 +124,16 @@ void Engine::Impl::housekeeping()
 void Engine::Impl::fill_batch()
 {
     fill_bytes = 0;
-    for (const auto& it : batch)
+    // Ordering::partition: once a busy partition has a unit's worth waiting,
+    // its later records stay in the Kafka adapter's hands until its unit is
+    // merged, so they do not fill the waiting room ahead of records that
+    // could run.
+    std::map<const PartitionState*, std::size_t> waiting_of;
+    for (const auto& it : batch) {
         fill_bytes += it.bytes();
+        if (cfg.ordering == Ordering::partition)
+            ++waiting_of[it.part];
+    }
     // Parked keys whose backoff is over run first, in their order (not
     // while PostgreSQL is away: they would only be rewound).
     if (!parking.empty() && !db_pause) {
@@ -156,8 +165,9 @@ void Engine::Impl::fill_batch()
         if (dispatch_due())
             timeout = milliseconds(0);
         else if (dispatch_dirty && !batch.empty())
-            timeout = std::min(idle_poll, std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
-                                                                         waiting_since + cfg.max_batch_wait - Clock::now())));
+            timeout =
+                std::min(idle_poll, std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
+                                                                  waiting_since + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
         polling = false;
         last_polled = Clock::now();
@@ -194,6 +204,8 @@ void Engine::Impl::fill_batch()
         if (decode_ahead())
             decode(batch.back()); // while the workers run
         dispatch_dirty = true;
+        if (cfg.ordering == Ordering::partition && ++waiting_of[ps] >= unit_cap && lanes.count({ps, KeyId()}))
+            kafka->defer(ps->tp, true);
         if (stop_requests.load())
             return;
     }
@@ -219,135 +231,6 @@ void Engine::Impl::count_parked()
 {
     metrics.parked_records.set(static_cast<std::int64_t>(parking.records()));
     metrics.parked_keys.set(static_cast<std::int64_t>(parking.keys()));
-}
-
-std::pair<PartitionState*, KeyId> Engine::Impl::lane_of(const Item& it) const
-{
-    if (cfg.ordering == Ordering::key)
-        return {it.part, key_id(it.record.key)};
-    return {it.part, KeyId()};
-}
-
-bool Engine::Impl::decode_ahead() const
-{
-    // Slots for the free workers' next units stay free: records that wait
-    // without one are decoded when they are handed out.
-    return slots->available() > (workers.size() - busy_units) * unit_cap;
-}
-
-bool Engine::Impl::decode(Item& it)
-{
-    const auto slot = slots->acquire();
-    if (!slot)
-        return false;
-    it.slot = *slot;
-    it.lease = SlotLease(*slots, *slot);
-    intake.decode(it);
-    return true;
-}
-
-bool Engine::Impl::dispatch_due() const
-{
-    if (!dispatch_dirty || batch.empty() || busy_units == workers.size())
-        return false;
-    // As a batch used to: a full unit, the waiting room full, the fill wait
-    // over, or a worker just freed (hand it what there is rather than leave
-    // PostgreSQL idle).
-    return worker_freed || batch.size() >= unit_cap || batch.size() >= batch_limit ||
-           fill_bytes >= cfg.max_batch_bytes || Clock::now() >= waiting_since + cfg.max_batch_wait ||
-           stop_requests.load() != 0;
-}
-
-bool Engine::Impl::dispatch()
-{
-    if (!dispatch_due())
-        return false;
-    dispatch_dirty = false;
-    // The circuit's probe runs alone, as one unit of at most batch_limit records.
-    const bool probe = circuit.state() == Circuit::State::probing;
-    if (probe && busy_units > 0)
-        return false;
-    const std::size_t cap = probe ? std::min(unit_cap, batch_limit) : unit_cap;
-    // A unit takes at most its worker's share of the lanes: a slow call
-    // holds back the later records of every lane in its unit, so one unit
-    // must not take them all while other workers are free.
-    std::set<std::pair<PartitionState*, KeyId>> known(lanes);
-    for (const auto& it : batch)
-        known.insert(lane_of(it));
-    const std::size_t lanes_per_unit = std::max<std::size_t>(1, (known.size() + workers.size() - 1) / workers.size());
-    bool sent = false;
-    for (std::size_t n = 0; n < workers.size() && !batch.empty(); ++n) {
-        if (busy[n] || !workers[n].db)
-            continue;
-        auto& unit = units[n];
-        std::set<std::pair<PartitionState*, KeyId>> mine; // lanes this unit takes
-        std::vector<Item> rest;
-        rest.reserve(batch.size());
-        bool full = false; // the unit is complete: what follows waits, in order
-        for (auto& it : batch) {
-            if (!full && unit.size() < cap) {
-                auto lane = lane_of(it);
-                if (mine.count(lane) || (!lanes.count(lane) && mine.size() < lanes_per_unit)) {
-                    if (it.lease || decode(it)) {
-                        mine.insert(std::move(lane));
-                        unit.push_back(std::move(it));
-                        continue;
-                    }
-                    full = true; // no slot left (they come back as units end)
-                }
-            }
-            rest.push_back(std::move(it));
-        }
-        batch = std::move(rest);
-        if (unit.empty())
-            break; // every waiting record is behind a busy lane
-        lanes.insert(mine.begin(), mine.end());
-        if (cfg.ordering == Ordering::partition)
-            for (const auto& lane : mine)
-                kafka->defer(lane.first->tp, true); // its later records wait in librdkafka's hands
-        probe_running = probe;
-        submit(n);
-        sent = true;
-        if (probe)
-            break;
-    }
-    fill_bytes = 0;
-    for (const auto& it : batch)
-        fill_bytes += it.bytes();
-    if (sent)
-        worker_freed = false;
-    waiting_since = Clock::now(); // what is left waits behind busy lanes: a merge frees them
-    return sent;
-}
-
-void Engine::Impl::submit(std::size_t n)
-{
-    auto& unit = units[n];
-    auto& w = workers[n];
-    metrics.consumed.add(unit.size());
-    unit_deadlines[n] = Clock::now() + batch_budget;
-    const Holds holds = claims.screen(intake, w, unit);
-    w.reset(holds);
-    for (std::size_t i = 0; i < unit.size(); ++i)
-        if (unit[i].state == ItemState::pending)
-            w.items.push_back(i);
-    busy[n] = true;
-    ++busy_units;
-    if (w.items.empty()) {
-        merge_unit(n); // nothing for a transaction: settled by the screening
-        return;
-    }
-    // Always on the pool, also with one worker and no pipeline: the poll
-    // thread stays free to keep the membership during a long handler call.
-    pool->submit(n, [this, n] {
-        auto& worker = workers[n];
-        try {
-            claims.run(worker, units[n], unit_deadlines[n]);
-        } catch (...) {
-            worker.failed = true;
-            worker.error = std::current_exception();
-        }
-    });
 }
 
 void Engine::Impl::merge_finished()
@@ -445,8 +328,8 @@ Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
             m.holds.add(ps, h.offset, h.failures);
     for (const auto& [key, h] : w.holds.keys())
         if (kept(key.first, h.offset))
-            m.holds.park(key.first, key.second ? std::optional<std::string_view>(*key.second) : std::nullopt,
-                         h.offset, h.failures);
+            m.holds.park(key.first, key.second ? std::optional<std::string_view>(*key.second) : std::nullopt, h.offset,
+                         h.failures);
     if (w.failed) {
         m.failed = !(w.fenced || (w.abandoned && w.revoked));
         m.error = w.error;

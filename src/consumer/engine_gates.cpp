@@ -45,8 +45,8 @@ bool Engine::Impl::ensure_db()
     }
     if (positions) {
         // Takeovers rewind partitions: no unit may be running then.
-        if (reconnected || std::any_of(ledger.begin(), ledger.end(),
-                                       [](const auto& p) { return !p.second.position_verified; }))
+        if (reconnected ||
+            std::any_of(ledger.begin(), ledger.end(), [](const auto& p) { return !p.second.position_verified; }))
             drain();
         // A new connection may reach another server than the one that
         // committed this member's last transactions (a failover to a

@@ -1,11 +1,11 @@
 #pragma once
 // The consumer's engine: the state its run loop shares with the rebalance
 // callbacks and the gates that hold it back. Its member functions live in
-// engine.cpp (the run loop: polling, handing units of work to free workers,
-// the merge of each unit, commits), engine_rebalance.cpp (Kafka's assign and
-// revoke, rewinds, fences, per-key parking) and engine_gates.cpp (PostgreSQL
-// availability, the circuit breaker, the keep-alive while every worker is
-// busy). Private to the library.
+// engine.cpp (the run loop: polling, the merge of each unit, commits),
+// engine_dispatch.cpp (handing units of work to free workers),
+// engine_rebalance.cpp (Kafka's assign and revoke, rewinds, fences, per-key
+// parking) and engine_gates.cpp (PostgreSQL availability, the circuit
+// breaker, the keep-alive while every worker is busy). Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -91,19 +91,19 @@ struct Engine::Impl final : kafka::GroupEvents {
     // (Item::dropped) and reads it for a revoke; the rest waits for the merge.
     std::vector<std::vector<Item>> units;
     std::vector<Clock::time_point> unit_deadlines; // time budget of each unit
-    std::vector<bool> busy;                         // handed a unit not merged yet
+    std::vector<bool> busy;                        // handed a unit not merged yet
     std::size_t busy_units = 0;
-    std::size_t unit_cap = 1;           // records per unit: max_batch spread over the workers
+    std::size_t unit_cap = 1;                          // records per unit: max_batch spread over the workers
     std::set<std::pair<PartitionState*, KeyId>> lanes; // in a busy unit (key: Ordering::key)
-    bool dispatch_dirty = false;        // the waiting room or the free workers changed since dispatch()
-    bool worker_freed = false;          // a unit was merged since the last dispatch
-    Clock::time_point waiting_since{};  // the waiting room's oldest record came, or was last passed over
-    std::set<std::size_t> retire_waits; // units abandoned by a revoke: retired states live until they merge
-    bool pipelined = false;             // ConsumerConfig::pipeline, when it applies
+    bool dispatch_dirty = false;                       // the waiting room or the free workers changed since dispatch()
+    bool worker_freed = false;                         // a unit was merged since the last dispatch
+    Clock::time_point waiting_since{};                 // the waiting room's oldest record came, or was last passed over
+    std::set<std::size_t> retire_waits;     // units abandoned by a revoke: retired states live until they merge
+    bool pipelined = false;                 // ConsumerConfig::pipeline, when it applies
     std::atomic<bool> unit_finished{false}; // set by a worker when its unit ends
     std::atomic<bool> polling{false};       // the poll thread is in (or about to enter) a poll
     std::exception_ptr deferred_error;      // thrown in a rebalance callback, rethrown after the poll
-    bool no_commit = false;            // run() left by an exception: commit nothing more
+    bool no_commit = false;                 // run() left by an exception: commit nothing more
 
     RetentionMode layout = cfg.retention.mode; // of the claims table as found at start-up
     std::unique_ptr<MaintenanceRunner> maintenance;

@@ -86,8 +86,8 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
     // in memory until they are merged. Other units go on.
     std::vector<std::size_t> touching;
     for (std::size_t n = 0; n < workers.size(); ++n)
-        if (busy[n] && std::any_of(units[n].begin(), units[n].end(),
-                                   [&](const Item& it) { return tps.count(it.part->tp) > 0; }))
+        if (busy[n] &&
+            std::any_of(units[n].begin(), units[n].end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; }))
             touching.push_back(n);
     if (!touching.empty()) {
         // What PostgreSQL holds already is committed before the wait: sent

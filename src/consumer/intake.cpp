@@ -31,9 +31,8 @@ void Intake::decode(Item& it)
         return;
     }
     if (r.value->size() > cfg_.max_payload_bytes) {
-        it.poison(DeadLetterReason::payload_too_large,
-                  fmt::format("payload of {} bytes exceeds max_payload_bytes {}", r.value->size(),
-                              cfg_.max_payload_bytes));
+        it.poison(DeadLetterReason::payload_too_large, fmt::format("payload of {} bytes exceeds max_payload_bytes {}",
+                                                                   r.value->size(), cfg_.max_payload_bytes));
         return;
     }
     try {

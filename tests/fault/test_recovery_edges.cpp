@@ -202,9 +202,9 @@ TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers:
                     return false;
                 f.publish(50);
                 terminated += scalar(fmt::format("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM "
-                                                     "pg_stat_activity WHERE application_name = '{}' ORDER BY random() "
-                                                     "LIMIT 1) k",
-                                                     app));
+                                                 "pg_stat_activity WHERE application_name = '{}' ORDER BY random() "
+                                                 "LIMIT 1) k",
+                                                 app));
                 return terminated >= 40;
             },
             90s);

@@ -257,8 +257,7 @@ TEST_CASE("intake: a nil, missing or malformed event id is poison with its own r
     CHECK(m.decode_errors == 0);
 }
 
-TEST_CASE("intake: decode puts each record in its own Stage slot, from the first slot it is given on",
-          "[unit][intake]")
+TEST_CASE("intake: decode puts each record in its own Stage slot, from the first slot it is given on", "[unit][intake]")
 {
     // A Stage that tells what it was asked (the typed one keeps that to itself).
     struct Recording final : Stage {
