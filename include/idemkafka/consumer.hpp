@@ -103,26 +103,24 @@ namespace detail {
 // (src/engine.cpp). Not part of the API; exported because the template calls it.
 
 /// The typed half: decodes records into slots and runs the handler on them.
-/// Slots come in two banks, so that one batch can be decoded while the
-/// handler runs on the one before it.
+/// The slots are sized once, before any record is decoded; the poll thread
+/// decodes into the slots of one unit of work while workers run the handler
+/// on the slots of others, so a slot belongs to one unit at a time.
 class IDEMKAFKA_API Stage {
 public:
-    static constexpr std::size_t banks = 2;
-
     virtual ~Stage() = default;
-    /// Makes room for `n` decoded events in `bank`; called once per batch.
-    virtual void prepare(std::size_t bank, std::size_t n) = 0;
-    /// Decodes `record` into slot `i` of `bank` and returns its event id.
-    /// Throws DecodeError (or anything else) for an undecodable record and
-    /// InvalidEventId for a record without a usable id.
-    virtual EventId decode(std::size_t bank, std::size_t i, const Record& record) = 0;
-    /// Runs the user's handler on slot `i` of `bank`.
-    virtual void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) = 0;
+    /// Makes room for `n` decoded events; called once, before any decode().
+    virtual void reserve(std::size_t n) = 0;
+    /// Decodes `record` into slot `slot` (less than reserve()'s `n`) and returns
+    /// its event id. Throws DecodeError (or anything else) for an undecodable
+    /// record and InvalidEventId for a record without a usable id.
+    virtual EventId decode(std::size_t slot, const Record& record) = 0;
+    /// Runs the user's handler on slot `slot`.
+    virtual void handle(std::size_t slot, pqxx::work& tx, const Context& ctx) = 0;
     /// True when the user gave a batch handler: handle_batch() replaces handle().
     virtual bool batched() const noexcept = 0;
-    /// Runs the user's batch handler on slots index[0..n) of `bank` with their contexts.
-    virtual void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
-                              std::size_t n) = 0;
+    /// Runs the user's batch handler on slots index[0..n) with their contexts.
+    virtual void handle_batch(pqxx::work& tx, const std::size_t* index, const Context* contexts, std::size_t n) = 0;
 };
 
 /// The Stage of an Event type: the user's decoder, id function and handler
@@ -141,26 +139,22 @@ public:
     {
         wrap_handler(std::forward<Handle>(handle));
     }
-    void prepare(std::size_t bank, std::size_t n) override
+    void reserve(std::size_t n) override
     {
-        slots_[bank].clear();
-        slots_[bank].resize(n);
+        slots_.clear();
+        slots_.resize(n);
     }
-    EventId decode(std::size_t bank, std::size_t i, const Record& record) override
+    EventId decode(std::size_t slot, const Record& record) override
     {
-        auto& slot = slots_[bank][i];
-        slot.emplace(decode_(record));
-        return id_of_(record, *slot);
+        auto& event = slots_[slot];
+        event.emplace(decode_(record));
+        return id_of_(record, *event);
     }
-    void handle(std::size_t bank, std::size_t i, pqxx::work& tx, const Context& ctx) override
-    {
-        handle_(tx, *slots_[bank][i], ctx);
-    }
+    void handle(std::size_t slot, pqxx::work& tx, const Context& ctx) override { handle_(tx, *slots_[slot], ctx); }
     bool batched() const noexcept override { return static_cast<bool>(handle_batch_); }
-    void handle_batch(std::size_t bank, pqxx::work& tx, const std::size_t* index, const Context* contexts,
-                      std::size_t n) override
+    void handle_batch(pqxx::work& tx, const std::size_t* index, const Context* contexts, std::size_t n) override
     {
-        handle_batch_(tx, Batch<Event>(slots_[bank].data(), index, contexts, n));
+        handle_batch_(tx, Batch<Event>(slots_.data(), index, contexts, n));
     }
 
 private:
@@ -216,7 +210,7 @@ private:
     RecordEventIdOf id_of_;
     Handler handle_;
     BatchHandler handle_batch_;
-    std::vector<std::optional<Event>> slots_[Stage::banks];
+    std::vector<std::optional<Event>> slots_; // never resized while handlers run
 };
 
 /// Polls, claims, runs the Stage and commits: everything but the types.

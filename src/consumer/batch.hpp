@@ -33,9 +33,13 @@ struct Item {
     bool key_window_open = true;
     bool reconcile = false;   // beyond the dedup horizon: the reconcile hook decides
     bool retry_later = false; // held for another try before any transaction
-    std::size_t slot = 0;     // of the decoded event in its Stage bank
+    std::size_t slot = 0;     // of the decoded event in the Stage
     int attempts = -1;        // for the dead letter; -1: from the failure count
     int retry_failures = 0;   // with retry_later: failures so far, for the backoff
+    // Set by the poll thread (never read by a worker): a rewind of its
+    // partition to or before it overtook it while its unit ran, so it comes
+    // again from Kafka and its outcome must not count.
+    bool dropped = false;
 
     /// Marks the record for the dead letter. Counted when the record is handed
     /// to the workers: one decoded and then dropped by a rewind is not counted twice.

@@ -37,6 +37,7 @@ void Worker::reset(const Holds& initial)
     holds = initial; // a record held before the transactions is held in every worker
     info = BatchInfo{};
     failed = lost_connection = abandoned = one_by_one = false;
+    revoked = false;
     error = nullptr;
     stored.clear();
 }
@@ -157,7 +158,7 @@ Holds ClaimTransaction::screen(Intake& intake, Worker& w, std::vector<Item>& ite
 {
     Holds holds;
     for (auto& it : items) {
-        intake.screen(it);
+        intake.screen(it, s_.ledger);
         if (it.reconcile)
             reconcile(w, it);
         if (it.retry_later)
@@ -171,9 +172,9 @@ Holds ClaimTransaction::screen(Intake& intake, Worker& w, std::vector<Item>& ite
     return holds;
 }
 
-void ClaimTransaction::run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline)
+void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_point deadline)
 {
-    Batch b{items, bank, deadline};
+    Batch b{items, deadline};
     int conflicts = 0;
     for (;;) {
         Failure failure{};
@@ -560,7 +561,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             auto& it = items[i];
             if (!claimed.count(it.id))
                 continue;
-            if (s_.forced() || s_.revoked())
+            if (s_.forced() || w.revoked.load())
                 throw Abandon{};
             if (handled > 0 && Clock::now() >= b.deadline) {
                 // Over the time budget: commit what ran, give the rest back so
@@ -593,11 +594,11 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                                   it.key_window_open);
                 const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
                 if (batched)
-                    s_.stage.handle_batch(b.bank, tx, &it.slot, &ctx, 1);
+                    s_.stage.handle_batch(tx, &it.slot, &ctx, 1);
                 else
-                    s_.stage.handle(b.bank, it.slot, tx, ctx);
+                    s_.stage.handle(it.slot, tx, ctx);
             });
-            if (s_.revoked())
+            if (w.revoked.load())
                 throw Abandon{}; // what the call did is not ours to commit any more
             if (!ok || !left_usable(tx, w, i, failure))
                 return Outcome::handler_failed;
@@ -612,9 +613,9 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
                 const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
                 // One record: what the handler publishes carries its trace; several: each passes its own.
                 const TraceScope trace(handled == 1 ? &items[current].record : nullptr);
-                s_.stage.handle_batch(b.bank, tx, w.call_slots.data(), w.call_contexts.data(), handled);
+                s_.stage.handle_batch(tx, w.call_slots.data(), w.call_contexts.data(), handled);
             });
-            if (s_.revoked())
+            if (w.revoked.load())
                 throw Abandon{};
             ok = ok && left_usable(tx, w, current, failure);
             if (!ok && handled == 1)
@@ -637,7 +638,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
             throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
         if (!pg::arm_commit(tx))
             throw Replaced{};
-        if (s_.revoked())
+        if (w.revoked.load())
             throw Abandon{};
         tx.commit();
         w.stored = std::move(stored);

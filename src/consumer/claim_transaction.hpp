@@ -6,6 +6,7 @@
 // dead-lettered) and the rest runs again without its partition's tail.
 // Private to the library.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -56,6 +57,10 @@ struct Worker : pg::Session {
     bool failed = false; // nothing of this worker's final transaction committed
     bool lost_connection = false;
     bool abandoned = false;              // a forced stop abandoned it
+    // Set by the poll thread: a rebalance took partitions of this worker's
+    // records while a handler call ran past revoke_wait; its transaction
+    // rolls back at the next chance. Cleared when its outcome is merged.
+    std::atomic<bool> revoked{false};
     bool fenced = false;                 // the offset table refused our epoch: we lost a partition
     bool one_by_one = false;             // batch handler: one call per record (after a failed batch call)
     std::vector<std::size_t> call_items; // batch handler: the records of the call
@@ -74,10 +79,9 @@ struct Worker : pg::Session {
 class ClaimTransaction {
 public:
     /// What the transactions need of the consumer. `forced` tells whether a
-    /// stop abandons the current transaction before its next handler call;
-    /// `revoked` whether the batch's partitions were taken away while it ran:
-    /// then it is abandoned also right after a handler call returns, and
-    /// before COMMIT.
+    /// stop abandons the current transaction before its next handler call
+    /// (Worker::revoked abandons it also right after a handler call returns,
+    /// and before COMMIT).
     struct Setup {
         const ConsumerConfig& cfg;
         Stage& stage;
@@ -90,7 +94,6 @@ public:
         Circuit& circuit;
         LogSink log;
         std::function<bool()> forced;
-        std::function<bool()> revoked;
         /// Per-key ordering over several workers: positions are written after the merge.
         bool positions_after_merge;
     };
@@ -114,11 +117,11 @@ public:
     /// letters not acknowledged).
     Holds screen(Intake& intake, Worker& w, std::vector<Item>& items);
 
-    /// Runs the worker's transactions over its records of `items` (decoded in
-    /// Stage bank `bank`) until one commits, the worker's database fails, or
-    /// the batch is abandoned; the outcome is in the worker. Handler calls
-    /// after `deadline` are given back. Never throws for a record's failure.
-    void run(Worker& w, std::vector<Item>& items, std::size_t bank, Clock::time_point deadline);
+    /// Runs the worker's transactions over its records of `items` (decoded)
+    /// until one commits, the worker's database fails, or the work is
+    /// abandoned; the outcome is in the worker. Handler calls after `deadline`
+    /// are given back. Never throws for a record's failure.
+    void run(Worker& w, std::vector<Item>& items, Clock::time_point deadline);
 
     /// The reconcile hook for a record beyond the dedup horizon, in its own
     /// transaction on `w`'s connection: skip (claimed, a duplicate), dead
@@ -145,7 +148,6 @@ private:
 
     struct Batch {
         std::vector<Item>& items;
-        std::size_t bank;
         Clock::time_point deadline;
     };
 

@@ -1,31 +1,39 @@
-// The consumer's run loop: it wires the pieces together and hands batches
-// from the poll thread to the workers.
+// The consumer's run loop: it wires the pieces together and hands units of
+// work from the poll thread to free workers, with no barrier between them.
 //
 // A record's path, in order:
 //  1. run() -> fill_batch(): kafka::GroupMember::poll() returns it; the
-//     PartitionLedger admits it (records fetched before a rewind are stale).
-//  2. Intake::decode(): the Stage decodes it into the free bank; a record
-//     that cannot run is marked for the dead letter.
-//  3. launch() -> ClaimTransaction::screen(): Intake::screen() (settled
-//     dead letters, the dedup-horizon guard) and the reconcile hook; poison
-//     records go to the DeadLetterer. The rest is spread over the workers
-//     (by partition, or by key).
-//  4. ClaimTransaction::run() on each worker: claim, handler calls, stored
+//     PartitionLedger admits it (records fetched before a rewind are stale)
+//     and takes it: until its outcome is merged the committed position stays
+//     at or before it. It waits in `batch`, the waiting room.
+//  2. dispatch(): a free worker takes the next unit: waiting records whose
+//     lane (their partition; with Ordering::key, their key in it) is in no
+//     busy unit, in poll order, up to unit_cap. Records behind a busy lane
+//     wait, so a lane's records run in order, one unit at a time.
+//  3. submit(): Intake::decode() into the worker's Stage slots, then
+//     ClaimTransaction::screen(): Intake::screen() (settled dead letters,
+//     the dedup-horizon guard) and the reconcile hook on the worker's idle
+//     connection; poison records go to the DeadLetterer.
+//  4. ClaimTransaction::run() on the worker: claim, handler calls, stored
 //     positions, COMMIT; a failing record is held (retried) or dead-lettered.
-//  5. finish_running(): the workers' holds are merged; the ledger rewinds
-//     held partitions (seek, and a pause for a retry backoff) and moves the
-//     position past every finished record. With Ordering::key a failed
-//     record parks only its key: its records wait in Parking, the
-//     partition's other keys go on, and the position stays at the first
-//     parked record; when the backoff is over fill_batch() takes them again.
+//  5. merge_unit(), as soon as the unit ends (others still run): its holds
+//     rewind held partitions (seek, and a pause for a retry backoff; records
+//     of other units from the rewind point on are dropped: they come again)
+//     and the ledger moves the position past every finished record. With
+//     Ordering::key a failed record parks only its key: its records wait in
+//     Parking, the partition's other keys go on, and the position stays at
+//     the first parked record; when the backoff is over fill_batch() takes
+//     them again.
 //  6. flush_commits(): the ledger's moved positions go to Kafka as an offset
 //     commit (kafka::GroupMember::commit); a failed commit is sent again.
-// Rebalances arrive inside poll() through kafka::GroupEvents: the running
-// batch is finished first, then the ledger assigns or forgets partitions.
-// The circuit breaker (Circuit) hears of every handler attempt in step 4;
-// when failures across keys look like an outage it opens, the worker gives
-// its records back uncounted, and after the merge circuit_ready() pauses the
-// whole assignment, rewinds it, and later lets one probe batch through.
+//     The ledger hands out only positions before every unfinished record.
+// Rebalances arrive inside poll() through kafka::GroupEvents: the units with
+// records of revoked partitions are finished first, then the ledger assigns
+// or forgets partitions. The circuit breaker (Circuit) hears of every handler
+// attempt in step 4; when failures across keys look like an outage it opens,
+// the workers give their records back uncounted, and circuit_ready() drains
+// the units, pauses the whole assignment, rewinds it, and later lets one
+// probe unit through.
 
 #include "idemkafka/consumer.hpp"
 
@@ -53,12 +61,12 @@ Engine::Impl::Impl(ConsumerConfig c, Stage& s)
 
 Engine::Impl::~Impl()
 {
-    // run() left by an exception, maybe with a batch in the workers' hands:
-    // let it end, and take nothing of it (committing nothing is always safe).
+    // run() left by an exception, maybe with units in the workers' hands:
+    // let them end, and take nothing of them (committing nothing is always safe).
     if (pool)
-        pool->wait();
+        pool->wait_all();
     batch.clear();
-    running.clear();
+    units.clear();
     if (kafka) {
         // Leave the group without committing anything, as a crash would
         // (but without the session timeout).
@@ -114,8 +122,9 @@ void Engine::Impl::housekeeping()
 
 void Engine::Impl::fill_batch()
 {
-    Clock::time_point deadline{};
     fill_bytes = 0;
+    for (const auto& it : batch)
+        fill_bytes += it.bytes();
     // Parked keys whose backoff is over run first, in their order (not
     // while PostgreSQL is away: they would only be rewound).
     if (!parking.empty() && !db_pause) {
@@ -124,33 +133,36 @@ void Engine::Impl::fill_batch()
         for (auto i = before; i < batch.size(); ++i)
             fill_bytes += batch[i].bytes();
         if (batch.size() > before) {
-            deadline = Clock::now() + cfg.max_batch_wait;
+            if (before == 0)
+                waiting_since = Clock::now();
+            dispatch_dirty = true;
             count_parked();
         }
     }
     while (batch.size() < batch_limit && fill_bytes < cfg.max_batch_bytes) {
-        // The workers are done: hand them what there is rather than leave
-        // PostgreSQL idle (and commit their positions when there is nothing).
-        // `polling` is set first: a worker finishing from here on sees it
-        // and wakes the poll below.
+        // A unit ended: merge it (and hand its worker the next one) first.
+        // `polling` is set before the check: a worker ending from here on
+        // sees it and wakes the poll below.
         polling = true;
-        if (!running.empty() && running_done.load()) {
+        if (unit_finished.load()) {
             polling = false;
             return;
         }
+        // A free worker and records it may take: take what librdkafka holds
+        // already, without waiting, then hand it out.
         milliseconds timeout = idle_poll;
-        if (!batch.empty())
-            timeout = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+        if (dispatch_due())
+            timeout = milliseconds(0);
+        else if (dispatch_dirty && !batch.empty())
+            timeout = std::min(idle_poll, std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
+                                                                         waiting_since + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
         polling = false;
         last_polled = Clock::now();
         if (deferred_error)
             std::rethrow_exception(std::exchange(deferred_error, nullptr));
-        if (!m) {
-            if (batch.empty() || Clock::now() >= deadline || stop_requests.load())
-                return;
-            continue;
-        }
+        if (!m)
+            return;
         if (m->err) {
             kafka->consumer_error(*m);
             if (batch.empty())
@@ -160,6 +172,8 @@ void Engine::Impl::fill_batch()
         auto* ps = ledger.find(kafka::GroupMember::topic_of(*m), m->partition);
         if (PartitionLedger::admit(ps, m->offset) != Admission::take)
             continue; // not ours, or fetched before a rewind: it comes again
+        // Until its outcome is merged, the position stays at or before it.
+        PartitionLedger::take(*ps, m->offset);
         Item it;
         kafka::GroupMember::read(*m, it.record);
         it.part = ps;
@@ -173,8 +187,9 @@ void Engine::Impl::fill_batch()
         }
         fill_bytes += it.bytes();
         if (batch.empty())
-            deadline = Clock::now() + cfg.max_batch_wait;
+            waiting_since = Clock::now();
         batch.push_back(std::move(it));
+        dispatch_dirty = true;
         if (stop_requests.load())
             return;
     }
@@ -183,10 +198,15 @@ void Engine::Impl::fill_batch()
 void Engine::Impl::count_in_flight()
 {
     std::int64_t bytes = static_cast<std::int64_t>(parking.bytes());
-    for (const auto* items : {&batch, &running})
-        for (const auto& it : *items)
+    std::size_t records = batch.size() + parking.records();
+    for (const auto& it : batch)
+        bytes += static_cast<std::int64_t>(it.bytes());
+    for (const auto& unit : units) {
+        records += unit.size();
+        for (const auto& it : unit)
             bytes += static_cast<std::int64_t>(it.bytes());
-    metrics.in_flight_records.set(static_cast<std::int64_t>(batch.size() + running.size() + parking.records()));
+    }
+    metrics.in_flight_records.set(static_cast<std::int64_t>(records));
     metrics.in_flight_bytes.set(bytes);
     count_parked();
 }
@@ -197,58 +217,145 @@ void Engine::Impl::count_parked()
     metrics.parked_keys.set(static_cast<std::int64_t>(parking.keys()));
 }
 
-void Engine::Impl::launch()
+std::pair<PartitionState*, KeyId> Engine::Impl::lane_of(const Item& it) const
 {
-    std::swap(batch, running);
-    run_bank = fill_bank;
-    fill_bank = (fill_bank + 1) % Stage::banks;
-    metrics.consumed.add(running.size());
-    batch_deadline = Clock::now() + batch_budget;
-    const Holds holds = claims.screen(intake, workers.front(), running);
-    for (auto& w : workers)
-        w.reset(holds);
-    for (std::size_t i = 0; i < running.size(); ++i)
-        if (running[i].state == ItemState::pending)
-            workers[worker_of(running[i])].items.push_back(i);
+    if (cfg.ordering == Ordering::key)
+        return {it.part, key_id(it.record.key)};
+    return {it.part, KeyId()};
+}
 
-    auto work = [this](std::size_t n) {
-        auto& w = workers[n];
-        if (w.items.empty())
-            return;
-        try {
-            claims.run(w, running, run_bank, batch_deadline);
-        } catch (...) {
-            w.failed = true;
-            w.error = std::current_exception();
+bool Engine::Impl::dispatch_due() const
+{
+    if (!dispatch_dirty || batch.empty() || busy_units == workers.size())
+        return false;
+    // As a batch used to: a full unit, the waiting room full, the fill wait
+    // over, or a worker just freed (hand it what there is rather than leave
+    // PostgreSQL idle).
+    return worker_freed || batch.size() >= unit_cap || batch.size() >= batch_limit ||
+           fill_bytes >= cfg.max_batch_bytes || Clock::now() >= waiting_since + cfg.max_batch_wait ||
+           stop_requests.load() != 0;
+}
+
+bool Engine::Impl::dispatch()
+{
+    if (!dispatch_due())
+        return false;
+    dispatch_dirty = false;
+    // The circuit's probe runs alone, as one unit of at most batch_limit records.
+    const bool probe = circuit.state() == Circuit::State::probing;
+    if (probe && busy_units > 0)
+        return false;
+    const std::size_t cap = probe ? std::min(unit_cap, batch_limit) : unit_cap;
+    bool sent = false;
+    for (std::size_t n = 0; n < workers.size() && !batch.empty(); ++n) {
+        if (busy[n] || !workers[n].db)
+            continue;
+        auto& unit = units[n];
+        std::set<std::pair<PartitionState*, KeyId>> mine; // lanes this unit takes
+        std::vector<Item> rest;
+        rest.reserve(batch.size());
+        for (auto& it : batch) {
+            if (unit.size() < cap) {
+                auto lane = lane_of(it);
+                if (mine.count(lane) || !lanes.count(lane)) {
+                    mine.insert(std::move(lane));
+                    unit.push_back(std::move(it));
+                    continue;
+                }
+            }
+            rest.push_back(std::move(it));
         }
-    };
+        batch = std::move(rest);
+        if (unit.empty())
+            break; // every waiting record is behind a busy lane
+        lanes.insert(mine.begin(), mine.end());
+        probe_running = probe;
+        submit(n);
+        sent = true;
+        if (probe)
+            break;
+    }
+    fill_bytes = 0;
+    for (const auto& it : batch)
+        fill_bytes += it.bytes();
+    if (sent)
+        worker_freed = false;
+    waiting_since = Clock::now(); // what is left waits behind busy lanes: a merge frees them
+    return sent;
+}
+
+void Engine::Impl::submit(std::size_t n)
+{
+    auto& unit = units[n];
+    auto& w = workers[n];
+    intake.decode(unit, n * unit_cap);
+    metrics.consumed.add(unit.size());
+    unit_deadlines[n] = Clock::now() + batch_budget;
+    const Holds holds = claims.screen(intake, w, unit);
+    w.reset(holds);
+    for (std::size_t i = 0; i < unit.size(); ++i)
+        if (unit[i].state == ItemState::pending)
+            w.items.push_back(i);
+    busy[n] = true;
+    ++busy_units;
+    if (w.items.empty()) {
+        merge_unit(n); // nothing for a transaction: settled by the screening
+        return;
+    }
     // Always on the pool, also with one worker and no pipeline: the poll
     // thread stays free to keep the membership during a long handler call.
-    running_done = false;
-    pool->start(workers.size(), work, [this] {
-        running_done = true;
-        if (polling)
-            kafka->wake_poll(); // a poll waiting for records returns now
+    pool->submit(n, [this, n] {
+        auto& worker = workers[n];
+        try {
+            claims.run(worker, units[n], unit_deadlines[n]);
+        } catch (...) {
+            worker.failed = true;
+            worker.error = std::current_exception();
+        }
     });
 }
 
-void Engine::Impl::finish_running()
+void Engine::Impl::merge_finished()
 {
-    if (running.empty())
-        return;
-    if (!pool->wait_until(Clock::now()))
-        await_workers();
-    // The states of partitions revoked while the batch ran go with it.
+    unit_finished = false; // a unit ending from here on sets it again
+    for (auto n : pool->take_done())
+        merge_unit(n);
+}
+
+void Engine::Impl::drain()
+{
+    merge_finished();
+    while (busy_units > 0) {
+        await_unit();
+        merge_finished();
+    }
+}
+
+void Engine::Impl::merge_unit(std::size_t n)
+{
+    auto& unit = units[n];
+    // However the merge ends, the worker is free; the states of partitions
+    // revoked while it ran go once no unit needs them.
     struct Release {
         Impl& self;
+        std::size_t n;
         ~Release()
         {
-            self.ledger.release_retired();
-            self.abandon_running = false;
+            self.units[n].clear();
+            self.workers[n].revoked = false;
+            self.busy[n] = false;
+            --self.busy_units;
+            self.dispatch_dirty = true;
+            self.worker_freed = true;
+            self.retire_waits.erase(n);
+            if (self.retire_waits.empty())
+                self.ledger.release_retired();
         }
-    } release{*this};
+    } release{*this, n};
+    for (const auto& it : unit)
+        lanes.erase(lane_of(it)); // before the holds: a parked key's records may run again at once
 
-    const Merged merged = merge_workers();
+    const Merged merged = merge_worker(n);
     const Holds& holds = merged.holds;
     apply_holds(holds);
     pause_fenced();
@@ -257,10 +364,10 @@ void Engine::Impl::finish_running()
                                    [&](const Item& it) { return holds.covers(it.part, it.record.offset); }),
                     batch.end());
     park_keys(holds);
-    if (merged.any_failed && !forced())
+    if (merged.failed && !forced())
         db_hold();
     if (merged.error) {
-        running.clear();
+        unit.clear();
         count_in_flight();
         std::rethrow_exception(merged.error);
     }
@@ -268,7 +375,7 @@ void Engine::Impl::finish_running()
     const auto committed_at = Clock::now();
     if (merged.info.records)
         committed(merged.info);
-    if (!store_positions(complete_running(holds)))
+    if (!store_positions(complete_unit(unit, holds), n))
         return; // not stored: Kafka must not get ahead of the database either
     if (merged.info.records && !uncommitted_since)
         uncommitted_since = committed_at;
@@ -276,28 +383,46 @@ void Engine::Impl::finish_running()
         flush_commits();
 }
 
-Engine::Impl::Merged Engine::Impl::merge_workers()
+Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
 {
+    auto& w = workers[n];
+    const auto& unit = units[n];
     Merged m;
-    for (auto& w : workers) {
-        m.holds.merge(w.holds);
-        if (w.failed) {
-            m.any_failed = m.any_failed || !(w.fenced || (w.abandoned && abandon_running));
-            if (w.error && !m.error)
-                m.error = w.error;
-            for (std::size_t i : w.items)
-                if (running[i].state != ItemState::done)
-                    m.holds.add(running[i].part, running[i].record.offset, 0);
-            if (w.lost_connection)
-                w.disconnect();
-            continue;
+    // A rewind that overtook records of the unit while it ran (another
+    // unit's hold, with Ordering::key) dropped them from there on: the
+    // unit's own holds at or after that point are not applied (rewinding the
+    // partition forward, they would skip records that come again).
+    std::map<const PartitionState*, std::int64_t> dropped_from;
+    for (const auto& it : unit)
+        if (it.dropped) {
+            auto [d, fresh] = dropped_from.emplace(it.part, it.record.offset);
+            if (!fresh)
+                d->second = std::min(d->second, it.record.offset);
         }
-        m.info.records += w.info.records;
-        m.info.claimed += w.info.claimed;
-        m.info.duplicates += w.info.duplicates;
-        for (const auto& [ps, next] : w.stored)
-            ps->stored_next = std::max(ps->stored_next, next);
+    auto kept = [&](const PartitionState* ps, std::int64_t offset) {
+        auto d = dropped_from.find(ps);
+        return d == dropped_from.end() || offset < d->second;
+    };
+    for (const auto& [ps, h] : w.holds)
+        if (kept(ps, h.offset))
+            m.holds.add(ps, h.offset, h.failures);
+    for (const auto& [key, h] : w.holds.keys())
+        if (kept(key.first, h.offset))
+            m.holds.park(key.first, key.second ? std::optional<std::string_view>(*key.second) : std::nullopt,
+                         h.offset, h.failures);
+    if (w.failed) {
+        m.failed = !(w.fenced || (w.abandoned && w.revoked));
+        m.error = w.error;
+        for (std::size_t i : w.items)
+            if (unit[i].state != ItemState::done && !unit[i].dropped)
+                m.holds.add(unit[i].part, unit[i].record.offset, 0);
+        if (w.lost_connection)
+            w.disconnect();
+        return m;
     }
+    m.info = w.info;
+    for (const auto& [ps, next] : w.stored)
+        ps->stored_next = std::max(ps->stored_next, next);
     return m;
 }
 
@@ -307,24 +432,17 @@ void Engine::Impl::committed(const BatchInfo& info)
     metrics.batch_records.observe(static_cast<double>(info.records));
     metrics.claimed.add(info.claimed);
     metrics.duplicates.add(info.duplicates);
-    if (cfg.hooks.after_db_commit) {
-        try {
-            cfg.hooks.after_db_commit(info); // may throw: then nothing after it happens
-        } catch (...) {
-            running.clear();
-            count_in_flight();
-            throw;
-        }
-    }
+    if (cfg.hooks.after_db_commit)
+        cfg.hooks.after_db_commit(info); // may throw: then nothing after it happens
     if (outbox_relay && info.claimed)
         outbox_relay->wake(); // handlers may have enqueued: publish now, not at the next poll
 }
 
-std::set<PartitionState*> Engine::Impl::complete_running(const Holds& holds)
+std::set<PartitionState*> Engine::Impl::complete_unit(std::vector<Item>& unit, const Holds& holds)
 {
     std::set<PartitionState*> moved;
-    for (auto& it : running) {
-        if (holds.covers(it.part, it.record.offset) || !ledger.owns(it.part))
+    for (auto& it : unit) {
+        if (it.dropped || holds.covers(it.part, it.record.offset) || !ledger.owns(it.part))
             continue;
         if (held(holds, it)) {
             park(std::move(it)); // its key waits out the backoff
@@ -335,13 +453,13 @@ std::set<PartitionState*> Engine::Impl::complete_running(const Holds& holds)
         moved.insert(it.part);
     }
     for (auto* ps : moved)
-        PartitionLedger::trim(*ps);
-    running.clear();
+        ledger.trim(*ps);
+    unit.clear();
     count_in_flight();
     return moved;
 }
 
-bool Engine::Impl::store_positions(std::set<PartitionState*> moved)
+bool Engine::Impl::store_positions(std::set<PartitionState*> moved, std::size_t n)
 {
     if (!positions)
         return true;
@@ -356,7 +474,11 @@ bool Engine::Impl::store_positions(std::set<PartitionState*> moved)
     }
     if (moved.empty())
         return true;
-    const auto stored = positions->store(workers.front(), moved);
+    if (!workers[n].db) {
+        db_hold(); // its connection was lost: stored after the reconnect, with the next merge
+        return false;
+    }
+    const auto stored = positions->store(workers[n], moved);
     if (stored == StoredPositions::Stored::fenced)
         pause_fenced();
     return stored == StoredPositions::Stored::yes;
@@ -378,7 +500,18 @@ void Engine::Impl::start()
     // A hand-over per record costs two thread wake-ups, more than the
     // overlap saves: max_batch = 1 runs one record after the other.
     pipelined = cfg.pipeline && cfg.max_batch > 1;
-    pool = std::make_unique<WorkerPool>(cfg.workers);
+    // max_batch spread over the workers: a unit is a worker's share of a
+    // full waiting room, each worker with Stage slots of its own.
+    unit_cap = std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers);
+    stage.reserve(cfg.workers * unit_cap);
+    units.resize(cfg.workers);
+    unit_deadlines.resize(cfg.workers);
+    busy.assign(cfg.workers, false);
+    pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
+        unit_finished = true;
+        if (polling)
+            kafka->wake_poll(); // a poll waiting for records returns now
+    });
     try {
         for (std::size_t i = 0; i < workers.size(); ++i)
             connect(workers[i], i == 0);
@@ -420,12 +553,11 @@ void Engine::Impl::run()
     start();
     while (stop_requests.load() == 0) {
         housekeeping();
+        merge_finished();
         kafka->check_prefetch(true, 0, 0);
-        fill_batch(); // pipeline: meanwhile the workers process the running batch
+        fill_batch(); // meanwhile the workers run their units
         kafka->check_prefetch(false, batch.size(), fill_bytes);
-        if (!batch.empty())
-            intake.decode(batch, fill_bank);
-        finish_running();
+        merge_finished();
         bound_parking();
         const bool db_ready = ensure_db();
         const bool circuit_closed = circuit_ready();
@@ -435,19 +567,20 @@ void Engine::Impl::run()
             rewind_batch();
             continue;
         }
-        probe_running = circuit.state() == Circuit::State::probing;
-        launch();
+        const bool sent = dispatch();
         if (!pipelined)
-            finish_running();
+            drain();
+        else if (!sent && (batch.size() >= batch_limit || fill_bytes >= cfg.max_batch_bytes))
+            await_unit(); // the waiting room is full and nothing in it may run yet
     }
     shutdown();
 }
 
 void Engine::Impl::shutdown()
 {
-    // Positions of batches already committed in PostgreSQL are always safe
+    // Positions of units already committed in PostgreSQL are always safe
     // to commit, also on a forced stop; unfinished work is not committed.
-    finish_running();
+    drain();
     batch.clear();
     count_in_flight();
     kafka->commit(ledger.take_commits(nullptr), false, std::min(sync_commit_bound, cfg.shutdown_timeout));

@@ -43,6 +43,10 @@ bool Engine::Impl::ensure_db()
         }
     }
     if (positions) {
+        // Takeovers rewind partitions: no unit may be running then.
+        if (reconnected || std::any_of(ledger.begin(), ledger.end(),
+                                       [](const auto& p) { return !p.second.position_verified; }))
+            drain();
         // A new connection may reach another server than the one that
         // committed this member's last transactions (a failover to a
         // standby without them): their positions are gone with their
@@ -95,24 +99,28 @@ void Engine::Impl::set_db_pause(bool pause)
     kafka->pause_assignment(pause || circuit_pause, keep);
 }
 
-void Engine::Impl::await_workers()
+void Engine::Impl::await_unit()
 {
-    if (pool->wait_until(last_polled + keepalive_after))
+    const auto before = busy_units;
+    if (before == 0 || pool->wait_any_until(last_polled + keepalive_after))
         return;
     const auto since = Clock::now();
     metrics.long_call_waits.add();
     say(log, LogLevel::info, {},
-        "a handler call has run past the keep-alive point ({} ms after the last poll); the assignment is paused "
-        "and polled until it returns, so this member stays in the group",
+        "every worker has been busy past the keep-alive point ({} ms after the last poll); the assignment is paused "
+        "and polled until a unit of work ends, so this member stays in the group",
         keepalive_after.count());
     keepalive_paused = true;
     kafka->pause_assignment(true);
     bool cut = false;
-    while (!pool->wait_until(Clock::now())) {
-        // Not gated by abandon_running: a revoke may have abandoned the
-        // batch before, while its calls still block on PostgreSQL.
+    // Until a unit ends, or a revoke served in the poll merged one.
+    while (busy_units == before && !pool->wait_any_until(Clock::now())) {
+        // Also for units a revoke abandoned before: their calls may still
+        // block on PostgreSQL.
         if (!cut && forced()) {
-            abandon_running = true;
+            for (std::size_t n = 0; n < workers.size(); ++n)
+                if (busy[n])
+                    workers[n].revoked = true;
             cut = true;
             cut_for_stop();
         }
@@ -130,7 +138,7 @@ void Engine::Impl::await_workers()
     keepalive_paused = false;
     if (!db_pause)
         set_db_pause(false); // resumes all but partitions waiting out a retry backoff
-    say(log, LogLevel::info, {}, "the long handler call returned after {} ms of polling; the assignment is resumed",
+    say(log, LogLevel::info, {}, "a unit of work ended after {} ms of polling; the assignment is resumed",
         std::chrono::duration_cast<milliseconds>(Clock::now() - since).count());
 }
 
@@ -156,7 +164,9 @@ bool Engine::Impl::circuit_ready()
             static_cast<std::uint64_t>(std::chrono::duration_cast<milliseconds>(now - circuit_counted).count()));
         circuit_counted = now;
     }
-    if (probe_running && running.empty()) {
+    if (circuit.state() != Circuit::State::closed || probe_running)
+        drain(); // what it decides must not meet a running unit
+    if (probe_running && busy_units == 0) {
         probe_running = false;
         settle_probe(now);
     }

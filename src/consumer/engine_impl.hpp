@@ -1,11 +1,11 @@
 #pragma once
 // The consumer's engine: the state its run loop shares with the rebalance
 // callbacks and the gates that hold it back. Its member functions live in
-// engine.cpp (the run loop: polling, handing batches to the workers, the
-// merge, commits), engine_rebalance.cpp (Kafka's assign and revoke, rewinds,
-// fences, per-key parking) and engine_gates.cpp (PostgreSQL availability, the
-// circuit breaker, the keep-alive during long handler calls). Private to the
-// library.
+// engine.cpp (the run loop: polling, handing units of work to free workers,
+// the merge of each unit, commits), engine_rebalance.cpp (Kafka's assign and
+// revoke, rewinds, fences, per-key parking) and engine_gates.cpp (PostgreSQL
+// availability, the circuit breaker, the keep-alive while every worker is
+// busy). Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -67,31 +67,39 @@ struct Engine::Impl final : kafka::GroupEvents {
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
     Circuit circuit{cfg.circuit_breaker};
-    // A rebalance took partitions of the running batch while a handler call
-    // ran past revoke_wait: its transactions roll back at the next chance.
-    std::atomic<bool> abandon_running{false};
-    ClaimTransaction claims{ClaimTransaction::Setup{
-        cfg, stage, metrics, store, offset_store, ledger, dead_letters, circuit, log, [this] { return forced(); },
-        [this] { return abandon_running.load(); }, positions_after_merge()}};
+    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, offset_store, ledger, dead_letters,
+                                                    circuit, log, [this] { return forced(); },
+                                                    positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
                     std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
     std::unique_ptr<kafka::GroupMember> kafka;
 
-    // The batch being polled and decoded, and the one the workers process
-    // (pipeline: both at once). The poll thread touches `running` and the
-    // workers only after finish_running(). `running` is empty when no batch
-    // is in the workers' hands.
+    // The waiting room: records polled (and taken in the ledger) but not yet
+    // handed to a worker, in poll order, at most batch_limit records and
+    // max_batch_bytes. A record waits here while its lane (its partition, or
+    // its key with Ordering::key) is in a unit a worker runs.
     std::vector<Item> batch;
-    std::vector<Item> running;
-    std::size_t fill_bytes = 0; // payload and key bytes taken by the last fill_batch()
-    bool pipelined = false;     // ConsumerConfig::pipeline, when it applies
-    std::atomic<bool> running_done{false};
-    std::atomic<bool> polling{false};  // the poll thread is in (or about to enter) a poll
-    std::size_t fill_bank = 0;         // Stage bank `batch` decodes into
-    std::size_t run_bank = 0;          // Stage bank of `running`
-    std::exception_ptr deferred_error; // thrown in a rebalance callback, rethrown after the poll
+    std::size_t fill_bytes = 0; // payload and key bytes in `batch`
+    // Per worker: the unit of work it runs (one claim transaction's records,
+    // decoded into the worker's own Stage slots), empty when it is idle. The
+    // poll thread touches a busy worker's unit only to mark records dropped
+    // (Item::dropped) and reads it for a revoke; the rest waits for the merge.
+    std::vector<std::vector<Item>> units;
+    std::vector<Clock::time_point> unit_deadlines; // time budget of each unit
+    std::vector<bool> busy;                         // handed a unit not merged yet
+    std::size_t busy_units = 0;
+    std::size_t unit_cap = 1;           // records per unit: max_batch spread over the workers
+    std::set<std::pair<PartitionState*, KeyId>> lanes; // in a busy unit (key: Ordering::key)
+    bool dispatch_dirty = false;        // the waiting room or the free workers changed since dispatch()
+    bool worker_freed = false;          // a unit was merged since the last dispatch
+    Clock::time_point waiting_since{};  // the waiting room's oldest record came, or was last passed over
+    std::set<std::size_t> retire_waits; // units abandoned by a revoke: retired states live until they merge
+    bool pipelined = false;             // ConsumerConfig::pipeline, when it applies
+    std::atomic<bool> unit_finished{false}; // set by a worker when its unit ends
+    std::atomic<bool> polling{false};       // the poll thread is in (or about to enter) a poll
+    std::exception_ptr deferred_error;      // thrown in a rebalance callback, rethrown after the poll
     bool no_commit = false;            // run() left by an exception: commit nothing more
 
     RetentionMode layout = cfg.retention.mode; // of the claims table as found at start-up
@@ -101,24 +109,24 @@ struct Engine::Impl final : kafka::GroupEvents {
     std::vector<Worker> workers;
     std::unique_ptr<WorkerPool> pool;
 
-    Clock::time_point batch_deadline{}; // time budget of the current batch
-    milliseconds batch_budget{120000};
+    milliseconds batch_budget{120000}; // of a unit, from its dispatch
     Clock::time_point db_retry_at{};
     GrowingBackoff db_backoff{db_backoff_shape};
     bool db_pause = false;
     // The circuit breaker is open: the whole assignment is paused, nothing runs.
     bool circuit_pause = false;
-    bool probe_running = false;                         // the batch in the workers' hands is the circuit's probe
-    std::size_t batch_limit = cfg.max_batch;            // records per batch (fewer for a probe)
+    bool probe_running = false;                         // the unit in a worker's hands is the circuit's probe
+    std::size_t batch_limit = cfg.max_batch;            // records in the waiting room (fewer for a probe)
     Clock::time_point circuit_counted{};                // open time counted up to here (circuit_open_seconds)
     Clock::time_point circuit_since{};                  // when it opened from closed
     Clock::time_point next_commit_at{};                 // commit_interval: earliest next offset commit
     std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
     Clock::time_point next_lag_update{};
-    // A handler call that keeps the poll thread waiting past keepalive_after
-    // (counted from the last poll) has the assignment paused and polled, so
+    // While the poll thread cannot poll for records (the waiting room is full
+    // and no unit ends, or it drains every unit) past keepalive_after
+    // (counted from the last poll), the assignment is paused and polled, so
     // the member stays in the group; a revoke waits at most revoke_wait for
-    // a running batch that has records of the revoked partitions.
+    // the units that have records of the revoked partitions.
     Clock::time_point last_polled = Clock::now();
     milliseconds keepalive_after{10000};
     milliseconds revoke_wait{10000};
@@ -168,18 +176,24 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     void revoked(const std::set<TopicPartition>& tps, bool lost) override;
 
-    void abandon_for_revoke(std::size_t revoked);
+    // The units in `touching` still run past revoke_wait: their transactions
+    // roll back at the next chance (Worker::revoked).
+    void abandon_for_revoke(const std::vector<std::size_t>& touching, std::size_t revoked);
 
-    // finish_running() in a librdkafka callback: an exception must not cross
+    // merge_finished() in a librdkafka callback: an exception must not cross
     // librdkafka's frames, so it is kept and thrown after the poll returns,
     // and nothing more is committed meanwhile (as after a crash).
-    void finish_running_in_callback() noexcept;
+    void merge_in_callback() noexcept;
 
     void commit_failed(const TopicPartition& tp, std::int64_t offset) override;
 
     // ---- positions ------------------------------------------------------------
 
     void rewind(PartitionState& ps, std::int64_t offset);
+
+    // After a rewind of `ps` to `offset`: records of busy units from there on
+    // come again from Kafka, so their outcome must not count when merged.
+    void drop_running(const PartitionState* ps, std::int64_t offset);
 
     void seek(PartitionState& ps);
 
@@ -215,36 +229,53 @@ struct Engine::Impl final : kafka::GroupEvents {
     void park(Item&& it);
 
     // After a merge: each key a worker held waits out its retry backoff, and
-    // its records in the next batch wait with it (the running batch's are
+    // its records in the waiting room wait with it (the unit's own are
     // parked as the merge goes over them).
     void park_keys(const Holds& holds);
 
     // Past the parking bound, a partition is held as a whole, as without
     // parking: rewound to its first parked record and paused for the retry
-    // backoff; its parked records come again from Kafka. Runs with no batch
-    // in the workers' hands (a rewind must not meet records still running).
+    // backoff; its parked records come again from Kafka. Drains first.
     void bound_parking();
-
-    std::size_t worker_of(const Item& it) const;
 
     // ---- the workers ------------------------------------------------------------
 
-    // Hands `batch` (decoded) to the workers. Runs when none is in their
-    // hands, so their connections are free for the reconcile hook.
-    void launch();
+    // The lane of a record: records of one lane run in poll order, one unit
+    // at a time (its partition; with Ordering::key, its key in its partition).
+    std::pair<PartitionState*, KeyId> lane_of(const Item& it) const;
 
-    // Waits for the batch in the workers' hands. Past keepalive_after since
-    // the last poll (a handler call that runs long) the member must poll to
-    // stay in the group: the assignment is paused (librdkafka drops what it
-    // prefetched and fetches it again from the position after the resume)
-    // and polled every 100 ms, which serves rebalances (a revoke commits
-    // what was finished of the revoked partitions). Nothing else is committed
-    // meanwhile: a member joining starts a rebalance whose JoinGroup this
-    // loop cannot see, and a commit still carrying the old generation is
-    // refused with ILLEGAL_GENERATION, which costs the whole assignment
-    // (librdkafka treats it as lost). A stop that becomes forced abandons the
-    // batch (rolled back when its calls return).
-    void await_workers();
+    // Hands each free worker its next unit: the waiting records whose lane is
+    // in no busy unit, in poll order, up to unit_cap; they are decoded into
+    // the worker's Stage slots and screened (the reconcile hook runs on the
+    // worker's idle connection). True when a unit was handed out.
+    bool dispatch();
+    // Records wait for a free worker, and a unit is worth handing out now:
+    // a full one, the waiting room full, max_batch_wait over, or a worker
+    // just freed.
+    bool dispatch_due() const;
+    void submit(std::size_t n);
+
+    // Merges every unit that has ended, in the order they ended.
+    void merge_finished();
+
+    // Until every unit has ended and been merged (nothing is dispatched
+    // meanwhile): before what must not meet a running unit (the circuit
+    // breaker's decisions, a takeover after a reconnect, the parking bound,
+    // a stop).
+    void drain();
+
+    // Waits until some unit ends. Past keepalive_after since the last poll
+    // (every worker busy with a long handler call, or a drain) the member
+    // must poll to stay in the group: the assignment is paused (librdkafka
+    // drops what it prefetched and fetches it again from the position after
+    // the resume) and polled every 100 ms, which serves rebalances (a revoke
+    // commits what was finished of the revoked partitions). Nothing else is
+    // committed meanwhile: a member joining starts a rebalance whose
+    // JoinGroup this loop cannot see, and a commit still carrying the old
+    // generation is refused with ILLEGAL_GENERATION, which costs the whole
+    // assignment (librdkafka treats it as lost). A stop that becomes forced
+    // abandons the running units (rolled back when their calls return).
+    void await_unit();
 
     // A forced stop during a call that does not return: the workers'
     // connections are cut, so a call blocked on PostgreSQL (a frozen server,
@@ -253,39 +284,39 @@ struct Engine::Impl final : kafka::GroupEvents {
     // blocked elsewhere is still waited for.
     void cut_for_stop();
 
-    // Waits for the batch in the workers' hands and takes its results: holds
-    // and rewinds, positions, counters, the offset commit when it is due.
-    // Records of `batch` on a partition rewound here are dropped: they come
-    // again after the records the running batch gave back.
-    void finish_running();
+    // Takes the results of worker `n`'s unit: holds and rewinds, positions,
+    // counters, the offset commit when it is due. Records of `batch` on a
+    // partition rewound here are dropped: they come again after the records
+    // the unit gave back.
+    void merge_unit(std::size_t n);
 
-    // The steps of finish_running(), in order.
+    // The steps of merge_unit(), in order.
     struct Merged {
-        Holds holds; // a partition stops at the earliest hold of any worker, and at the first
-                     // unfinished record of a worker whose transaction did not commit
+        Holds holds; // the worker's holds, and its first unfinished record when its transaction did not commit
         BatchInfo info;
-        bool any_failed = false; // a worker's transaction failed for a reason of PostgreSQL's
+        bool failed = false; // its transaction failed for a reason of PostgreSQL's
         std::exception_ptr error;
     };
-    Merged merge_workers();
-    // Counts a batch PostgreSQL committed and runs the after_db_commit hook.
+    Merged merge_worker(std::size_t n);
+    // Counts a transaction PostgreSQL committed and runs the after_db_commit hook.
     void committed(const BatchInfo& info);
-    // Moves the positions past every finished record of `running` (parking
+    // Moves the positions past every finished record of the unit (parking
     // held keys' records) and empties it; returns the partitions moved.
-    std::set<PartitionState*> complete_running(const Holds& holds);
-    // offsets_in_database: stores the moved positions; false if they were not
-    // stored (then Kafka must not hear of them either).
-    bool store_positions(std::set<PartitionState*> moved);
+    std::set<PartitionState*> complete_unit(std::vector<Item>& unit, const Holds& holds);
+    // offsets_in_database: stores the moved positions on worker `n`'s (idle)
+    // connection; false if they were not stored (then Kafka must not hear of
+    // them either).
+    bool store_positions(std::set<PartitionState*> moved, std::size_t n);
 
-    // Nothing of the batch is processed (PostgreSQL unavailable): every
-    // partition goes back to its first record.
+    // Nothing of the waiting room is processed (PostgreSQL unavailable, the
+    // circuit open): each of its partitions goes back to its first record.
     void rewind_batch();
 
     // ---- the circuit breaker ------------------------------------------------
 
-    // Between batches (none in the workers' hands): carries out what the
-    // circuit decided while the last one ran, and what time decides. False
-    // while it is open: nothing may be launched.
+    // Carries out what the circuit decided while units ran (after draining
+    // them), and what time decides. False while it is open: nothing may be
+    // dispatched.
     bool circuit_ready();
 
     void circuit_opened(const Circuit::Evidence& e, Clock::time_point now);

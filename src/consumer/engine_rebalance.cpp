@@ -79,55 +79,65 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
     batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; }),
                 batch.end());
     count_in_flight();
-    // The running batch first: its positions belong to what is revoked.
-    // It is waited for (at most revoke_wait) only when it has records of
-    // the revoked partitions; past that its transactions are abandoned
-    // (rolled back when their handler calls return), and the states it
-    // points to stay in memory until it ends.
-    bool settled = true;
-    if (!running.empty()) {
-        const bool touched =
-            std::any_of(running.begin(), running.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; });
+    // The units with records of the revoked partitions first: their
+    // positions belong to what is revoked. They are waited for (at most
+    // revoke_wait); past that their transactions are abandoned (rolled back
+    // when their handler calls return), and the states they point to stay
+    // in memory until they are merged. Other units go on.
+    std::vector<std::size_t> touching;
+    for (std::size_t n = 0; n < workers.size(); ++n)
+        if (busy[n] && std::any_of(units[n].begin(), units[n].end(),
+                                   [&](const Item& it) { return tps.count(it.part->tp) > 0; }))
+            touching.push_back(n);
+    if (!touching.empty()) {
         // What PostgreSQL holds already is committed before the wait: sent
         // after a wait the group did not sit out, it would carry a
         // generation the coordinator has left (ILLEGAL_GENERATION), which
         // librdkafka answers by dropping the whole assignment, the
         // partitions this member keeps included.
-        if (touched && !lost && !no_commit)
+        if (!lost && !no_commit)
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
-        if (pool->wait_until(Clock::now() + (touched ? revoke_wait : milliseconds(0))))
-            finish_running_in_callback();
-        else if (touched)
-            abandon_for_revoke(tps.size());
-        settled = running.empty();
+        const auto deadline = Clock::now() + revoke_wait;
+        for (auto n : touching)
+            pool->wait_until(n, deadline);
     }
+    merge_in_callback();
+    touching.erase(std::remove_if(touching.begin(), touching.end(), [&](std::size_t n) { return !busy[n]; }),
+                   touching.end());
+    if (!touching.empty())
+        abandon_for_revoke(touching, tps.size());
     if (!lost && !no_commit)
         kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
     // Parked records go too: the position committed above stays before them.
     for (const auto& tp : tps)
         if (auto* ps = ledger.find(tp.topic, tp.partition))
             parking.drop(ps);
-    ledger.revoke(tps, !settled);
+    ledger.revoke(tps, !touching.empty());
     count_in_flight();
 }
 
-void Engine::Impl::abandon_for_revoke(std::size_t revoked)
+void Engine::Impl::abandon_for_revoke(const std::vector<std::size_t>& touching, std::size_t revoked)
 {
-    if (abandon_running.exchange(true))
+    bool first = false;
+    for (auto n : touching) {
+        first = first || !workers[n].revoked.exchange(true);
+        retire_waits.insert(n);
+    }
+    if (!first)
         return;
     metrics.revoke_abandons.add();
     say(log, LogLevel::warning, {},
-        "a rebalance revoked {} partition(s) while a handler call of the running batch has run past the revoke "
-        "wait ({} ms): the batch's transactions roll back when their calls return, and the new owners process "
-        "those records (the claims keep their effects in PostgreSQL once; side effects outside it may happen "
-        "twice)",
-        revoked, revoke_wait.count());
+        "a rebalance revoked {} partition(s) while a handler call of {} unit(s) of work with their records has run "
+        "past the revoke wait ({} ms): their transactions roll back when their calls return, and the new owners "
+        "process those records (the claims keep their effects in PostgreSQL once; side effects outside it may "
+        "happen twice)",
+        revoked, touching.size(), revoke_wait.count());
 }
 
-void Engine::Impl::finish_running_in_callback() noexcept
+void Engine::Impl::merge_in_callback() noexcept
 {
     try {
-        finish_running();
+        merge_finished();
     } catch (...) {
         no_commit = true;
         if (!deferred_error)
@@ -144,7 +154,17 @@ void Engine::Impl::rewind(PartitionState& ps, std::int64_t offset)
 {
     PartitionLedger::rewind(ps, offset);
     parking.drop_from(&ps, offset); // they come again from Kafka
+    drop_running(&ps, offset);
     seek(ps);
+}
+
+void Engine::Impl::drop_running(const PartitionState* ps, std::int64_t offset)
+{
+    for (std::size_t n = 0; n < units.size(); ++n)
+        if (busy[n])
+            for (auto& it : units[n])
+                if (it.part == ps && it.record.offset >= offset)
+                    it.dropped = true;
 }
 
 void Engine::Impl::seek(PartitionState& ps)
@@ -157,6 +177,7 @@ void Engine::Impl::apply_holds(const Holds& holds)
 {
     for (const auto& action : ledger.apply(holds, Clock::now())) {
         parking.drop_from(action.ps, action.ps->resume_from); // they come again from Kafka
+        drop_running(action.ps, action.ps->resume_from);
         seek(*action.ps);
         if (action.pause)
             kafka->pause(action.ps->tp, true);
@@ -203,6 +224,7 @@ void Engine::Impl::bound_parking()
 {
     if (!parking.over())
         return;
+    drain(); // its rewinds must not meet a running unit
     while (parking.over()) {
         PartitionState* fullest = parking.fullest();
         if (!fullest)
@@ -224,15 +246,6 @@ void Engine::Impl::bound_parking()
                     batch.end());
     }
     count_in_flight();
-}
-
-std::size_t Engine::Impl::worker_of(const Item& it) const
-{
-    if (workers.size() == 1)
-        return 0;
-    if (cfg.ordering == Ordering::key && it.record.key)
-        return std::hash<std::string_view>{}(*it.record.key) % workers.size();
-    return it.part->worker % workers.size();
 }
 
 } // namespace idemkafka::detail

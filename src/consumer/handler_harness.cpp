@@ -97,7 +97,7 @@ struct HarnessCore::Impl {
         return off;
     }()};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, no_offsets, ledger, dead_letterer,
-                                                    circuit, log, [] { return false; }, [] { return false; }, false}};
+                                                    circuit, log, [] { return false; }, false}};
     Worker worker;
     std::map<TopicPartition, std::int64_t> next_offset;
     struct Last {
@@ -112,6 +112,7 @@ struct HarnessCore::Impl {
                            secrets_of(cfg.postgres))),
           store(cfg.schema, cfg.table)
     {
+        stage.reserve(1); // one record at a time
         try {
             connect(true);
         } catch (const Error&) {
@@ -187,7 +188,7 @@ struct HarnessCore::Impl {
         worker.reset(holds);
         if (it.state == ItemState::pending && !holds.covers(ps, offset)) {
             worker.items.push_back(0);
-            claims.run(worker, items, 0, Clock::now() + std::chrono::hours(1));
+            claims.run(worker, items, Clock::now() + std::chrono::hours(1));
         }
         d.event_id = it.id;
 
@@ -221,7 +222,7 @@ struct HarnessCore::Impl {
             metrics.duplicates.add(worker.info.duplicates);
         }
         ledger.complete(*ps, offset);
-        PartitionLedger::trim(*ps);
+        ledger.trim(*ps);
         return d;
     }
 

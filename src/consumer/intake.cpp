@@ -15,12 +15,11 @@ void Intake::set_layout(RetentionMode layout)
     guard_.emplace(g);
 }
 
-void Intake::decode(std::vector<Item>& batch, std::size_t bank)
+void Intake::decode(std::vector<Item>& batch, std::size_t first_slot)
 {
-    stage_.prepare(bank, batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
         auto& it = batch[i];
-        it.slot = i;
+        it.slot = first_slot + i;
         const auto& r = it.record;
         if (!r.value || r.value->empty()) {
             it.poison(DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
@@ -33,7 +32,7 @@ void Intake::decode(std::vector<Item>& batch, std::size_t bank)
             continue;
         }
         try {
-            it.id = stage_.decode(bank, i, r);
+            it.id = stage_.decode(it.slot, r);
             if (it.id.is_nil())
                 throw InvalidEventId("event id is the nil UUID");
         } catch (const MissingEventId& e) {
@@ -48,10 +47,10 @@ void Intake::decode(std::vector<Item>& batch, std::size_t bank)
     }
 }
 
-void Intake::screen(Item& it)
+void Intake::screen(Item& it, PartitionLedger& ledger)
 {
     std::optional<DeadLetterDue> due;
-    if (PartitionLedger::settled(*it.part, it.record.offset, due)) {
+    if (ledger.settled(*it.part, it.record.offset, due)) {
         it.state = ItemState::done;
         return;
     }

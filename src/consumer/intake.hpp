@@ -28,17 +28,18 @@ public:
     /// (a plain table kept from before has no reason to refuse non-v7 ids).
     void set_layout(RetentionMode layout);
 
-    /// Decodes `batch` into Stage bank `bank`; records that cannot run are
-    /// marked for the dead letter (counted later, by screen()).
-    void decode(std::vector<Item>& batch, std::size_t bank);
+    /// Decodes `batch` into the Stage's slots from `first_slot` on, one per
+    /// record; records that cannot run are marked for the dead letter
+    /// (counted later, by screen()).
+    void decode(std::vector<Item>& batch, std::size_t first_slot);
 
-    /// Before the batch runs, with no batch in the workers' hands: a record
+    /// Before the record runs (on the poll thread): a record
     /// whose dead letter was written in this assignment is done; one whose
     /// dead letter was refused goes to the dead letter again, as it was (its
     /// handler does not run again); a poison record is counted; the others
     /// pass the dedup-horizon guard, which may mark them for the dead letter
     /// or for the reconcile hook (Item::reconcile).
-    void screen(Item& it);
+    void screen(Item& it, PartitionLedger& ledger);
 
 private:
     void apply_horizon(Item& it);

@@ -180,12 +180,12 @@ void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
     ps.parked.erase(offset);
     ps.in_flight.erase(offset);
     ps.fenced = 0;
-    if (!ps.failures.empty())
-        forget_failures(ps, offset);
+    forget_failures(ps, offset); // under the lock: workers count failures of the partition's other records
 }
 
 void PartitionLedger::trim(PartitionState& ps)
 {
+    std::lock_guard<std::mutex> lock(failures_mu_);
     ps.dead_lettered.erase(ps.dead_lettered.begin(), ps.dead_lettered.lower_bound(ps.position()));
 }
 
@@ -315,6 +315,7 @@ int PartitionLedger::dead_letter_refused(PartitionState& ps, std::int64_t offset
 
 bool PartitionLedger::settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due)
 {
+    std::lock_guard<std::mutex> lock(failures_mu_);
     due.reset();
     if (ps.dead_lettered.count(offset))
         return true;

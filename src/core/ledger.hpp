@@ -249,7 +249,7 @@ public:
     /// dead-lettered): the partition's position moves past it.
     void complete(PartitionState& ps, std::int64_t offset);
     /// After completions: forgets acknowledged dead letters behind the position.
-    static void trim(PartitionState& ps);
+    void trim(PartitionState& ps);
 
     /// Partitions whose rewind still needs its seek, and partitions whose
     /// retry backoff is over (to be resumed). A resumed partition taken over
@@ -296,11 +296,10 @@ public:
     /// The dead letter of the record was refused; returns the refusals so far.
     int dead_letter_refused(PartitionState& ps, std::int64_t offset, DeadLetterReason reason, const std::string& error,
                             int attempts);
-    /// Before a polled record runs again (no worker running): true when its
-    /// dead letter was acknowledged in this assignment (the record is done);
-    /// a refused one is returned in `due` (the record goes to the dead letter
-    /// again, as it was).
-    static bool settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due);
+    /// Before a polled record runs again: true when its dead letter was
+    /// acknowledged in this assignment (the record is done); a refused one is
+    /// returned in `due` (the record goes to the dead letter again, as it was).
+    bool settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due);
 
     /// Backoff after `failures` handler failures or dead-letter refusals.
     std::chrono::milliseconds retry_backoff(int failures) const noexcept { return retry_.after(failures); }

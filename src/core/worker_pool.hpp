@@ -1,6 +1,7 @@
 #pragma once
-// A fixed set of threads that run one batch's workers in parallel, in the
-// background of the poll thread.
+// A fixed set of threads, one per worker, each running the work handed to it
+// in the background of the poll thread; finished work waits in a completion
+// queue until the poll thread takes it.
 
 #include <chrono>
 #include <condition_variable>
@@ -15,7 +16,12 @@ namespace idemkafka::detail {
 
 class WorkerPool {
 public:
-    explicit WorkerPool(std::size_t threads)
+    /// `threads` workers; `finished` runs on a worker's thread each time its
+    /// work ends, once the work is in the completion queue, under the pool's
+    /// lock (so it has returned when wait_all() does). It must not throw nor
+    /// call the pool.
+    explicit WorkerPool(std::size_t threads, std::function<void()> finished = {})
+        : finished_(std::move(finished)), slots_(threads)
     {
         for (std::size_t i = 0; i < threads; ++i)
             threads_.emplace_back([this, i] { loop(i); });
@@ -23,12 +29,13 @@ public:
 
     ~WorkerPool()
     {
-        wait();
+        wait_all();
         {
             std::lock_guard<std::mutex> lock(mu_);
             quit_ = true;
         }
-        wake_.notify_all();
+        for (auto& s : slots_)
+            s.wake.notify_one();
         for (auto& t : threads_)
             t.join();
     }
@@ -38,69 +45,117 @@ public:
 
     std::size_t threads() const noexcept { return threads_.size(); }
 
-    /// Starts work(0..n-1), each on its own pool thread (n must not exceed
-    /// threads()), and returns at once. The thread that finishes last calls
-    /// `done` before wait() returns. Neither may throw. The previous start()
-    /// must have been waited for.
-    void start(std::size_t n, std::function<void(std::size_t)> work, std::function<void()> done = {})
+    /// Starts `work` on worker `n`'s thread and returns at once. The worker
+    /// must be idle: never given work, or its last work taken by take_done().
+    /// `work` must not throw.
+    void submit(std::size_t n, std::function<void()> work)
     {
         {
             std::lock_guard<std::mutex> lock(mu_);
-            work_ = std::move(work);
-            done_cb_ = std::move(done);
-            workers_ = n;
-            pending_ = n;
-            ++generation_;
+            slots_[n].work = std::move(work);
+            slots_[n].state = State::running;
+            ++busy_;
         }
-        wake_.notify_all();
+        slots_[n].wake.notify_one();
     }
 
-    /// Returns when the started work has finished (at once when none runs).
-    void wait()
+    /// True when worker `n` has work that was not taken back by take_done().
+    bool busy(std::size_t n)
     {
-        std::unique_lock<std::mutex> lock(mu_);
-        done_.wait(lock, [this] { return pending_ == 0; });
+        std::lock_guard<std::mutex> lock(mu_);
+        return slots_[n].state != State::idle;
     }
 
-    /// Waits until the started work has finished or `deadline` passed;
-    /// true when it has finished.
-    bool wait_until(std::chrono::steady_clock::time_point deadline)
+    /// Workers given work and not taken back (running or finished).
+    std::size_t busy_count()
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        return busy_;
+    }
+
+    /// The workers whose work has finished since the last call, in the order
+    /// they finished; each is idle again.
+    std::vector<std::size_t> take_done()
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto out = std::move(done_);
+        done_.clear();
+        for (auto n : out)
+            slots_[n].state = State::idle;
+        busy_ -= out.size();
+        return out;
+    }
+
+    /// Waits until some work has finished (and was not taken yet) or
+    /// `deadline` passed; true when some has. At once when none is running.
+    bool wait_any_until(std::chrono::steady_clock::time_point deadline)
     {
         std::unique_lock<std::mutex> lock(mu_);
-        return done_.wait_until(lock, deadline, [this] { return pending_ == 0; });
+        return finished_cv_.wait_until(lock, deadline, [this] { return !done_.empty() || busy_ == 0; }) &&
+               !done_.empty();
+    }
+
+    /// Waits until worker `n`'s work has finished or `deadline` passed; true
+    /// when it has (or it has none).
+    bool wait_until(std::size_t n, std::chrono::steady_clock::time_point deadline)
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        return finished_cv_.wait_until(lock, deadline, [&] { return slots_[n].state != State::running; });
+    }
+
+    /// Waits until no work runs (finished work may wait to be taken).
+    void wait_all()
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        finished_cv_.wait(lock, [this] { return running() == 0; });
     }
 
 private:
-    void loop(std::size_t worker)
+    enum class State { idle, running, finished };
+    struct Slot {
+        State state = State::idle;
+        std::function<void()> work;
+        std::condition_variable wake;
+    };
+
+    std::size_t running() const
     {
-        std::size_t seen = 0;
+        std::size_t n = 0;
+        for (const auto& s : slots_)
+            n += s.state == State::running ? 1 : 0;
+        return n;
+    }
+
+    void loop(std::size_t n)
+    {
         for (;;) {
+            std::function<void()> work;
             {
                 std::unique_lock<std::mutex> lock(mu_);
-                wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
+                slots_[n].wake.wait(lock, [&] { return quit_ || slots_[n].work; });
                 if (quit_)
                     return;
-                seen = generation_;
-                if (worker >= workers_)
-                    continue;
+                work = std::move(slots_[n].work);
+                slots_[n].work = nullptr;
             }
-            work_(worker); // work_ stays as it is until every worker has finished
-            std::unique_lock<std::mutex> lock(mu_);
-            if (--pending_ > 0)
-                continue;
-            if (done_cb_)
-                done_cb_();
-            done_.notify_all();
+            work();
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                slots_[n].state = State::finished;
+                done_.push_back(n);
+                if (finished_)
+                    finished_();
+            }
+            finished_cv_.notify_all();
         }
     }
 
+    std::function<void()> finished_;
     std::mutex mu_;
-    std::condition_variable wake_, done_;
-    std::function<void(std::size_t)> work_;
-    std::function<void()> done_cb_;
-    std::size_t workers_ = 0;
-    std::size_t pending_ = 0;
-    std::size_t generation_ = 0;
+    std::condition_variable finished_cv_;
+    std::vector<Slot> slots_;
+    std::vector<std::size_t> done_;
+    std::size_t busy_ = 0;
     bool quit_ = false;
     std::vector<std::thread> threads_;
 };

@@ -103,6 +103,7 @@ struct Fixture {
 
     Fixture()
     {
+        stage.reserve(64);
         cfg.brokers = "localhost:9092";
         cfg.group_id = "billing";
         cfg.topics = {"orders"};
@@ -130,11 +131,11 @@ struct Fixture {
     }
 
     // decode(), then screen() each record, as the engine and the claim transaction do.
-    void take(std::size_t bank = 0)
+    void take(std::size_t first_slot = 0)
     {
-        intake.decode(batch, bank);
+        intake.decode(batch, first_slot);
         for (auto& it : batch)
-            intake.screen(it);
+            intake.screen(it, ledger);
     }
 
     std::vector<const LogRecord*> at(LogLevel level) const
@@ -156,13 +157,13 @@ TEST_CASE("intake: a record that decodes keeps its event id and slot; nothing is
     const auto a = new_event_id(), b = new_event_id();
     f.poll(payload_of(a));
     f.poll(payload_of(b));
-    f.take(1);
+    f.take(10);
     CHECK(f.decoder_calls == 2);
     for (std::size_t i = 0; i < 2; ++i) {
         const auto& it = f.batch[i];
         CAPTURE(i);
         CHECK(it.state == ItemState::pending);
-        CHECK(it.slot == i);
+        CHECK(it.slot == 10 + i);
         CHECK(it.error.empty());
         CHECK_FALSE(it.reconcile);
         CHECK(it.key_window_open);
@@ -201,7 +202,7 @@ TEST_CASE("intake: a decoder that throws makes its record poison (decode_error) 
     CHECK(f.metrics.snapshot().decode_errors == 0);
 
     for (auto& it : f.batch)
-        f.intake.screen(it);
+        f.intake.screen(it, f.ledger);
     const auto m = f.metrics.snapshot();
     CHECK(m.decode_errors == 3);
     CHECK(m.invalid_event_ids == 0);
@@ -256,20 +257,21 @@ TEST_CASE("intake: a nil, missing or malformed event id is poison with its own r
     CHECK(m.decode_errors == 0);
 }
 
-TEST_CASE("intake: decode prepares the Stage bank for the whole batch, one slot per record", "[unit][intake]")
+TEST_CASE("intake: decode puts each record in its own Stage slot, from the first slot it is given on",
+          "[unit][intake]")
 {
     // A Stage that tells what it was asked (the typed one keeps that to itself).
     struct Recording final : Stage {
-        std::vector<std::pair<std::size_t, std::size_t>> prepared, decoded;
-        void prepare(std::size_t bank, std::size_t n) override { prepared.emplace_back(bank, n); }
-        EventId decode(std::size_t bank, std::size_t i, const Record& record) override
+        std::vector<std::size_t> decoded;
+        void reserve(std::size_t) override {}
+        EventId decode(std::size_t slot, const Record& record) override
         {
-            decoded.emplace_back(bank, i);
+            decoded.push_back(slot);
             return EventId::parse(*record.value);
         }
-        void handle(std::size_t, std::size_t, pqxx::work&, const Context&) override {}
+        void handle(std::size_t, pqxx::work&, const Context&) override {}
         bool batched() const noexcept override { return false; }
-        void handle_batch(std::size_t, pqxx::work&, const std::size_t*, const Context*, std::size_t) override {}
+        void handle_batch(pqxx::work&, const std::size_t*, const Context*, std::size_t) override {}
     };
     Fixture f;
     Recording stage;
@@ -278,11 +280,11 @@ TEST_CASE("intake: decode prepares the Stage bank for the whole batch, one slot 
     f.poll(new_event_id().to_string());
     f.poll(std::nullopt); // skipped by the decoder, its slot kept
     f.poll(new_event_id().to_string());
-    intake.decode(f.batch, 1);
-    CHECK(stage.prepared == std::vector<std::pair<std::size_t, std::size_t>>{{1, 3}});
-    CHECK(stage.decoded == std::vector<std::pair<std::size_t, std::size_t>>{{1, 0}, {1, 2}});
-    CHECK(f.batch[1].slot == 1);
-    CHECK(f.batch[2].slot == 2);
+    intake.decode(f.batch, 40);
+    CHECK(stage.decoded == std::vector<std::size_t>{40, 42});
+    CHECK(f.batch[0].slot == 40);
+    CHECK(f.batch[1].slot == 41);
+    CHECK(f.batch[2].slot == 42);
 }
 
 TEST_CASE("intake: an event beyond the dedup horizon is dead-lettered by default, counted, and explained once",

@@ -207,18 +207,18 @@ TEST_CASE("ledger: failures, dead letters and what a revoke leaves", "[unit][led
     std::optional<DeadLetterDue> due;
     CHECK(ledger.dead_letter_refused(ps, 3, DeadLetterReason::handler_failed, "boom", 2) == 1);
     CHECK(ledger.dead_letter_refused(ps, 3, DeadLetterReason::handler_failed, "boom", 2) == 2);
-    CHECK_FALSE(PartitionLedger::settled(ps, 3, due));
+    CHECK_FALSE(ledger.settled(ps, 3, due));
     REQUIRE(due);
     CHECK(due->error == "boom");
     CHECK(due->attempts == 2);
     CHECK(due->refusals == 2);
 
     ledger.dead_lettered(ps, 3);
-    CHECK(PartitionLedger::settled(ps, 3, due));
+    CHECK(ledger.settled(ps, 3, due));
     CHECK_FALSE(due);
     CHECK(ps.failures.empty());
     ledger.complete(ps, 3);
-    PartitionLedger::trim(ps);
+    ledger.trim(ps);
     CHECK(ps.dead_lettered.empty()); // behind the position: forgotten
 
     // A second assignment of the same partition starts from nothing.
