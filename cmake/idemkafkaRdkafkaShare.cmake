@@ -6,7 +6,8 @@
 #                                 delivery counts, commit_sync/async (a preview in 2.15)
 #   IDEMKAFKA_RDKAFKA_SHARE_MOCK  the mock cluster's share-group settings: lock duration,
 #                                 delivery-count limit, auto offset reset, session timeout
-# Only the build uses this module; the installed package does not.
+# Only the build uses this module; the installed package has its answer in
+# <idemkafka/features.hpp> (IDEMKAFKA_HAS_SHARE_CONSUMER).
 include(CheckCXXSourceCompiles)
 include(CMakePushCheckState)
 
@@ -56,7 +57,7 @@ int main()
 ")
 
 if(IDEMKAFKA_RDKAFKA_SHARE)
-  message(STATUS "idemkafka: librdkafka has the share consumer (KIP-932): share tests built")
+  message(STATUS "idemkafka: librdkafka has the share consumer (KIP-932): IdempotentShareConsumer and the share tests built")
 else()
-  message(STATUS "idemkafka: librdkafka has no share consumer (KIP-932, 2.15 or later): share tests skipped")
+  message(STATUS "idemkafka: librdkafka has no share consumer (KIP-932, 2.15 or later): no IdempotentShareConsumer, share tests skipped")
 endif()
