@@ -3,7 +3,10 @@
 // dead-letterer see them. Private to the library.
 
 #include <cstddef>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/ledger.hpp"
 #include "idemkafka/context.hpp"
@@ -21,7 +24,65 @@ enum class ItemState {
     done,    // finished: committed, a duplicate, or dead-lettered
 };
 
-/// One polled record on its way through a batch.
+/// The Stage slots of the records in memory, handed out and taken back on
+/// the poll thread only.
+class SlotPool {
+public:
+    explicit SlotPool(std::size_t slots)
+    {
+        free_.reserve(slots); // release() never allocates
+        for (std::size_t i = slots; i-- > 0;)
+            free_.push_back(i);
+    }
+    std::size_t available() const noexcept { return free_.size(); }
+    std::optional<std::size_t> acquire()
+    {
+        if (free_.empty())
+            return std::nullopt;
+        const auto slot = free_.back();
+        free_.pop_back();
+        return slot;
+    }
+    void release(std::size_t slot) noexcept { free_.push_back(slot); }
+
+private:
+    std::vector<std::size_t> free_;
+};
+
+/// A Stage slot a record holds: given back when the record is destroyed or
+/// let go (parked). Move-only, like the record.
+class SlotLease {
+public:
+    SlotLease() = default;
+    SlotLease(SlotPool& pool, std::size_t slot) noexcept : pool_(&pool), slot_(slot) {}
+    SlotLease(SlotLease&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)), slot_(other.slot_) {}
+    SlotLease& operator=(SlotLease&& other) noexcept
+    {
+        if (this != &other) {
+            reset();
+            pool_ = std::exchange(other.pool_, nullptr);
+            slot_ = other.slot_;
+        }
+        return *this;
+    }
+    SlotLease(const SlotLease&) = delete;
+    SlotLease& operator=(const SlotLease&) = delete;
+    ~SlotLease() { reset(); }
+
+    void reset() noexcept
+    {
+        if (pool_)
+            pool_->release(slot_);
+        pool_ = nullptr;
+    }
+    explicit operator bool() const noexcept { return pool_ != nullptr; }
+
+private:
+    SlotPool* pool_ = nullptr;
+    std::size_t slot_ = 0;
+};
+
+/// One polled record on its way through a unit of work.
 struct Item {
     kafka::MessagePtr msg; // owns what `record` points into (null for a record not from Kafka)
     Record record;
@@ -34,6 +95,7 @@ struct Item {
     bool reconcile = false;   // beyond the dedup horizon: the reconcile hook decides
     bool retry_later = false; // held for another try before any transaction
     std::size_t slot = 0;     // of the decoded event in the Stage
+    SlotLease lease;          // holds `slot` (the engine's records; not touched by workers)
     int attempts = -1;        // for the dead letter; -1: from the failure count
     int retry_failures = 0;   // with retry_later: failures so far, for the backoff
     // Set by the poll thread (never read by a worker): a rewind of its

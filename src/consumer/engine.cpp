@@ -133,6 +133,8 @@ void Engine::Impl::fill_batch()
         for (auto i = before; i < batch.size(); ++i)
             fill_bytes += batch[i].bytes();
         if (batch.size() > before) {
+            for (auto i = before; i < batch.size() && decode_ahead(); ++i)
+                decode(batch[i]);
             if (before == 0)
                 waiting_since = Clock::now();
             dispatch_dirty = true;
@@ -189,6 +191,8 @@ void Engine::Impl::fill_batch()
         if (batch.empty())
             waiting_since = Clock::now();
         batch.push_back(std::move(it));
+        if (decode_ahead())
+            decode(batch.back()); // while the workers run
         dispatch_dirty = true;
         if (stop_requests.load())
             return;
@@ -224,6 +228,24 @@ std::pair<PartitionState*, KeyId> Engine::Impl::lane_of(const Item& it) const
     return {it.part, KeyId()};
 }
 
+bool Engine::Impl::decode_ahead() const
+{
+    // Slots for the free workers' next units stay free: records that wait
+    // without one are decoded when they are handed out.
+    return slots->available() > (workers.size() - busy_units) * unit_cap;
+}
+
+bool Engine::Impl::decode(Item& it)
+{
+    const auto slot = slots->acquire();
+    if (!slot)
+        return false;
+    it.slot = *slot;
+    it.lease = SlotLease(*slots, *slot);
+    intake.decode(it);
+    return true;
+}
+
 bool Engine::Impl::dispatch_due() const
 {
     if (!dispatch_dirty || batch.empty() || busy_units == workers.size())
@@ -254,13 +276,17 @@ bool Engine::Impl::dispatch()
         std::set<std::pair<PartitionState*, KeyId>> mine; // lanes this unit takes
         std::vector<Item> rest;
         rest.reserve(batch.size());
+        bool full = false; // the unit is complete: what follows waits, in order
         for (auto& it : batch) {
-            if (unit.size() < cap) {
+            if (!full && unit.size() < cap) {
                 auto lane = lane_of(it);
                 if (mine.count(lane) || !lanes.count(lane)) {
-                    mine.insert(std::move(lane));
-                    unit.push_back(std::move(it));
-                    continue;
+                    if (it.lease || decode(it)) {
+                        mine.insert(std::move(lane));
+                        unit.push_back(std::move(it));
+                        continue;
+                    }
+                    full = true; // no slot left (they come back as units end)
                 }
             }
             rest.push_back(std::move(it));
@@ -288,7 +314,6 @@ void Engine::Impl::submit(std::size_t n)
 {
     auto& unit = units[n];
     auto& w = workers[n];
-    intake.decode(unit, n * unit_cap);
     metrics.consumed.add(unit.size());
     unit_deadlines[n] = Clock::now() + batch_budget;
     const Holds holds = claims.screen(intake, w, unit);
@@ -503,7 +528,8 @@ void Engine::Impl::start()
     // max_batch spread over the workers: a unit is a worker's share of a
     // full waiting room, each worker with Stage slots of its own.
     unit_cap = std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers);
-    stage.reserve(cfg.workers * unit_cap);
+    slots.emplace(cfg.max_batch + cfg.workers * unit_cap);
+    stage.reserve(cfg.max_batch + cfg.workers * unit_cap);
     units.resize(cfg.workers);
     unit_deadlines.resize(cfg.workers);
     busy.assign(cfg.workers, false);

@@ -71,6 +71,9 @@ struct Engine::Impl final : kafka::GroupEvents {
                                                     circuit, log, [this] { return forced(); },
                                                     positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
+    // The Stage slots of the records decoded (waiting or in units): max_batch
+    // for the waiting room and unit_cap per worker. Before every Item holder.
+    std::optional<SlotPool> slots;
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
                     std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
@@ -244,10 +247,18 @@ struct Engine::Impl final : kafka::GroupEvents {
     // at a time (its partition; with Ordering::key, its key in its partition).
     std::pair<PartitionState*, KeyId> lane_of(const Item& it) const;
 
+    // Gives the record a Stage slot and decodes it there; false when no slot
+    // is free.
+    bool decode(Item& it);
+    // A polled record is decoded at once (while the workers run) when that
+    // leaves the slots the free workers' next units need.
+    bool decode_ahead() const;
+
     // Hands each free worker its next unit: the waiting records whose lane is
     // in no busy unit, in poll order, up to unit_cap; they are decoded into
-    // the worker's Stage slots and screened (the reconcile hook runs on the
-    // worker's idle connection). True when a unit was handed out.
+    // Stage slots (if they were not decoded while waiting) and screened (the
+    // reconcile hook runs on the worker's idle connection). True when a unit
+    // was handed out.
     bool dispatch();
     // Records wait for a free worker, and a unit is worth handing out now:
     // a full one, the waiting room full, max_batch_wait over, or a worker

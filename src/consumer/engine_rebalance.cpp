@@ -201,6 +201,7 @@ void Engine::Impl::pause_fenced()
 
 void Engine::Impl::park(Item&& it)
 {
+    it.lease.reset(); // decoded again when it runs
     metrics.parked.add();
     parking.add(std::move(it));
 }

@@ -18,32 +18,36 @@ void Intake::set_layout(RetentionMode layout)
 void Intake::decode(std::vector<Item>& batch, std::size_t first_slot)
 {
     for (std::size_t i = 0; i < batch.size(); ++i) {
-        auto& it = batch[i];
-        it.slot = first_slot + i;
-        const auto& r = it.record;
-        if (!r.value || r.value->empty()) {
-            it.poison(DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
-            continue;
-        }
-        if (r.value->size() > cfg_.max_payload_bytes) {
-            it.poison(DeadLetterReason::payload_too_large,
-                      fmt::format("payload of {} bytes exceeds max_payload_bytes {}", r.value->size(),
-                                  cfg_.max_payload_bytes));
-            continue;
-        }
-        try {
-            it.id = stage_.decode(it.slot, r);
-            if (it.id.is_nil())
-                throw InvalidEventId("event id is the nil UUID");
-        } catch (const MissingEventId& e) {
-            it.poison(DeadLetterReason::missing_event_id, e.what());
-        } catch (const InvalidEventId& e) {
-            it.poison(DeadLetterReason::invalid_event_id, e.what());
-        } catch (const std::exception& e) {
-            it.poison(DeadLetterReason::decode_error, e.what());
-        } catch (...) {
-            it.poison(DeadLetterReason::decode_error, "non-standard exception");
-        }
+        batch[i].slot = first_slot + i;
+        decode(batch[i]);
+    }
+}
+
+void Intake::decode(Item& it)
+{
+    const auto& r = it.record;
+    if (!r.value || r.value->empty()) {
+        it.poison(DeadLetterReason::empty_payload, r.value ? "empty payload" : "null payload");
+        return;
+    }
+    if (r.value->size() > cfg_.max_payload_bytes) {
+        it.poison(DeadLetterReason::payload_too_large,
+                  fmt::format("payload of {} bytes exceeds max_payload_bytes {}", r.value->size(),
+                              cfg_.max_payload_bytes));
+        return;
+    }
+    try {
+        it.id = stage_.decode(it.slot, r);
+        if (it.id.is_nil())
+            throw InvalidEventId("event id is the nil UUID");
+    } catch (const MissingEventId& e) {
+        it.poison(DeadLetterReason::missing_event_id, e.what());
+    } catch (const InvalidEventId& e) {
+        it.poison(DeadLetterReason::invalid_event_id, e.what());
+    } catch (const std::exception& e) {
+        it.poison(DeadLetterReason::decode_error, e.what());
+    } catch (...) {
+        it.poison(DeadLetterReason::decode_error, "non-standard exception");
     }
 }
 

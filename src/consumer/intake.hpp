@@ -33,6 +33,9 @@ public:
     /// (counted later, by screen()).
     void decode(std::vector<Item>& batch, std::size_t first_slot);
 
+    /// Decodes one record into its Stage slot (Item::slot).
+    void decode(Item& it);
+
     /// Before the record runs (on the poll thread): a record
     /// whose dead letter was written in this assignment is done; one whose
     /// dead letter was refused goes to the dead letter again, as it was (its
