@@ -75,7 +75,8 @@ struct IDEMKAFKA_API ShareMetrics {
     Metrics::Counter budget_given_back;
     /// Partitions whose acknowledgements the broker refused or did not answer
     /// (a lock that lapsed: the batch took longer than the lock; the records
-    /// come again and are ACCEPTed as duplicates).
+    /// come again and are ACCEPTed as duplicates), and records whose
+    /// acknowledgement librdkafka refused to record. Each is logged.
     Metrics::Counter acks_refused;
     /// Records released on their last delivery because nothing else was
     /// possible (dead letter refused, database away): archived by the broker

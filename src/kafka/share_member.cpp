@@ -75,6 +75,7 @@ ShareMember::Batch ShareMember::poll(std::chrono::milliseconds timeout)
         say(owner_.log, LogLevel::warning, error_field(message_of(error.get())), "share consumer poll failed: {}",
             message_of(error.get()));
         batch.messages.reset();
+        batch.failed = true;
     }
     return batch;
 }

@@ -54,12 +54,13 @@ public:
     /// until the batch is destroyed.
     struct Batch {
         MessagesPtr messages;
+        bool failed = false; // the poll itself failed (logged)
         std::size_t size() const noexcept { return messages ? rd_kafka_messages_count(messages.get()) : 0; }
         const rd_kafka_message_t* at(std::size_t i) const { return rd_kafka_messages_get(messages.get(), i); }
     };
 
     /// Waits up to `timeout` for records. An error of the poll itself is
-    /// logged and returns an empty batch.
+    /// logged and returns an empty batch marked `failed`.
     Batch poll(std::chrono::milliseconds timeout);
 
     /// Records the acknowledgement of `m` (sent by commit()). False, logged,

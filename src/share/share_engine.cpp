@@ -193,6 +193,8 @@ void ShareEngine::Impl::member_loop(Member& m)
         }
         const auto poll_start = Clock::now();
         const auto batch = m.kafka->poll(poll_timeout);
+        if (batch.failed)
+            metrics.kafka_errors.add();
         if (batch.size() > 0)
             process(m, batch, poll_start);
     }
@@ -381,8 +383,10 @@ void ShareEngine::Impl::acknowledge(Member& m, const std::vector<const rd_kafka_
                                     const std::vector<kafka::Ack>& acks, Clock::time_point acquired_at)
 {
     for (std::size_t i = 0; i < msgs.size(); ++i) {
-        if (!m.kafka->acknowledge(msgs[i], acks[i]))
+        if (!m.kafka->acknowledge(msgs[i], acks[i])) {
+            share.acks_refused.add(); // logged by ShareMember; the record comes again when its lock lapses
             continue;
+        }
         (acks[i] == kafka::Ack::accept   ? share.accepted
          : acks[i] == kafka::Ack::reject ? share.rejected
                                          : share.released)
