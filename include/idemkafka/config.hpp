@@ -41,9 +41,10 @@ enum class Ordering {
     key,
 };
 
-/// What the after-DB-commit hook is told about the batch it follows.
+/// What the after-DB-commit hook is told about the transaction it follows (one
+/// worker's unit of work).
 struct BatchInfo {
-    std::size_t records = 0;    ///< records in the batch (including duplicates and poison)
+    std::size_t records = 0;    ///< records in the transaction (including duplicates and poison)
     std::size_t claimed = 0;    ///< records whose handler ran and committed
     std::size_t duplicates = 0; ///< records skipped because their event id was already claimed
 };
@@ -51,8 +52,10 @@ struct BatchInfo {
 /// Optional callbacks into the processing loop.
 struct Hooks {
     /// Called after a PostgreSQL transaction committed and before its Kafka offsets
-    /// are committed. An exception thrown here propagates out of run() and the
-    /// offsets are not committed: exactly the state of a crash at that point.
+    /// are committed, once per transaction, on the thread that called run() (other
+    /// workers' transactions may run meanwhile). An exception thrown here propagates
+    /// out of run() and the offsets are not committed: exactly the state of a crash
+    /// at that point.
     std::function<void(const BatchInfo&)> after_db_commit;
 };
 
@@ -341,10 +344,12 @@ struct IDEMKAFKA_API ConsumerConfig {
 
     /// Records per PostgreSQL transaction (1 = one transaction per record).
     std::size_t max_batch = 500;
-    /// PostgreSQL connections working on a batch in parallel, each in its own
-    /// transaction over its share of the partitions (or keys, see `ordering`).
-    /// With more than one, the handler and the log sink are called from several
-    /// threads at once and must be thread-safe.
+    /// PostgreSQL connections working in parallel, each in its own transaction
+    /// over up to max_batch / workers records whose partitions (or keys, see
+    /// `ordering`) no other worker is running. A worker that finishes takes its
+    /// next records at once: none waits for another. With more than one, the
+    /// handler and the log sink are called from several threads at once and must
+    /// be thread-safe.
     std::size_t workers = 1;
     /// How records are spread over the workers.
     Ordering ordering = Ordering::partition;

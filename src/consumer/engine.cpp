@@ -268,6 +268,13 @@ bool Engine::Impl::dispatch()
     if (probe && busy_units > 0)
         return false;
     const std::size_t cap = probe ? std::min(unit_cap, batch_limit) : unit_cap;
+    // A unit takes at most its worker's share of the lanes: a slow call
+    // holds back the later records of every lane in its unit, so one unit
+    // must not take them all while other workers are free.
+    std::set<std::pair<PartitionState*, KeyId>> known(lanes);
+    for (const auto& it : batch)
+        known.insert(lane_of(it));
+    const std::size_t lanes_per_unit = std::max<std::size_t>(1, (known.size() + workers.size() - 1) / workers.size());
     bool sent = false;
     for (std::size_t n = 0; n < workers.size() && !batch.empty(); ++n) {
         if (busy[n] || !workers[n].db)
@@ -280,7 +287,7 @@ bool Engine::Impl::dispatch()
         for (auto& it : batch) {
             if (!full && unit.size() < cap) {
                 auto lane = lane_of(it);
-                if (mine.count(lane) || !lanes.count(lane)) {
+                if (mine.count(lane) || (!lanes.count(lane) && mine.size() < lanes_per_unit)) {
                     if (it.lease || decode(it)) {
                         mine.insert(std::move(lane));
                         unit.push_back(std::move(it));
@@ -295,6 +302,9 @@ bool Engine::Impl::dispatch()
         if (unit.empty())
             break; // every waiting record is behind a busy lane
         lanes.insert(mine.begin(), mine.end());
+        if (cfg.ordering == Ordering::partition)
+            for (const auto& lane : mine)
+                kafka->defer(lane.first->tp, true); // its later records wait in librdkafka's hands
         probe_running = probe;
         submit(n);
         sent = true;
@@ -378,7 +388,9 @@ void Engine::Impl::merge_unit(std::size_t n)
         }
     } release{*this, n};
     for (const auto& it : unit)
-        lanes.erase(lane_of(it)); // before the holds: a parked key's records may run again at once
+        if (lanes.erase(lane_of(it)) && cfg.ordering == Ordering::partition)
+            kafka->defer(it.part->tp, false);
+    // (before the holds: a parked key's records may run again at once)
 
     const Merged merged = merge_worker(n);
     const Holds& holds = merged.holds;
@@ -528,8 +540,11 @@ void Engine::Impl::start()
     // max_batch spread over the workers: a unit is a worker's share of a
     // full waiting room, each worker with Stage slots of its own.
     unit_cap = std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers);
-    slots.emplace(cfg.max_batch + cfg.workers * unit_cap);
-    stage.reserve(cfg.max_batch + cfg.workers * unit_cap);
+    // With several workers the waiting room holds two batches: records behind
+    // a slow call's lanes wait there, and the others must still find room.
+    room_limit = batch_limit = cfg.workers > 1 ? 2 * cfg.max_batch : cfg.max_batch;
+    slots.emplace(room_limit + cfg.workers * unit_cap);
+    stage.reserve(room_limit + cfg.workers * unit_cap);
     units.resize(cfg.workers);
     unit_deadlines.resize(cfg.workers);
     busy.assign(cfg.workers, false);

@@ -33,6 +33,7 @@ bool Engine::Impl::ensure_db()
             connect(w, false);
             metrics.db_reconnects.add();
             reconnected = true;
+            dispatch_dirty = true; // a worker can take a unit again
             say(log, LogLevel::info, {}, "reconnected to PostgreSQL (worker {})", i);
         } catch (const std::exception& e) {
             w.disconnect();
@@ -205,7 +206,7 @@ void Engine::Impl::settle_probe(Clock::time_point now)
     using Outcome = Circuit::Probe::Outcome;
     if (p.outcome == Outcome::closed) {
         metrics.circuit_open.set(0);
-        batch_limit = cfg.max_batch;
+        batch_limit = room_limit;
         say(log, LogLevel::info, {},
             "circuit breaker closed after {} ms: {} handler call(s) of the probe succeeded ({} failed); the "
             "assignment runs as before, and failures count toward max_attempts again",

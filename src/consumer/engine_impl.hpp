@@ -120,6 +120,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     bool circuit_pause = false;
     bool probe_running = false;                         // the unit in a worker's hands is the circuit's probe
     std::size_t batch_limit = cfg.max_batch;            // records in the waiting room (fewer for a probe)
+    std::size_t room_limit = cfg.max_batch;             // batch_limit without a probe
     Clock::time_point circuit_counted{};                // open time counted up to here (circuit_open_seconds)
     Clock::time_point circuit_since{};                  // when it opened from closed
     Clock::time_point next_commit_at{};                 // commit_interval: earliest next offset commit

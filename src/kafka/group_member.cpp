@@ -369,7 +369,7 @@ GroupMember::Queue& GroupMember::queue_of(std::string_view topic, std::int32_t p
             last_queue_ = i;
             return queues_[i];
         }
-    queues_.push_back(Queue{std::string(topic), partition, false, {}});
+    queues_.push_back(Queue{std::string(topic), partition, false, false, {}});
     last_queue_ = queues_.size() - 1;
     return queues_.back();
 }
@@ -391,7 +391,7 @@ MessagePtr GroupMember::next_held()
     for (std::size_t n = 0; n < queues_.size(); ++n) {
         const auto i = (next_queue_ + n) % queues_.size();
         auto& l = queues_[i];
-        if (l.paused || l.held.empty())
+        if (l.paused || l.deferred || l.held.empty())
             continue;
         next_queue_ = (i + 1) % queues_.size();
         MessagePtr m = std::move(l.held.front());
@@ -418,6 +418,11 @@ void GroupMember::drop_held(Queue& l)
 void GroupMember::set_paused(std::string_view topic, std::int32_t partition, bool paused)
 {
     queue_of(topic, partition).paused = paused;
+}
+
+void GroupMember::defer(const TopicPartition& tp, bool defer)
+{
+    queue_of(tp.topic, tp.partition).deferred = defer;
 }
 
 void GroupMember::forget_queues()

@@ -101,6 +101,11 @@ public:
     /// the reply: the seek still takes effect. `failed`: to be sent again.
     SeekResult seek(const TopicPartition& tp, std::int64_t offset);
     void pause(const TopicPartition& tp, bool pause);
+    /// Holds back what is fetched of `tp` (poll() hands out other partitions'
+    /// records meanwhile) without pausing its fetch: for a partition whose
+    /// earlier records are still being processed, so its later ones do not
+    /// fill the consumer's memory ahead of records that could run.
+    void defer(const TopicPartition& tp, bool defer);
     /// Pauses the whole assignment, or resumes it except `keep_paused`.
     void pause_assignment(bool pause, const std::set<TopicPartition>& keep_paused = {});
 
@@ -161,6 +166,7 @@ private:
         std::string topic;
         std::int32_t partition = 0;
         bool paused = false;
+        bool deferred = false;
         std::deque<MessagePtr> held;
     };
     Queue& queue_of(std::string_view topic, std::int32_t partition);

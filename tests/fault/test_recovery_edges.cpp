@@ -192,28 +192,32 @@ TEST_CASE("backends terminated repeatedly under per-key ordering with 3 workers:
         // it should: that is not what this test is about), terminate one of the
         // consumer's backends, at random, every 10th poll (~200 ms), so one lane
         // loses its connection while others commit, forty times; then let it finish.
+        // Each time 50 more records come, so the lanes have work while it goes on.
         REQUIRE(wait_until([&] { return c.metrics().snapshot().db_commits > 0 || run.finished(); }, 60s));
         REQUIRE_FALSE(run.finished());
         int polls = 0;
         const bool killed = wait_until(
             [&] {
-                if (++polls % 10 == 0)
-                    terminated += scalar(fmt::format("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM "
+                if (++polls % 10 != 0)
+                    return false;
+                f.publish(50);
+                terminated += scalar(fmt::format("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM "
                                                      "pg_stat_activity WHERE application_name = '{}' ORDER BY random() "
                                                      "LIMIT 1) k",
                                                      app));
                 return terminated >= 40;
             },
-            60s);
+            90s);
+        const auto total = static_cast<std::int64_t>(f.events.size());
         const bool done =
-            killed && wait_until([&] { return f.rows() == events && c.metrics().snapshot().lag == 0; }, 60s);
+            killed && wait_until([&] { return f.rows() == total && c.metrics().snapshot().lag == 0; }, 60s);
         run.join();
         fail_if_threw(run.error());
         CAPTURE(terminated, f.rows());
         REQUIRE(killed);
         REQUIRE(done);
     }
-    f.check_exact(events);
+    f.check_exact(f.events.size());
     const auto m = c.metrics().snapshot();
     CHECK(m.db_reconnects >= 1);
     CHECK(terminated >= 40);
