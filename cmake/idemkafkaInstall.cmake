@@ -9,6 +9,7 @@ install(TARGETS idemkafka EXPORT idemkafkaTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY include/idemkafka DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_BINARY_DIR}/include/idemkafka/features.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/idemkafka)
 install(EXPORT idemkafkaTargets NAMESPACE idemkafka:: DESTINATION ${IDEMKAFKA_CMAKE_DIR})
 
 # The `testing` component: its own export set, loaded by idemkafkaConfig.cmake

@@ -67,6 +67,16 @@ PATH.ack as "<count> ok" or "<count> error: <reason>", count = commands handled 
   group-consumer-timeouts SESSION_MS HEARTBEAT_MS
                                             as the two --group-consumer-* options, for groups
                                             created from now on
+  share-group SETTING VALUE                 a share-group (KIP-932) setting of the cluster
+                                            (librdkafka 2.15 or later): lock-duration-ms MS
+                                            (acquisition lock, default 30000), delivery-limit N
+                                            (deliveries before the broker archives a record,
+                                            default 5, 0 = none), auto-offset-reset
+                                            earliest|latest (default latest), max-record-locks N
+                                            (default 2000): for every share group, existing ones
+                                            too; session-timeout-ms MS (default 45000),
+                                            heartbeat-interval-ms MS (default 5000): for share
+                                            groups created from now on
   ping                                      no-op, answers ok
 APIKEY is a number or a name (Produce, Fetch, Metadata, OffsetCommit, OffsetFetch,
 FindCoordinator, JoinGroup, Heartbeat, LeaveGroup, SyncGroup, InitProducerId,
@@ -76,7 +86,8 @@ ERRCODE is a number or a librdkafka error name (REQUEST_TIMED_OUT, NOT_COORDINAT
 notes on librdkafka 2.0's mock cluster: it has no CreateTopics API (admin clients time out
 waiting for a controller), so create topics here; any topic named in a Metadata request is
 auto-created with 4 partitions, whatever the client's allow.auto.create.topics; partitions
-have min(3, N) replicas.
+have min(3, N) replicas. A share consumer (librdkafka 2.15) resolves topics by id and never
+creates one: create its topics here before it subscribes.
 )";
 
 // Thrown for bad command-line arguments: main prints it and exits with status 2.
@@ -101,6 +112,12 @@ struct Options {
 #define IDEMKAFKA_MOCK_CONSUMER_GROUPS 1
 #else
 #define IDEMKAFKA_MOCK_CONSUMER_GROUPS 0
+#endif
+
+// The mock cluster's share-group settings (KIP-932) came with the share consumer's preview in
+// librdkafka 2.15; the build asks the library found whether it has them.
+#ifndef IDEMKAFKA_MOCK_SHARE_GROUPS
+#define IDEMKAFKA_MOCK_SHARE_GROUPS 0
 #endif
 
 // Empty when applied; else why not.
@@ -205,7 +222,7 @@ Options parse_options(int argc, char** argv)
             const std::string v = next_value();
             const auto ms = parse_integer(v, 1, 3600000);
             if (!ms) {
-                throw UsageError{arg + ": expected milliseconds from 1 to 3600000, got '" + v + "'"};
+                throw UsageError{arg.append(": expected milliseconds from 1 to 3600000, got '").append(v) + "'"};
             }
             (arg == "--group-consumer-session-timeout-ms" ? options.group_consumer_session_timeout_ms
                                                           : options.group_consumer_heartbeat_interval_ms) =
@@ -323,6 +340,10 @@ std::optional<int16_t> parse_api_key(const std::string& text)
         {"TxnOffsetCommit", 28},
         {"ConsumerGroupHeartbeat", 68},
         {"ConsumerGroupDescribe", 69},
+        {"ShareGroupHeartbeat", 76},
+        {"ShareGroupDescribe", 77},
+        {"ShareFetch", 78},
+        {"ShareAcknowledge", 79},
     };
     for (const auto& [name, key] : names) {
         if (strcasecmp(name, text.c_str()) == 0) {
@@ -461,6 +482,9 @@ private:
         if (cmd == "group-consumer-timeouts") {
             return group_consumer_timeouts(words);
         }
+        if (cmd == "share-group") {
+            return share_group(words);
+        }
         if (cmd == "broker-down" || cmd == "broker-up" || cmd == "rtt") {
             return broker_state(words);
         }
@@ -519,6 +543,48 @@ private:
         const std::string why =
             set_group_consumer_timeouts(mcluster_, static_cast<int>(*session_ms), static_cast<int>(*heartbeat_ms));
         return why.empty() ? "ok" : "error: " + why;
+    }
+
+    std::string share_group(const std::vector<std::string>& words)
+    {
+        if (words.size() != 3) {
+            return wrong_arity("share-group SETTING VALUE");
+        }
+#if IDEMKAFKA_MOCK_SHARE_GROUPS
+        const std::string& setting = words[1];
+        const std::string& text = words[2];
+        if (setting == "auto-offset-reset") {
+            if (text != "earliest" && text != "latest") {
+                return "error: auto-offset-reset is earliest or latest";
+            }
+            rd_kafka_mock_sharegroup_set_auto_offset_reset(mcluster_, text == "earliest" ? 1 : 0);
+            return "ok";
+        }
+        const bool may_be_zero = setting == "delivery-limit" || setting == "max-record-locks";
+        const auto value = parse_integer(text, may_be_zero ? 0 : 1, std::numeric_limits<int>::max());
+        if (!value) {
+            return "error: " + setting + " takes a " + (may_be_zero ? "non-negative" : "positive") + " number";
+        }
+        const int n = static_cast<int>(*value);
+        if (setting == "lock-duration-ms") {
+            rd_kafka_mock_sharegroup_set_record_lock_duration(mcluster_, n);
+        } else if (setting == "delivery-limit") {
+            rd_kafka_mock_sharegroup_set_max_delivery_attempts(mcluster_, n);
+        } else if (setting == "max-record-locks") {
+            rd_kafka_mock_sharegroup_set_max_record_locks(mcluster_, n);
+        } else if (setting == "session-timeout-ms") {
+            rd_kafka_mock_sharegroup_set_session_timeout(mcluster_, n);
+        } else if (setting == "heartbeat-interval-ms") {
+            rd_kafka_mock_sharegroup_set_heartbeat_interval(mcluster_, n);
+        } else {
+            return "error: unknown share-group setting '" + setting + "'";
+        }
+        return "ok";
+#else
+        return std::string("error: share groups need a librdkafka with the share consumer (2.15 or later); this "
+                           "is ") +
+               rd_kafka_version_str();
+#endif
     }
 
     std::string broker_state(const std::vector<std::string>& words)

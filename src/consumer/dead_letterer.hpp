@@ -47,6 +47,15 @@ public:
     /// from several workers at once.
     void send(const std::vector<Item*>& items, Holds& holds);
 
+    /// Creates the dead-letter producer now instead of at the first dead
+    /// letter (no-op with a transport): its start-up connections then close
+    /// before anything else of the consumer is under way.
+    void open()
+    {
+        if (!transport_)
+            (void)producer();
+    }
+
     /// The record produced for `it` (before the size limit is applied: see send()).
     OutgoingRecord record_of(const Item& it, int attempts) const;
 

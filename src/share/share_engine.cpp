@@ -1,0 +1,467 @@
+// The share consumer's engine (docs/share-groups.md): members, each a thread
+// with a share consumer (kafka::ShareMember) and a PostgreSQL connection.
+//
+// A batch's path, in order:
+//  1. member_loop(): kafka::ShareMember::poll() returns one ShareFetch
+//     response's records, all acquired (locked) for this member. Nothing else
+//     is polled until every one of them is acknowledged (explicit mode).
+//  2. run_chunk(): each record gets a ledger state of its own (so that a hold
+//     stops that record alone: a share group keeps no order) whose failure
+//     count is its delivery count minus one, so Context::attempt() is the
+//     delivery count and ClaimTransaction dead-letters a record that fails on
+//     its last delivery. Intake decodes and screens; poison records go to the
+//     DeadLetterer; ClaimTransaction::run() claims, handles and commits within
+//     the batch budget, giving back what does not fit.
+//  3. outcome(): each record's acknowledgement, only once what it asserts is
+//     durable: ACCEPT after COMMIT (or a duplicate), REJECT after the dead
+//     letter was acknowledged, RELEASE otherwise; a record on its last
+//     delivery is dead-lettered instead of released.
+//  4. ShareMember::commit() sends the acknowledgements and reads the broker's
+//     answer per partition (refused: a lock lapsed; counted and logged).
+
+#include "idemkafka/share_consumer.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "consumer/batch.hpp"
+#include "consumer/claim_age.hpp"
+#include "consumer/claim_transaction.hpp"
+#include "consumer/dead_letterer.hpp"
+#include "consumer/intake.hpp"
+#include "core/backoff.hpp"
+#include "core/circuit_breaker.hpp"
+#include "core/ledger.hpp"
+#include "idemkafka/error.hpp"
+#include "idemkafka/retention.hpp"
+#include "idemkafka/store.hpp"
+#include "kafka/group_member.hpp"
+#include "kafka/share_member.hpp"
+#include "observe/log_context.hpp"
+#include "share/share_config.hpp"
+
+namespace idemkafka::detail {
+
+using std::chrono::milliseconds;
+
+namespace {
+
+// A poll cannot be woken up: this bounds how long stop() waits for one.
+constexpr milliseconds poll_timeout{500};
+constexpr Backoff db_backoff_shape{milliseconds(100), milliseconds(5000)};
+
+} // namespace
+
+struct ShareEngine::Impl {
+    ShareConsumerConfig share_cfg;
+    ConsumerConfig cfg; // effective_consumer_config(share_cfg)
+    Stage& stage;
+    const std::atomic<bool>& stop;
+    Redactor secrets;
+    LogSink log;
+    Metrics metrics;
+    ShareMetrics share;
+    ProcessedEventStore store;
+    std::optional<OffsetStore> no_offsets;
+    milliseconds budget;
+    std::size_t slot_cap;
+
+    // One member of the share group: a thread, a share consumer and a
+    // PostgreSQL connection, with the consumer's pieces of its own.
+    struct Member {
+        Member(Impl& e, std::size_t index)
+            : n(index), first_slot(index * e.slot_cap),
+              ledger(Backoff{e.cfg.retry_backoff, e.cfg.retry_backoff_max}, db_backoff_shape),
+              intake(e.cfg, e.stage, e.metrics, e.log), dead_letters(e.cfg, ledger, e.metrics, e.log, e.secrets),
+              circuit(e.cfg.circuit_breaker),
+              claims(ClaimTransaction::Setup{e.cfg, e.stage, e.metrics, e.store, e.no_offsets, ledger, dead_letters,
+                                             circuit, e.log, [] { return false; }, false})
+        {
+        }
+        std::size_t n;
+        std::size_t first_slot;
+        PartitionLedger ledger;
+        Intake intake;
+        DeadLetterer dead_letters;
+        Circuit circuit;
+        ClaimTransaction claims;
+        Worker worker;
+        GrowingBackoff db_backoff{db_backoff_shape};
+        Clock::time_point db_retry_at{};
+        std::unique_ptr<kafka::ShareMember> kafka;
+    };
+    std::vector<std::unique_ptr<Member>> members;
+
+    Impl(ShareConsumerConfig c, Stage& s, const std::atomic<bool>& stopped)
+        : share_cfg(std::move(c)), cfg(effective_consumer_config(share_cfg)), stage(s), stop(stopped),
+          secrets(secrets_of(cfg.postgres,
+                             {&cfg.kafka, &cfg.dead_letter_kafka, cfg.outbox ? &cfg.outbox->kafka : nullptr})),
+          log(with_context(cfg.log ? cfg.log : stderr_sink(), {{log_field::group, cfg.group_id}}, secrets)),
+          store(cfg.schema, cfg.table), budget(share_cfg.effective_batch_budget()), slot_cap(cfg.max_batch)
+    {
+    }
+
+    void connect(Member& m, bool first);
+    bool ensure_db(Member& m);
+    void start();
+    void member_loop(Member& m);
+    void process(Member& m, const kafka::ShareMember::Batch& batch, Clock::time_point acquired_at);
+    void run_chunk(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries, Clock::time_point deadline,
+                   std::vector<kafka::Ack>& acks);
+    void run_claims(Member& m, std::vector<Item>& chunk, Clock::time_point deadline);
+    void settle(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries, std::vector<kafka::Ack>& acks);
+    void last_delivery(Member& m, std::vector<Item*>& items, std::vector<kafka::Ack*>& acks);
+    void acknowledge(Member& m, const std::vector<const rd_kafka_message_t*>& msgs, const std::vector<kafka::Ack>& acks,
+                     Clock::time_point acquired_at);
+};
+
+void ShareEngine::Impl::connect(Member& m, bool first)
+{
+    m.worker.connect(cfg.postgres); // connect_timeout bounds this
+    const pg::Watch::Armed armed(m.worker.watch, cfg.db_timeout);
+    if (first) {
+        const auto layout = m.claims.settle_schema(*m.worker.db);
+        for (auto& each : members)
+            each->intake.set_layout(layout);
+    }
+    m.claims.prepare(*m.worker.db);
+}
+
+// True when the member has a connection; otherwise one reconnect is tried
+// once its backoff has passed. Nothing is polled without one: records would
+// only be acquired to be released, each costing a delivery.
+bool ShareEngine::Impl::ensure_db(Member& m)
+{
+    if (m.worker.db)
+        return true;
+    if (Clock::now() < m.db_retry_at)
+        return false;
+    try {
+        connect(m, false);
+        metrics.db_reconnects.add();
+        m.db_backoff.reset();
+        say(log, LogLevel::info, {}, "reconnected to PostgreSQL (share member {})", m.n);
+        return true;
+    } catch (const std::exception& e) {
+        m.worker.disconnect();
+        const auto wait = m.db_backoff.next();
+        m.db_retry_at = Clock::now() + wait;
+        say(log, LogLevel::warning, error_field(e.what()),
+            "PostgreSQL reconnect failed (share member {}), next attempt in {} ms: {}", m.n, wait.count(), e.what());
+        return false;
+    }
+}
+
+void ShareEngine::Impl::start()
+{
+    stage.reserve(share_cfg.members * slot_cap);
+    for (std::size_t i = 0; i < share_cfg.members; ++i)
+        members.push_back(std::make_unique<Member>(*this, i));
+    try {
+        for (std::size_t i = 0; i < members.size(); ++i)
+            connect(*members[i], i == 0);
+    } catch (const ConfigError& e) {
+        throw ConfigError(secrets(e.what()));
+    } catch (const DatabaseError& e) {
+        throw DatabaseError(secrets(e.what()));
+    } catch (const std::exception& e) {
+        throw DatabaseError(secrets(fmt::format("cannot start: PostgreSQL: {}", e.what())));
+    }
+    // Before the share consumers: the mock cluster (librdkafka 2.15) ends
+    // every share session on a broker when any connection to it closes, as a
+    // new client's bootstrap connection does soon after it starts.
+    for (auto& m : members)
+        m->dead_letters.open();
+    kafka::ShareMember::Settings settings{cfg.brokers, cfg.group_id, cfg.topics, cfg.kafka, cfg.max_batch};
+    for (auto& m : members)
+        m->kafka = std::make_unique<kafka::ShareMember>(settings, log, secrets);
+}
+
+void ShareEngine::Impl::member_loop(Member& m)
+{
+    while (!stop.load()) {
+        if (!ensure_db(m)) {
+            std::this_thread::sleep_for(std::min(milliseconds(100), poll_timeout));
+            continue;
+        }
+        const auto poll_start = Clock::now();
+        const auto batch = m.kafka->poll(poll_timeout);
+        if (batch.failed)
+            metrics.kafka_errors.add();
+        if (batch.size() > 0)
+            process(m, batch, poll_start);
+    }
+    m.kafka->close();
+}
+
+// The records of one poll, in chunks of at most max_batch (a poll may return
+// more: one ShareFetch response), all within the batch's budget.
+void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batch, Clock::time_point acquired_at)
+{
+    const auto deadline = acquired_at + budget;
+    std::vector<const rd_kafka_message_t*> msgs;
+    std::vector<kafka::Ack> acks;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+        const auto* msg = batch.at(i);
+        if (msg->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            // librdkafka acknowledged it itself (REJECT for a corrupt batch,
+            // RELEASE for a decompression failure).
+            share.record_errors.add();
+            metrics.kafka_errors.add();
+            say(log, LogLevel::error,
+                coordinates(msg->rkt ? rd_kafka_topic_name(msg->rkt) : "", msg->partition, msg->offset),
+                "share consumer: record error from librdkafka (acknowledged by librdkafka itself, no dead letter): {}",
+                rd_kafka_message_errstr(msg));
+            continue;
+        }
+        msgs.push_back(msg);
+    }
+    acks.assign(msgs.size(), kafka::Ack::release);
+    for (std::size_t start = 0; start < msgs.size(); start += slot_cap) {
+        const std::size_t end = std::min(msgs.size(), start + slot_cap);
+        std::vector<Item> chunk(end - start);
+        std::vector<int> deliveries(end - start);
+        std::vector<kafka::Ack> chunk_acks(end - start, kafka::Ack::release);
+        for (std::size_t i = start; i < end; ++i) {
+            kafka::GroupMember::read(*msgs[i], chunk[i - start].record);
+            deliveries[i - start] = std::max(1, kafka::ShareMember::delivery_count(*msgs[i]));
+        }
+        metrics.consumed.add(chunk.size());
+        run_chunk(m, chunk, deliveries, deadline, chunk_acks);
+        std::copy(chunk_acks.begin(), chunk_acks.end(), acks.begin() + static_cast<std::ptrdiff_t>(start));
+    }
+    acknowledge(m, msgs, acks, acquired_at);
+}
+
+void ShareEngine::Impl::run_chunk(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries,
+                                  Clock::time_point deadline, std::vector<kafka::Ack>& acks)
+{
+    // A ledger state per record: a hold (a failure, a give-back) stops that
+    // record only, and its failure count makes the attempt its delivery count.
+    std::set<TopicPartition> own;
+    for (std::size_t i = 0; i < chunk.size(); ++i) {
+        auto& it = chunk[i];
+        const TopicPartition tp{std::string(it.record.topic), static_cast<std::int32_t>(i)};
+        own.insert(tp);
+        it.part = &m.ledger.assign(tp);
+        if (deliveries[i] > 1)
+            m.ledger.inherit_failures(*it.part, {{it.record.offset, deliveries[i] - 1}}, it.record.offset);
+    }
+    m.intake.decode(chunk, m.first_slot);
+    auto& w = m.worker;
+    const Holds initial = m.claims.screen(m.intake, w, chunk);
+    w.reset(initial);
+    // Records on their last delivery first: a slow neighbour must not use up their budget.
+    for (std::size_t i = 0; i < chunk.size(); ++i)
+        if (deliveries[i] >= share_cfg.delivery_limit)
+            w.items.push_back(i);
+    for (std::size_t i = 0; i < chunk.size(); ++i)
+        if (deliveries[i] < share_cfg.delivery_limit)
+            w.items.push_back(i);
+    run_claims(m, chunk, deadline);
+
+    settle(m, chunk, deliveries, acks);
+    m.ledger.revoke(own);
+}
+
+// Each record's acknowledgement once its outcome is known and durable.
+void ShareEngine::Impl::settle(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries,
+                               std::vector<kafka::Ack>& acks)
+{
+    const auto& w = m.worker;
+    std::vector<Item*> last;
+    std::vector<kafka::Ack*> last_acks;
+    for (std::size_t i = 0; i < chunk.size(); ++i) {
+        auto& it = chunk[i];
+        const bool on_last = deliveries[i] >= share_cfg.delivery_limit;
+        const bool unfinished = it.state == ItemState::pending && (w.failed || held(w.holds, it));
+        if (it.part->dead_lettered.count(it.record.offset)) {
+            acks[i] = kafka::Ack::reject;
+            if (on_last && it.reason == DeadLetterReason::handler_failed)
+                share.delivery_limit_dead_letters.add();
+            continue;
+        }
+        if (it.state != ItemState::poison && !unfinished) {
+            acks[i] = kafka::Ack::accept; // committed, a duplicate, or skipped by the reconcile hook
+            continue;
+        }
+        acks[i] = kafka::Ack::release; // unless on its last delivery, see last_delivery()
+        if (unfinished) {
+            const auto h =
+                std::find_if(w.holds.begin(), w.holds.end(), [&](const auto& e) { return e.first == it.part; });
+            if (!w.failed && h != w.holds.end() && h->second.failures == 0)
+                share.budget_given_back.add();
+            if (on_last) {
+                it.poison(DeadLetterReason::handler_failed,
+                          w.failed ? "not processed on its last delivery: the database failed (see the log)"
+                          : it.error.empty()
+                              ? fmt::format("not processed within the batch budget ({} ms) on its last delivery "
+                                            "(delivery_limit {}): a share group would archive it on release",
+                                            budget.count(), share_cfg.delivery_limit)
+                              : it.error);
+                it.attempts = deliveries[i];
+            }
+        }
+        if (on_last) { // a poison record whose dead letter was not acknowledged, or one unfinished
+            last.push_back(&it);
+            last_acks.push_back(&acks[i]);
+        }
+    }
+    if (!last.empty())
+        last_delivery(m, last, last_acks);
+}
+
+// ClaimTransaction::run(), again after a database failure (reconnected, after
+// a backoff) while the budget lasts: a failure of PostgreSQL's must not cost
+// the records a delivery.
+void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, Clock::time_point deadline)
+{
+    auto& w = m.worker;
+    for (;;) {
+        if (w.db)
+            m.claims.run(w, chunk, deadline);
+        else
+            w.failed = true;
+        if (!w.failed) {
+            m.db_backoff.reset();
+            metrics.db_commits.add();
+            metrics.batch_records.observe(static_cast<double>(w.info.records));
+            metrics.claimed.add(w.info.claimed);
+            metrics.duplicates.add(w.info.duplicates);
+            if (cfg.hooks.after_db_commit)
+                cfg.hooks.after_db_commit(w.info); // may throw: nothing of the batch is acknowledged then
+            return;
+        }
+        if (w.error)
+            std::rethrow_exception(w.error);
+        if (w.lost_connection)
+            w.disconnect();
+        const auto wait = m.db_backoff.next();
+        if (stop.load() || Clock::now() + wait >= deadline)
+            return; // w.failed: released
+        std::this_thread::sleep_for(wait);
+        if (!w.db && !ensure_db(m))
+            continue; // w.failed stays: tried again after the next backoff
+        w.failed = w.lost_connection = w.abandoned = false;
+    }
+}
+
+// Records on their last delivery that cannot be accepted: a release would
+// have the broker archive them without a trace, so they are dead-lettered and
+// rejected; one whose dead letter is refused is released anyway (archived),
+// loudly.
+void ShareEngine::Impl::last_delivery(Member& m, std::vector<Item*>& items, std::vector<kafka::Ack*>& acks)
+{
+    Holds holds;
+    m.dead_letters.send(items, holds);
+    for (std::size_t k = 0; k < items.size(); ++k) {
+        auto& it = *items[k];
+        if (it.state == ItemState::done) {
+            *acks[k] = kafka::Ack::reject;
+            share.delivery_limit_dead_letters.add();
+            say(log, LogLevel::warning, it.log_fields(it.error),
+                "{} (event {}) dead-lettered on its last delivery ({} of delivery_limit {}) instead of released: {}",
+                it.where(), it.id.to_string(), it.attempts, share_cfg.delivery_limit, it.error);
+            continue;
+        }
+        share.archived_without_dead_letter.add();
+        say(log, LogLevel::error, it.log_fields(it.error),
+            "{} (event {}) on its last delivery could not be dead-lettered in time: released, and the broker "
+            "archives it without a dead letter (recover it from the topic): {}",
+            it.where(), it.id.to_string(), it.error);
+    }
+}
+
+void ShareEngine::Impl::acknowledge(Member& m, const std::vector<const rd_kafka_message_t*>& msgs,
+                                    const std::vector<kafka::Ack>& acks, Clock::time_point acquired_at)
+{
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+        if (!m.kafka->acknowledge(msgs[i], acks[i])) {
+            share.acks_refused.add(); // logged by ShareMember; the record comes again when its lock lapses
+            continue;
+        }
+        (acks[i] == kafka::Ack::accept   ? share.accepted
+         : acks[i] == kafka::Ack::reject ? share.rejected
+                                         : share.released)
+            .add();
+    }
+    const auto refused = m.kafka->commit(std::min(share_cfg.lock_duration, milliseconds(10000)));
+    const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - acquired_at);
+    for (const auto& r : refused) {
+        share.acks_refused.add();
+        say(log, LogLevel::warning,
+            error_field(r.error, {{log_field::topic, r.topic}, {log_field::partition, std::to_string(r.partition)}}),
+            "acknowledgements of {}/{} refused ({}) after {} ms: a lock lapsed (lock_duration {} ms, batch budget {} "
+            "ms) or the broker did not answer; nothing is undone, the records come again and their claims make them "
+            "duplicates",
+            r.topic.empty() ? "every partition" : r.topic, r.partition, r.error, took.count(),
+            share_cfg.lock_duration.count(), budget.count());
+    }
+}
+
+ShareEngine::ShareEngine(ShareConsumerConfig config, Stage& stage)
+{
+    config.validate();
+    impl_ = std::make_unique<Impl>(std::move(config), stage, stop_);
+}
+
+ShareEngine::~ShareEngine() = default;
+
+void ShareEngine::run()
+{
+    auto& e = *impl_;
+    e.start();
+    std::unique_ptr<MaintenanceRunner> maintenance;
+    if (e.cfg.retention.maintenance)
+        maintenance = std::make_unique<MaintenanceRunner>(e.cfg.postgres, e.store, e.cfg.retention, e.log);
+    std::unique_ptr<ClaimAgeMonitor> claim_age;
+    if (e.cfg.oldest_claim_refresh.count() > 0)
+        claim_age = std::make_unique<ClaimAgeMonitor>(
+            e.cfg.postgres, e.store, e.cfg.group_id, e.cfg.oldest_claim_refresh, e.metrics.oldest_claim_unix_ms, e.log);
+    std::mutex error_mu;
+    std::exception_ptr error;
+    std::vector<std::thread> threads;
+    for (auto& m : e.members)
+        threads.emplace_back([&, member = m.get()] {
+            try {
+                e.member_loop(*member);
+            } catch (...) {
+                {
+                    std::lock_guard<std::mutex> lock(error_mu);
+                    if (!error)
+                        error = std::current_exception();
+                }
+                stop_ = true; // the others finish their batches and leave
+            }
+        });
+    for (auto& t : threads)
+        t.join();
+    say(e.log, LogLevel::info, {}, "share consumer stopped");
+    e.members.clear(); // a member that failed leaves without acknowledging: its locks are released
+    if (error)
+        std::rethrow_exception(error);
+}
+
+void ShareEngine::stop() noexcept
+{
+    stop_ = true;
+}
+
+const Metrics& ShareEngine::metrics() const noexcept
+{
+    return impl_->metrics;
+}
+
+const ShareMetrics& ShareEngine::share_metrics() const noexcept
+{
+    return impl_->share;
+}
+
+} // namespace idemkafka::detail
