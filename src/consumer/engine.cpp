@@ -134,22 +134,7 @@ void Engine::Impl::fill_batch()
         if (cfg.ordering == Ordering::partition)
             ++waiting_of[it.part];
     }
-    // Parked keys whose backoff is over run first, in their order (not
-    // while PostgreSQL is away: they would only be rewound).
-    if (!parking.empty() && !db_pause) {
-        const auto before = batch.size();
-        parking.take_due(Clock::now(), batch);
-        for (auto i = before; i < batch.size(); ++i)
-            fill_bytes += batch[i].bytes();
-        if (batch.size() > before) {
-            for (auto i = before; i < batch.size() && decode_ahead(); ++i)
-                decode(batch[i]);
-            if (before == 0)
-                waiting_since = Clock::now();
-            dispatch_dirty = true;
-            count_parked();
-        }
-    }
+    take_parked();
     while (batch.size() < batch_limit && fill_bytes < cfg.max_batch_bytes) {
         // A unit ended: merge it (and hand its worker the next one) first.
         // `polling` is set before the check: a worker ending from here on
@@ -181,34 +166,61 @@ void Engine::Impl::fill_batch()
                 return;
             continue;
         }
-        auto* ps = ledger.find(kafka::GroupMember::topic_of(*m), m->partition);
-        if (PartitionLedger::admit(ps, m->offset) != Admission::take)
-            continue; // not ours, or fetched before a rewind: it comes again
-        // Until its outcome is merged, the position stays at or before it.
-        PartitionLedger::take(*ps, m->offset);
-        Item it;
-        kafka::GroupMember::read(*m, it.record);
-        it.part = ps;
-        it.msg = std::move(m);
-        metrics.in_flight_records.add(1);
-        metrics.in_flight_bytes.add(static_cast<std::int64_t>(it.bytes()));
-        if (!parking.empty() && parking.parked(ps, it.record.key)) {
-            park(std::move(it)); // behind a failed record of its key
-            count_parked();
-            continue;
-        }
-        fill_bytes += it.bytes();
-        if (batch.empty())
-            waiting_since = Clock::now();
-        batch.push_back(std::move(it));
-        if (decode_ahead())
-            decode(batch.back()); // while the workers run
-        dispatch_dirty = true;
-        if (cfg.ordering == Ordering::partition && ++waiting_of[ps] >= unit_cap && lanes.count({ps, KeyId()}))
+        auto* ps = take_polled(std::move(m));
+        if (ps && cfg.ordering == Ordering::partition && ++waiting_of[ps] >= unit_cap && lanes.count({ps, KeyId()}))
             kafka->defer(ps->tp, true);
         if (stop_requests.load())
             return;
     }
+}
+
+void Engine::Impl::take_parked()
+{
+    // Parked keys whose backoff is over run first, in their order (not
+    // while PostgreSQL is away: they would only be rewound).
+    if (parking.empty() || db_pause)
+        return;
+    const auto before = batch.size();
+    parking.take_due(Clock::now(), batch);
+    if (batch.size() == before)
+        return;
+    for (auto i = before; i < batch.size(); ++i) {
+        fill_bytes += batch[i].bytes();
+        if (decode_ahead())
+            decode(batch[i]);
+    }
+    if (before == 0)
+        waiting_since = Clock::now();
+    dispatch_dirty = true;
+    count_parked();
+}
+
+PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
+{
+    auto* ps = ledger.find(kafka::GroupMember::topic_of(*m), m->partition);
+    if (PartitionLedger::admit(ps, m->offset) != Admission::take)
+        return nullptr; // not ours, or fetched before a rewind: it comes again
+    // Until its outcome is merged, the position stays at or before it.
+    PartitionLedger::take(*ps, m->offset);
+    Item it;
+    kafka::GroupMember::read(*m, it.record);
+    it.part = ps;
+    it.msg = std::move(m);
+    metrics.in_flight_records.add(1);
+    metrics.in_flight_bytes.add(static_cast<std::int64_t>(it.bytes()));
+    if (!parking.empty() && parking.parked(ps, it.record.key)) {
+        park(std::move(it)); // behind a failed record of its key
+        count_parked();
+        return nullptr;
+    }
+    fill_bytes += it.bytes();
+    if (batch.empty())
+        waiting_since = Clock::now();
+    batch.push_back(std::move(it));
+    if (decode_ahead())
+        decode(batch.back()); // while the workers run
+    dispatch_dirty = true;
+    return ps;
 }
 
 void Engine::Impl::count_in_flight()

@@ -222,6 +222,11 @@ struct Engine::Impl final : kafka::GroupEvents {
     // ---- polling ----------------------------------------------------------
 
     void fill_batch();
+    // Parked keys whose backoff is over go to the waiting room first.
+    void take_parked();
+    // A polled record into the waiting room (or parking); its partition, or
+    // null when it is not taken (not ours, stale, parked).
+    PartitionState* take_polled(kafka::MessagePtr m);
 
     // The in-flight gauges after records left the batch.
     void count_in_flight();
