@@ -29,8 +29,10 @@
 #include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/consumer.hpp"
+#include "idemkafka/error.hpp"
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/offset_store.hpp"
+#include "idemkafka/redact.hpp"
 #include "idemkafka/store.hpp"
 #include "observe/log_context.hpp"
 #include "pg/watch.hpp"
@@ -43,6 +45,22 @@ namespace idemkafka::detail {
 inline std::chrono::milliseconds locking_bound(const ConsumerConfig& cfg)
 {
     return cfg.db_timeout.count() > 0 ? cfg.db_timeout + cfg.lock_timeout : std::chrono::milliseconds(0);
+}
+
+/// Runs `connect` (a consumer's first connections, at start-up) and throws
+/// what it threw as ConfigError or DatabaseError, with the secrets of the
+/// configuration masked.
+template <class Connect> void connect_at_start(const Redactor& secrets, Connect&& connect)
+{
+    try {
+        connect();
+    } catch (const ConfigError& e) {
+        throw ConfigError(secrets(e.what()));
+    } catch (const DatabaseError& e) {
+        throw DatabaseError(secrets(e.what()));
+    } catch (const std::exception& e) {
+        throw DatabaseError(secrets(fmt::format("cannot start: PostgreSQL: {}", e.what())));
+    }
 }
 
 /// Thrown inside a transaction when the offset table refused our epoch.

@@ -448,16 +448,10 @@ void Engine::Impl::start()
         if (polling)
             kafka->wake_poll(); // a poll waiting for records returns now
     });
-    try {
+    connect_at_start(secrets, [this] {
         for (std::size_t i = 0; i < workers.size(); ++i)
             connect(workers[i], i == 0);
-    } catch (const ConfigError& e) {
-        throw ConfigError(secrets(e.what()));
-    } catch (const DatabaseError& e) {
-        throw DatabaseError(secrets(e.what()));
-    } catch (const std::exception& e) {
-        throw DatabaseError(secrets(fmt::format("cannot start: PostgreSQL: {}", e.what())));
-    }
+    });
     if (cfg.retention.maintenance)
         maintenance = std::make_unique<MaintenanceRunner>(cfg.postgres, store, cfg.retention, log);
     if (cfg.oldest_claim_refresh.count() > 0)

@@ -4,6 +4,7 @@
 #include "consumer/engine_impl.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace idemkafka::detail {
 
@@ -57,10 +58,14 @@ bool Engine::Impl::dispatch()
     // A unit takes at most its worker's share of the lanes: a slow call
     // holds back the later records of every lane in its unit, so one unit
     // must not take them all while other workers are free.
-    std::set<std::pair<PartitionState*, KeyId>> known(lanes);
-    for (const auto& it : batch)
-        known.insert(lane_of(it));
-    const std::size_t lanes_per_unit = std::max<std::size_t>(1, (known.size() + workers.size() - 1) / workers.size());
+    // (With one worker its share is every lane: nothing to count.)
+    std::size_t lanes_per_unit = SIZE_MAX;
+    if (workers.size() > 1) {
+        std::set<std::pair<PartitionState*, KeyId>> known(lanes);
+        for (const auto& it : batch)
+            known.insert(lane_of(it));
+        lanes_per_unit = std::max<std::size_t>(1, (known.size() + workers.size() - 1) / workers.size());
+    }
     bool sent = false;
     for (std::size_t n = 0; n < workers.size() && !batch.empty(); ++n) {
         if (busy[n] || !workers[n].db)

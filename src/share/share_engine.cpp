@@ -164,16 +164,10 @@ void ShareEngine::Impl::start()
     stage.reserve(share_cfg.members * slot_cap);
     for (std::size_t i = 0; i < share_cfg.members; ++i)
         members.push_back(std::make_unique<Member>(*this, i));
-    try {
+    connect_at_start(secrets, [this] {
         for (std::size_t i = 0; i < members.size(); ++i)
             connect(*members[i], i == 0);
-    } catch (const ConfigError& e) {
-        throw ConfigError(secrets(e.what()));
-    } catch (const DatabaseError& e) {
-        throw DatabaseError(secrets(e.what()));
-    } catch (const std::exception& e) {
-        throw DatabaseError(secrets(fmt::format("cannot start: PostgreSQL: {}", e.what())));
-    }
+    });
     // Before the share consumers: the mock cluster (librdkafka 2.15) ends
     // every share session on a broker when any connection to it closes, as a
     // new client's bootstrap connection does soon after it starts.
