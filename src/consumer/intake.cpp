@@ -52,14 +52,14 @@ void Intake::decode(Item& it)
 
 void Intake::screen(Item& it, PartitionLedger& ledger)
 {
-    std::optional<DeadLetterDue> due;
-    if (ledger.settled(*it.part, it.record.offset, due)) {
+    const auto history = ledger.history_of(*it.part, it.record.offset);
+    if (history.dead_lettered) {
         it.state = ItemState::done;
         return;
     }
-    if (due) {
-        it.poison(due->reason, due->error);
-        it.attempts = due->attempts;
+    if (history.due) {
+        it.poison(history.due->reason, history.due->error);
+        it.attempts = history.due->attempts;
         return;
     }
     if (it.state == ItemState::poison) {
@@ -69,7 +69,28 @@ void Intake::screen(Item& it, PartitionLedger& ledger)
             metrics_.decode_errors.add();
         return;
     }
+    if (failures_are_handlers_ && history.failures >= cfg_.max_attempts) {
+        exhausted(it, history.failures);
+        return;
+    }
     apply_horizon(it);
+}
+
+// Failed max_attempts times already, counted before this member held the
+// partition (the count travels with the offset commit) while its dead letter
+// never got through: a member stopped or died between the last failure and
+// the broker's acknowledgement. Another call would be one attempt too many.
+void Intake::exhausted(Item& it, int failures)
+{
+    it.poison(DeadLetterReason::handler_failed,
+              fmt::format("the handler failed {} times (max_attempts {}), counted before this member held the "
+                          "partition; the last error is in the log of the member that counted it",
+                          failures, cfg_.max_attempts));
+    it.attempts = failures;
+    say(log_, LogLevel::warning, it.log_fields(it.error),
+        "{} (event {}) failed {} times before this assignment and its dead letter was not acknowledged then: "
+        "dead-lettered without another handler call",
+        it.where(), it.id.to_string(), failures);
 }
 
 // An event whose claim may already be purged is not handed to the handler

@@ -42,9 +42,18 @@ public:
     /// handler does not run again); a poison record is counted; the others
     /// pass the dedup-horizon guard, which may mark them for the dead letter
     /// or for the reconcile hook (Item::reconcile).
+    /// A record whose failures already reached max_attempts (counted by an
+    /// earlier owner of its partition, whose dead letter did not get through)
+    /// goes to the dead letter without another handler call.
     void screen(Item& it, PartitionLedger& ledger);
 
+    /// Share groups: a record's failure count is its delivery count less one
+    /// (lock expiries and members' deaths included), not handler failures
+    /// alone, so reaching max_attempts is no reason by itself to dead-letter.
+    void count_deliveries() noexcept { failures_are_handlers_ = false; }
+
 private:
+    void exhausted(Item& it, int failures);
     void apply_horizon(Item& it);
     void explain_default_once(DeadLetterReason reason);
 
@@ -53,6 +62,7 @@ private:
     Metrics& metrics_;
     LogSink log_;
     std::optional<HorizonGuard> guard_;
+    bool failures_are_handlers_ = true;
     bool non_v7_explained_ = false;
     bool horizon_explained_ = false;
 };

@@ -313,16 +313,19 @@ int PartitionLedger::dead_letter_refused(PartitionState& ps, std::int64_t offset
     return ++due.refusals;
 }
 
-bool PartitionLedger::settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due)
+RecordHistory PartitionLedger::history_of(const PartitionState& ps, std::int64_t offset)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
-    due.reset();
-    if (ps.dead_lettered.count(offset))
-        return true;
-    auto d = ps.dead_letter_due.find(offset);
-    if (d != ps.dead_letter_due.end())
-        due = d->second;
-    return false;
+    RecordHistory h;
+    if (ps.dead_lettered.count(offset)) {
+        h.dead_lettered = true;
+        return h;
+    }
+    if (auto d = ps.dead_letter_due.find(offset); d != ps.dead_letter_due.end())
+        h.due = d->second;
+    if (auto f = ps.failures.find(offset); f != ps.failures.end())
+        h.failures = f->second;
+    return h;
 }
 
 } // namespace idemkafka::detail

@@ -63,6 +63,13 @@ struct DeadLetterDue {
     int refusals = 0;
 };
 
+/// What a partition's ledger knows of a polled record before it runs again.
+struct RecordHistory {
+    bool dead_lettered = false;        ///< its dead letter was acknowledged in this assignment: done
+    std::optional<DeadLetterDue> due;  ///< its dead letter was refused: it goes there again, as it was
+    int failures = 0;                  ///< its handler failures, counted here or inherited
+};
+
 /// One assigned partition. Offsets are Kafka offsets; -1 means none yet.
 struct PartitionState {
     TopicPartition tp;
@@ -296,10 +303,8 @@ public:
     /// The dead letter of the record was refused; returns the refusals so far.
     int dead_letter_refused(PartitionState& ps, std::int64_t offset, DeadLetterReason reason, const std::string& error,
                             int attempts);
-    /// Before a polled record runs again: true when its dead letter was
-    /// acknowledged in this assignment (the record is done); a refused one is
-    /// returned in `due` (the record goes to the dead letter again, as it was).
-    bool settled(const PartitionState& ps, std::int64_t offset, std::optional<DeadLetterDue>& due);
+    /// Before a polled record runs (again): its dead letter and its failures.
+    RecordHistory history_of(const PartitionState& ps, std::int64_t offset);
 
     /// Backoff after `failures` handler failures or dead-letter refusals.
     std::chrono::milliseconds retry_backoff(int failures) const noexcept { return retry_.after(failures); }

@@ -84,6 +84,7 @@ struct ShareEngine::Impl {
               claims(ClaimTransaction::Setup{e.cfg, e.stage, e.metrics, e.store, e.no_offsets, ledger, dead_letters,
                                              circuit, e.log, [] { return false; }, false})
         {
+            intake.count_deliveries();
         }
         std::size_t n;
         std::size_t first_slot;

@@ -4,6 +4,7 @@
 // before that many failures, again and again.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -141,4 +142,54 @@ TEST_CASE("a crash loop faster than max_attempts: the poison record is still dea
     f.check_exact(39);
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE event_id = '{}'", f.effects, poison.to_string())) == 0);
     std::remove(marks.c_str());
+}
+
+// A record counts its max_attempts-th failure, its dead letter is refused, and
+// its member stops before the dead letter gets through: the offset commit
+// carries the count. The next member must not call the handler a further
+// time (the attempt count would pass max_attempts), only send the dead letter.
+TEST_CASE("a record that failed max_attempts times before a restart is dead-lettered without another handler call",
+          "[fault]")
+{
+    Fixture f(1);
+    f.publish(10);
+    const auto poison = f.events[4].id;
+    // The dead-letter producer's first two tries are refused.
+    mock_control("push-errors Produce MSG_SIZE_TOO_LARGE MSG_SIZE_TOO_LARGE");
+    std::atomic<int> calls{0};
+    std::atomic<bool> refused{false};
+    std::atomic<bool> inherited{false};
+    const LogSink shown = log_sink();
+    auto cfg = attempts_config(f.group, f.topic);
+    cfg.log = [&](const LogRecord& r) {
+        if (r.message.find("not acknowledged") != std::string::npos)
+            refused = true;
+        if (r.message.find("failed before this assignment") != std::string::npos)
+            inherited = true;
+        shown(r);
+    };
+    const auto handler = [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx);
+        if (e.id == poison) {
+            ++calls;
+            throw std::runtime_error("poison: always fails");
+        }
+    };
+    {
+        Consumer c(cfg, decode, event_id_of, handler);
+        run_until(c, [&] { return refused.load(); });
+    }
+    REQUIRE(calls == max_attempts);
+    REQUIRE(committed_offset(f.group, f.topic, 0) == 4); // held at the poison record
+
+    Consumer c(cfg, decode, event_id_of, handler);
+    run_until(c, [&] { return committed_offset(f.group, f.topic, 0) == 10; });
+    CHECK(inherited);
+    CHECK(calls == max_attempts); // before: one call more, and a dead letter saying max_attempts + 1
+    const auto dlq = read_topic(f.group + ".dlq", 1, 30s);
+    REQUIRE(dlq.size() == 1);
+    CHECK(dlq[0].header("idemkafka.attempts") == std::to_string(max_attempts));
+    CHECK(dlq[0].header("idemkafka.reason") == "handler_failed");
+    CHECK(dlq[0].header("idemkafka.original.offset") == "4");
+    f.check_exact(9);
 }

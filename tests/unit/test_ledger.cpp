@@ -204,18 +204,21 @@ TEST_CASE("ledger: failures, dead letters and what a revoke leaves", "[unit][led
     CHECK(ledger.count_failure(ps, 3) == 2);
     CHECK(ledger.attempt_of(ps, 3) == 3);
 
-    std::optional<DeadLetterDue> due;
+    CHECK(ledger.history_of(ps, 3).failures == 2);
     CHECK(ledger.dead_letter_refused(ps, 3, DeadLetterReason::handler_failed, "boom", 2) == 1);
     CHECK(ledger.dead_letter_refused(ps, 3, DeadLetterReason::handler_failed, "boom", 2) == 2);
-    CHECK_FALSE(ledger.settled(ps, 3, due));
-    REQUIRE(due);
-    CHECK(due->error == "boom");
-    CHECK(due->attempts == 2);
-    CHECK(due->refusals == 2);
+    const auto refused = ledger.history_of(ps, 3);
+    CHECK_FALSE(refused.dead_lettered);
+    REQUIRE(refused.due);
+    CHECK(refused.due->error == "boom");
+    CHECK(refused.due->attempts == 2);
+    CHECK(refused.due->refusals == 2);
+    CHECK(refused.failures == 2);
 
     ledger.dead_lettered(ps, 3);
-    CHECK(ledger.settled(ps, 3, due));
-    CHECK_FALSE(due);
+    const auto settled = ledger.history_of(ps, 3);
+    CHECK(settled.dead_lettered);
+    CHECK_FALSE(settled.due);
     CHECK(ps.failures.empty());
     ledger.complete(ps, 3);
     ledger.trim(ps);
