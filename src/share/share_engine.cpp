@@ -81,8 +81,10 @@ struct ShareEngine::Impl {
               ledger(Backoff{e.cfg.retry_backoff, e.cfg.retry_backoff_max}, db_backoff_shape),
               intake(e.cfg, e.stage, e.metrics, e.log), dead_letters(e.cfg, ledger, e.metrics, e.log, e.secrets),
               circuit(e.cfg.circuit_breaker),
+              // stop() abandons a running transaction before its next handler call: what
+              // committed is ACCEPTed, the rest RELEASEd (another delivery, at once).
               claims(ClaimTransaction::Setup{e.cfg, e.stage, e.metrics, e.store, e.no_offsets, ledger, dead_letters,
-                                             circuit, e.log, [] { return false; }, false})
+                                             circuit, e.log, [&stop = e.stop] { return stop.load(); }, false})
         {
         }
         std::size_t n;
@@ -294,7 +296,8 @@ void ShareEngine::Impl::settle(Member& m, std::vector<Item>& chunk, const std::v
                 share.budget_given_back.add();
             if (on_last) {
                 it.poison(DeadLetterReason::handler_failed,
-                          w.failed ? "not processed on its last delivery: the database failed (see the log)"
+                          w.abandoned ? "not processed on its last delivery: the consumer was stopped"
+                          : w.failed  ? "not processed on its last delivery: the database failed (see the log)"
                           : it.error.empty()
                               ? fmt::format("not processed within the batch budget ({} ms) on its last delivery "
                                             "(delivery_limit {}): a share group would archive it on release",
@@ -335,6 +338,8 @@ void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, Clock::t
         }
         if (w.error)
             std::rethrow_exception(w.error);
+        if (w.abandoned)
+            return; // stop(): released
         if (w.lost_connection)
             w.disconnect();
         const auto wait = m.db_backoff.next();
