@@ -437,8 +437,9 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
                 std::fprintf(stderr, "note: %s skipped: this idemkafka has no ConsumerConfig::workers yet\n",
                              m.c_str());
             else if (m == "idemkafka_share_handler5ms")
-                std::fprintf(stderr, "note: %s skipped: built with a librdkafka without the share consumer "
-                                     "(2.15 or later: scripts/bench.sh --lane modern)\n",
+                std::fprintf(stderr,
+                             "note: %s skipped: built with a librdkafka without the share consumer "
+                             "(2.15 or later: scripts/bench.sh --lane modern)\n",
                              m.c_str());
             else
                 fail_usage("--modes: unknown mode '" + m + "'");
@@ -614,9 +615,8 @@ int run(const Options& o)
 
     bool any_kafka = false;
     for (const auto& s : specs)
-        any_kafka =
-            any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
-            s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener;
+        any_kafka = any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
+                    s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener;
     std::set<std::size_t> sizes;
     for (auto e : o.events)
         for (const auto& s : specs)
@@ -658,8 +658,7 @@ int run(const Options& o)
 
     int serial = 0;
     auto kafka_mode = [](Kind k) {
-        return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::idemkafka_share ||
-               k == Kind::naive_listener;
+        return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::idemkafka_share || k == Kind::naive_listener;
     };
     const OnReady no_op = [](const Counter&) {};
     for (const auto& data : datasets) {

@@ -151,7 +151,8 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
         std::lock_guard<std::mutex> lock(pending_mu);
         pending.push_back({e.d.produced_us, e.taken_us, st.measured(e.d.seq, job)});
     };
-    IdempotentShareConsumer<ShareEvent> consumer(cfg, decode, [](const ShareEvent& e) { return e.d.id; }, handler);
+    IdempotentShareConsumer<ShareEvent> consumer(
+        cfg, decode, [](const ShareEvent& e) { return e.d.id; }, handler);
 
     std::exception_ptr failure;
     std::atomic<bool> finished{false};
@@ -216,10 +217,9 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
             last_progress = now;
         } else if (now - last_progress >
                    (processed ? std::chrono::seconds(stall_timeout) : std::chrono::seconds(first_record_timeout))) {
-            st.result.errors.push_back(fmt::format("lost: only {} of {} records processed (no progress for {} s)",
-                                                   processed, expected,
-                                                   std::chrono::duration_cast<std::chrono::seconds>(now - last_progress)
-                                                       .count()));
+            st.result.errors.push_back(
+                fmt::format("lost: only {} of {} records processed (no progress for {} s)", processed, expected,
+                            std::chrono::duration_cast<std::chrono::seconds>(now - last_progress).count()));
             break;
         }
     }

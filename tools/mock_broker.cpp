@@ -384,8 +384,7 @@ std::optional<rd_kafka_resp_err_t> parse_error_code(const std::string& text)
 
 class ControlChannel {
 public:
-    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path,
-                   std::vector<std::pair<std::string, int>> topics)
+    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path, std::vector<std::pair<std::string, int>> topics)
         : mcluster_(mcluster), path_(std::move(path)), topics_(std::move(topics))
     {
     }
@@ -658,8 +657,7 @@ private:
         }
         // One list per member, each with every partition: the mock copies them.
         std::vector<const char*> member_ids;
-        std::vector<std::unique_ptr<rd_kafka_topic_partition_list_t, void (*)(rd_kafka_topic_partition_list_t*)>>
-            lists;
+        std::vector<std::unique_ptr<rd_kafka_topic_partition_list_t, void (*)(rd_kafka_topic_partition_list_t*)>> lists;
         std::vector<rd_kafka_topic_partition_list_t*> assignments;
         for (const auto& id : members) {
             lists.emplace_back(rd_kafka_topic_partition_list_new(0), rd_kafka_topic_partition_list_destroy);

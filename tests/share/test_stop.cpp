@@ -78,9 +78,8 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     CHECK(s1.acks_refused.get() == 0);
     CHECK(m1.dead_lettered_total() == 0);
 
-    Consumer next(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        insert_effect(tx, table, e, ctx);
-    });
+    Consumer next(cfg, decode, event_id_of,
+                  [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { insert_effect(tx, table, e, ctx); });
     {
         Runner<Consumer> runner(next);
         REQUIRE(wait_until([&] { return effects(table) == total || runner.finished(); }, 60s));
