@@ -219,9 +219,17 @@ void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batc
         }
         msgs.push_back(msg);
     }
+    // Records on their last delivery first, in transactions of their own: a
+    // stop() or a slow neighbour that ends the others' transaction must not
+    // take them along (they could only be dead-lettered then).
+    const auto on_last = [this](const rd_kafka_message_t* msg) {
+        return kafka::ShareMember::delivery_count(*msg) >= share_cfg.delivery_limit;
+    };
+    const auto last_end =
+        static_cast<std::size_t>(std::stable_partition(msgs.begin(), msgs.end(), on_last) - msgs.begin());
     acks.assign(msgs.size(), kafka::Ack::release);
-    for (std::size_t start = 0; start < msgs.size(); start += slot_cap) {
-        const std::size_t end = std::min(msgs.size(), start + slot_cap);
+    for (std::size_t start = 0; start < msgs.size();) {
+        const std::size_t end = std::min(start < last_end ? last_end : msgs.size(), start + slot_cap);
         std::vector<Item> chunk(end - start);
         std::vector<int> deliveries(end - start);
         std::vector<kafka::Ack> chunk_acks(end - start, kafka::Ack::release);
@@ -232,6 +240,7 @@ void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batc
         metrics.consumed.add(chunk.size());
         run_chunk(m, chunk, deliveries, deadline, chunk_acks);
         std::copy(chunk_acks.begin(), chunk_acks.end(), acks.begin() + static_cast<std::ptrdiff_t>(start));
+        start = end;
     }
     acknowledge(m, msgs, acks, acquired_at);
 }
