@@ -23,6 +23,7 @@
 #include <librdkafka/rdkafka.h>
 #include <pqxx/pqxx>
 
+#include <idemkafka/features.hpp>
 #include <idemkafka/store.hpp>
 
 #include "modes.hpp"
@@ -66,8 +67,10 @@ services and runs this; by hand, point it at your own:
                          byte for byte their originals),
                          idemkafka_mixed_partition, idemkafka_mixed_key,
                          idemkafka_mixed_fast, idemkafka_handler5ms_partition,
-                         idemkafka_handler5ms_key, idemkafka_batch_prefilled,
-                         idemkafka_per_event_prefilled.
+                         idemkafka_handler5ms_key, idemkafka_share_handler5ms
+                         (built with a librdkafka that has the share consumer,
+                         2.15 or later: scripts/bench.sh --lane modern),
+                         idemkafka_batch_prefilled, idemkafka_per_event_prefilled.
                          Claims tables are partitioned, as the consumer's default
                          configuration creates them; idemkafka_batch_plain is
                          idemkafka_batch on a plain table (RetentionMode::purge)
@@ -127,6 +130,16 @@ services and runs this; by hand, point it at your own:
                          Parallel Consumer is compared on); each is reported
                          against records x 5 ms / workers (/ partitions, for
                          Ordering::partition, when fewer)
+  --share-members N      members of idemkafka_share_handler5ms (default 8): a
+                         share group (IdempotentShareConsumer) whose handler
+                         takes 5 ms on every record, as the 5 ms handler modes';
+                         members share the partitions, so more of them than
+                         partitions all work (on the mock broker, through its
+                         share-assign command once all joined); reported against
+                         records x 5 ms / members
+  --share-batch N        max_batch of idemkafka_share_handler5ms (default 50): a
+                         member works through its batch one call after the
+                         other, under the records' locks; 50 x 5 ms = 250 ms
   --out PATH             JSON report (default bench/results/latest.json)
   --keep                 keep the bench schema in PostgreSQL afterwards
   --verbose              library and librdkafka info logs on stderr
@@ -148,6 +161,8 @@ struct Options {
     std::size_t producer_batch = 10000;
     int mixed_workers = 4;
     int handler_workers = 64;
+    int share_members = 8;
+    std::size_t share_batch = 50;
     std::uint64_t prefill = 0;
     bool full = false;
     std::vector<int> workers = {2};
@@ -267,6 +282,14 @@ Options parse_options(int argc, char** argv)
             o.handler_workers = parse_list<int>(arg, value()).front();
             if (o.handler_workers < 1)
                 fail_usage("--handler-workers: at least 1");
+        } else if (arg == "--share-members") {
+            o.share_members = parse_list<int>(arg, value()).front();
+            if (o.share_members < 1)
+                fail_usage("--share-members: at least 1");
+        } else if (arg == "--share-batch") {
+            o.share_batch = parse_list<std::size_t>(arg, value()).front();
+            if (o.share_batch < 1)
+                fail_usage("--share-batch: at least 1");
         } else if (arg == "--producer-batch") {
             o.producer_batch = parse_list<std::size_t>(arg, value()).front();
             if (o.producer_batch < 1)
@@ -387,6 +410,13 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     // Parallel Consumer is usually shown with.
     handler_mode("idemkafka_handler5ms_partition", o.handler_workers, false, 1, 5);
     handler_mode("idemkafka_handler5ms_key", o.handler_workers, true, 1, 5);
+#if IDEMKAFKA_HAS_SHARE_CONSUMER
+    // The same handler in a share group: members, not partitions, bound the
+    // calls at once.
+    handler_mode("idemkafka_share_handler5ms", o.share_members, false, 1, 5);
+    all.back().kind = Kind::idemkafka_share;
+    all.back().batch = o.share_batch;
+#endif
 
     std::vector<ModeSpec> out;
     for (const auto& m : all) {
@@ -405,6 +435,11 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         if (!known) {
             if (m.rfind("idemkafka_batch_w", 0) == 0 && !library_has_workers)
                 std::fprintf(stderr, "note: %s skipped: this idemkafka has no ConsumerConfig::workers yet\n",
+                             m.c_str());
+            else if (m == "idemkafka_share_handler5ms")
+                std::fprintf(stderr,
+                             "note: %s skipped: built with a librdkafka without the share consumer "
+                             "(2.15 or later: scripts/bench.sh --lane modern)\n",
                              m.c_str());
             else
                 fail_usage("--modes: unknown mode '" + m + "'");
@@ -447,7 +482,8 @@ void set_mode(Job& job, const ModeSpec& s)
     job.mode = s.name;
     job.kind = s.kind;
     job.batch = s.batch;
-    job.workers = s.workers;
+    job.workers = s.kind == Kind::idemkafka_share ? 0 : s.workers;
+    job.share_members = s.kind == Kind::idemkafka_share ? s.workers : 0;
     job.batch_handler = s.batch_handler;
     job.fingerprint = s.fingerprint;
     job.key_ordering = s.key_ordering;
@@ -534,6 +570,8 @@ int run(const Options& o)
         {"mixed_workers", o.mixed_workers},
         {"mixed_slow", "every 100th record's handler call takes 200 ms"},
         {"handler_workers", o.handler_workers},
+        {"share_members", o.share_members},
+        {"share_batch", o.share_batch},
         {"handler5ms", "every record's handler call takes 5 ms"},
         {"claims_layout", "partitioned (the default configuration); _plain modes: plain (RetentionMode::purge)"},
         {"prefill_rows", o.prefill},
@@ -577,8 +615,8 @@ int run(const Options& o)
 
     bool any_kafka = false;
     for (const auto& s : specs)
-        any_kafka =
-            any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka || s.kind == Kind::naive_listener;
+        any_kafka = any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
+                    s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener;
     std::set<std::size_t> sizes;
     for (auto e : o.events)
         for (const auto& s : specs)
@@ -619,7 +657,9 @@ int run(const Options& o)
     }
 
     int serial = 0;
-    auto kafka_mode = [](Kind k) { return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::naive_listener; };
+    auto kafka_mode = [](Kind k) {
+        return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::idemkafka_share || k == Kind::naive_listener;
+    };
     const OnReady no_op = [](const Counter&) {};
     for (const auto& data : datasets) {
         for (std::size_t n : sizes) {

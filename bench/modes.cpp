@@ -82,6 +82,9 @@ Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready)
         case Kind::idemkafka:
             run_idemkafka(env, job, st);
             break;
+        case Kind::idemkafka_share:
+            run_idemkafka_share(env, job, st);
+            break;
         }
         r.rss_peak_mb = Meter::peak_rss_mb();
         if (!st.cpu_taken)

@@ -47,6 +47,7 @@ enum class Kind {
     pg_floor_batch,
     pg_floor_batch_rowwise,
     idemkafka,
+    idemkafka_share, ///< IdempotentShareConsumer (only with the share consumer)
     naive_listener,
 };
 
@@ -65,6 +66,7 @@ struct Job {
     std::size_t batch = 1;                   ///< floors: records per transaction; idemkafka: max_batch
     std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
     int workers = 0;                         ///< idemkafka: 0 leaves the library's default
+    int share_members = 0;                   ///< idemkafka_share: ShareConsumerConfig::members
     bool batch_handler = false;              ///< idemkafka: one multi-row insert per transaction
     /// idemkafka, mixed workload: every `slow_every`-th record (by sequence
     /// number) holds its handler call for `slow_for`; 0: none.
@@ -140,6 +142,7 @@ void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st);
 void run_naive_listener(const RunEnv& env, const Job& job, RunState& st);
 void run_pg_floor(const RunEnv& env, const Job& job, RunState& st);
 void run_idemkafka(const RunEnv& env, const Job& job, RunState& st);
+void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st);
 
 /// What a mode hands back to run_job; shared so the modes stay short.
 struct RunState {

@@ -188,12 +188,16 @@ ordered_json mixed_ideal(const Report& report)
         out.push_back(std::move(j));
     }
     // Every call takes 5 ms: the ideal is the handler time spread over the
-    // workers that can run at once (with Ordering::partition, one per partition).
+    // workers that can run at once (with Ordering::partition, one per
+    // partition; in a share group, one per member).
     const int handler_workers = cfg.value("handler_workers", 0);
+    const int share_members = cfg.value("share_members", 0);
     for (const auto& r : report.runs) {
-        if (r.mode.rfind("idemkafka_handler5ms_", 0) != 0 || !r.ok() || r.events_per_s <= 0 || handler_workers < 1)
+        const bool share = r.mode == "idemkafka_share_handler5ms";
+        if ((r.mode.rfind("idemkafka_handler5ms_", 0) != 0 && !share) || !r.ok() || r.events_per_s <= 0 ||
+            (share ? share_members : handler_workers) < 1)
             continue;
-        int parallel = handler_workers;
+        int parallel = share ? share_members : handler_workers;
         const auto partitions = r.partitions ? static_cast<int>(r.partitions) : cfg.value("partitions_min", 0);
         if (r.mode == "idemkafka_handler5ms_partition" && partitions > 0)
             parallel = std::min(parallel, partitions);
@@ -202,7 +206,7 @@ ordered_json mixed_ideal(const Report& report)
         ordered_json j;
         j["mode"] = r.mode;
         j["events"] = r.events;
-        j["workers"] = handler_workers;
+        j["workers"] = share ? share_members : handler_workers;
         j["parallel"] = parallel;
         j["events_per_s"] = round_to(r.events_per_s, 1);
         j["ideal_events_per_s"] = round_to(ideal, 1);

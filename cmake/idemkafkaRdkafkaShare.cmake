@@ -5,7 +5,8 @@
 #                                 batches from rd_kafka_share_poll, explicit acknowledgement,
 #                                 delivery counts, commit_sync/async (a preview in 2.15)
 #   IDEMKAFKA_RDKAFKA_SHARE_MOCK  the mock cluster's share-group settings: lock duration,
-#                                 delivery-count limit, auto offset reset, session timeout
+#                                 delivery-count limit, auto offset reset, session timeout;
+#                                 and its manual assignment (member ids, target assignment)
 # Only the build uses this module; the installed package has its answer in
 # <idemkafka/features.hpp> (IDEMKAFKA_HAS_SHARE_CONSUMER).
 include(CheckCXXSourceCompiles)
@@ -52,7 +53,11 @@ int main()
     rd_kafka_mock_sharegroup_set_auto_offset_reset(mcluster, 1);
     rd_kafka_mock_sharegroup_set_session_timeout(mcluster, 1);
     rd_kafka_mock_sharegroup_set_heartbeat_interval(mcluster, 1);
-    return 0;
+    char** member_ids = nullptr;
+    size_t member_cnt = 0;
+    rd_kafka_topic_partition_list_t* assignment = nullptr;
+    rd_kafka_mock_sharegroup_target_assignment(mcluster, \"g\", const_cast<const char**>(member_ids), &assignment, 0);
+    return rd_kafka_mock_sharegroup_get_member_ids(mcluster, \"g\", &member_ids, &member_cnt);
 }
 ")
 

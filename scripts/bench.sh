@@ -15,21 +15,42 @@
 #                                         steady state: a claims table holding 5M claims
 #                                         against empty ones, in one run
 #   scripts/bench.sh --events 10000,50000 --modes idemkafka_batch,pg_floor_batch
+#   scripts/bench.sh --lane modern --modes idemkafka_handler5ms_partition,idemkafka_share_handler5ms \
+#       --partitions 2 --events 4000 --dups 0 --latency-seconds 0
+#                                         against libpqxx 7.10.7 and librdkafka 2.15.0 (built by
+#                                         scripts/deps.sh; build dir <repo>/build-bench-modern),
+#                                         which have the share consumer: 8 share members on 2
+#                                         partitions next to a consumer group on the same 2
+#                                         (--lane, when given, comes first)
 #
 # Claims tables are partitioned, as the consumer's default configuration creates them;
 # idemkafka_batch_plain runs idemkafka_batch on a plain table (RetentionMode::purge), so
 # the report's `idemkafka_batch / idemkafka_batch_plain` is what partitioning costs.
 #
 # Arguments go to idemkafka-bench; `scripts/bench.sh --help` lists them all. Environment:
-# BUILD_DIR (default <repo>/build-bench), RESULTS_DIR (default <repo>/bench/results),
+# BUILD_DIR (default <repo>/build-bench, or <repo>/build-bench-modern with --lane modern),
+# RESULTS_DIR (default <repo>/bench/results),
 # IDEMKAFKA_TEST_PG / IDEMKAFKA_TEST_BROKERS to measure existing services instead, and
 # IDEMKAFKA_BENCH_PERF=1 to run under `perf record` and write the consumer thread's
 # profile to RESULTS_DIR/perf.txt (best with one mode: --modes idemkafka_batch).
 set -euo pipefail
 
 IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+lane=debian
+if [ "${1:-}" = "--lane" ]; then
+    lane="${2:?--lane needs debian or modern}"
+    shift 2
+fi
+case "$lane" in
+    debian) default_build="$IK_ROOT/build-bench" ;;
+    modern) default_build="$IK_ROOT/build-bench-modern" ;;
+    *)
+        printf 'error: unknown lane "%s" (debian or modern)\n' "$lane" >&2
+        exit 2
+        ;;
+esac
 # Its own build tree: the benchmark needs Release, the tests use RelWithDebInfo.
-BUILD_DIR="${BUILD_DIR:-$IK_ROOT/build-bench}"
+BUILD_DIR="${BUILD_DIR:-$default_build}"
 # shellcheck source=scripts/lib.sh
 source "$IK_ROOT/scripts/lib.sh"
 
@@ -47,6 +68,7 @@ for arg in "$@"; do
         echo
         if [ ! -x "$BUILD_DIR/bench/idemkafka-bench" ]; then
             echo "(building idemkafka-bench for its options)" >&2
+            [ "$lane" = debian ] || { echo "(--help builds the Debian lane)" >&2; BUILD_DIR="$IK_ROOT/build-bench"; }
             cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DIDEMKAFKA_BUILD_BENCH=ON >/dev/null
             cmake --build "$BUILD_DIR" -j2 --target idemkafka-bench >/dev/null
         fi
@@ -66,8 +88,16 @@ if ! command -v gnuplot >/dev/null 2>&1; then
     fi
 fi
 
-ik_log "building Release ($BUILD_DIR)"
-cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DIDEMKAFKA_BUILD_BENCH=ON >/dev/null
+lane_args=()
+if [ "$lane" = modern ]; then
+    ik_log "lane modern: building or reusing libpqxx and librdkafka (scripts/deps.sh)"
+    deps_prefix="$(bash "$IK_ROOT/scripts/deps.sh")"
+    export PKG_CONFIG_PATH="$deps_prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    lane_args=(-DCMAKE_PREFIX_PATH="$deps_prefix")
+fi
+
+ik_log "building Release ($BUILD_DIR, lane $lane)"
+cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DIDEMKAFKA_BUILD_BENCH=ON "${lane_args[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j2 --target idemkafka-bench idemkafka-mock-broker
 
 ik_log "starting PostgreSQL"

@@ -77,6 +77,15 @@ PATH.ack as "<count> ok" or "<count> error: <reason>", count = commands handled 
                                             too; session-timeout-ms MS (default 45000),
                                             heartbeat-interval-ms MS (default 5000): for share
                                             groups created from now on
+  share-assign GROUP MEMBERS TOPIC [TOPIC...]
+                                            when share group GROUP has exactly MEMBERS members,
+                                            assigns every partition of each TOPIC (created here:
+                                            --topic or create-topic) to every one of them, so they
+                                            share partitions as a real broker's share assignor
+                                            does (the mock's own gives each partition to one
+                                            member); else an error naming the count found, to be
+                                            asked again. The assignment is then manual: members
+                                            joining later get nothing (librdkafka 2.15 or later)
   ping                                      no-op, answers ok
 APIKEY is a number or a name (Produce, Fetch, Metadata, OffsetCommit, OffsetFetch,
 FindCoordinator, JoinGroup, Heartbeat, LeaveGroup, SyncGroup, InitProducerId,
@@ -375,7 +384,10 @@ std::optional<rd_kafka_resp_err_t> parse_error_code(const std::string& text)
 
 class ControlChannel {
 public:
-    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path) : mcluster_(mcluster), path_(std::move(path)) {}
+    ControlChannel(rd_kafka_mock_cluster_t* mcluster, std::string path, std::vector<std::pair<std::string, int>> topics)
+        : mcluster_(mcluster), path_(std::move(path)), topics_(std::move(topics))
+    {
+    }
     ControlChannel(const ControlChannel&) = delete;
     ControlChannel& operator=(const ControlChannel&) = delete;
 
@@ -485,6 +497,9 @@ private:
         if (cmd == "share-group") {
             return share_group(words);
         }
+        if (cmd == "share-assign") {
+            return share_assign(words);
+        }
         if (cmd == "broker-down" || cmd == "broker-up" || cmd == "rtt") {
             return broker_state(words);
         }
@@ -500,7 +515,12 @@ private:
         if (!partitions) {
             return "error: PARTITIONS must be a number from 1 to 100000";
         }
-        return result(rd_kafka_mock_topic_create(mcluster_, words[1].c_str(), static_cast<int>(*partitions), 1));
+        const rd_kafka_resp_err_t err =
+            rd_kafka_mock_topic_create(mcluster_, words[1].c_str(), static_cast<int>(*partitions), 1);
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            topics_.emplace_back(words[1], static_cast<int>(*partitions));
+        }
+        return result(err);
     }
 
     std::string request_errors(const std::vector<std::string>& words)
@@ -587,6 +607,78 @@ private:
 #endif
     }
 
+    // Partitions of a topic created by this process; 0 when unknown (an auto-created one).
+    int partitions_of(const std::string& topic) const
+    {
+        int partitions = 0;
+        for (const auto& [name, count] : topics_) {
+            if (name == topic) {
+                partitions = count; // the latest creation counts
+            }
+        }
+        return partitions;
+    }
+
+    std::string share_assign(const std::vector<std::string>& words)
+    {
+        if (words.size() < 4) {
+            return wrong_arity("share-assign GROUP MEMBERS TOPIC [TOPIC...]");
+        }
+        const auto expected = parse_integer(words[2], 1, std::numeric_limits<int>::max());
+        if (!expected) {
+            return "error: MEMBERS takes a positive number";
+        }
+        std::vector<std::pair<std::string, int>> topics;
+        for (size_t i = 3; i < words.size(); ++i) {
+            const int partitions = partitions_of(words[i]);
+            if (partitions == 0) {
+                return "error: topic '" + words[i] + "' was not created here (--topic or create-topic)";
+            }
+            topics.emplace_back(words[i], partitions);
+        }
+#if IDEMKAFKA_MOCK_SHARE_GROUPS
+        char** ids = nullptr;
+        size_t count = 0;
+        const rd_kafka_resp_err_t err =
+            rd_kafka_mock_sharegroup_get_member_ids(mcluster_, words[1].c_str(), &ids, &count);
+        // The ids are librdkafka's allocations, freed by its allocator.
+        std::vector<std::string> members;
+        for (size_t i = 0; i < count && ids != nullptr; ++i) {
+            members.emplace_back(ids[i]);
+            rd_kafka_mem_free(nullptr, ids[i]);
+        }
+        rd_kafka_mem_free(nullptr, ids);
+        if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            return result(err);
+        }
+        if (members.size() != static_cast<size_t>(*expected)) {
+            return "error: share group " + words[1] + " has " + std::to_string(members.size()) + " members, not " +
+                   words[2];
+        }
+        // One list per member, each with every partition: the mock copies them.
+        std::vector<const char*> member_ids;
+        std::vector<std::unique_ptr<rd_kafka_topic_partition_list_t, void (*)(rd_kafka_topic_partition_list_t*)>> lists;
+        std::vector<rd_kafka_topic_partition_list_t*> assignments;
+        for (const auto& id : members) {
+            lists.emplace_back(rd_kafka_topic_partition_list_new(0), rd_kafka_topic_partition_list_destroy);
+            for (const auto& [topic, partitions] : topics) {
+                for (int p = 0; p < partitions; ++p) {
+                    rd_kafka_topic_partition_list_add(lists.back().get(), topic.c_str(), p);
+                }
+            }
+            member_ids.push_back(id.c_str());
+            assignments.push_back(lists.back().get());
+        }
+        rd_kafka_mock_sharegroup_target_assignment(mcluster_, words[1].c_str(), member_ids.data(), assignments.data(),
+                                                   member_ids.size());
+        return "ok";
+#else
+        return std::string("error: share groups need a librdkafka with the share consumer (2.15 or later); this "
+                           "is ") +
+               rd_kafka_version_str();
+#endif
+    }
+
     std::string broker_state(const std::vector<std::string>& words)
     {
         const std::string& cmd = words.front();
@@ -626,6 +718,7 @@ private:
     int fd_ = -1;
     std::string pending_;
     unsigned long long handled_ = 0;
+    std::vector<std::pair<std::string, int>> topics_; // created by this process, for share-assign
 };
 
 // The mock cluster needs a client handle to host its thread and logger; this producer is
@@ -715,7 +808,7 @@ int run(const Options& options)
 
     std::unique_ptr<ControlChannel> control;
     if (!options.control_path.empty()) {
-        control = std::make_unique<ControlChannel>(mcluster.get(), options.control_path);
+        control = std::make_unique<ControlChannel>(mcluster.get(), options.control_path, options.topics);
         if (!control->open_fifo(error)) {
             std::fprintf(stderr, "%s: --control: %s\n", program_name, error.c_str());
             return exit_failure;

@@ -163,9 +163,12 @@ public:
     /// fails, and rethrows what ended a member (the others are stopped first).
     void run() { engine_.run(); }
 
-    /// Asks run() to finish each member's current batch, acknowledge it and
-    /// return (a poll in progress ends at its timeout, 500 ms at most).
-    /// Async-signal-safe: only sets an atomic flag.
+    /// Asks run() to end each member's current batch, acknowledge it and
+    /// return: a handler call in progress finishes, the rest of its
+    /// transaction is abandoned (rolled back); what committed is ACCEPTed,
+    /// the rest RELEASEd for the next member (a record on its last delivery
+    /// is dead-lettered instead). A poll in progress ends at its timeout, 500
+    /// ms at most. Async-signal-safe: only sets an atomic flag.
     void stop() noexcept { engine_.stop(); }
 
     /// Live counters, as IdempotentConsumer's; safe to read from any thread.

@@ -81,8 +81,10 @@ struct ShareEngine::Impl {
               ledger(Backoff{e.cfg.retry_backoff, e.cfg.retry_backoff_max}, db_backoff_shape),
               intake(e.cfg, e.stage, e.metrics, e.log), dead_letters(e.cfg, ledger, e.metrics, e.log, e.secrets),
               circuit(e.cfg.circuit_breaker),
+              // stop() abandons a running transaction before its next handler call: what
+              // committed is ACCEPTed, the rest RELEASEd (another delivery, at once).
               claims(ClaimTransaction::Setup{e.cfg, e.stage, e.metrics, e.store, e.no_offsets, ledger, dead_letters,
-                                             circuit, e.log, [] { return false; }, false})
+                                             circuit, e.log, [&stop = e.stop] { return stop.load(); }, false})
         {
             intake.count_deliveries();
         }
@@ -218,9 +220,17 @@ void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batc
         }
         msgs.push_back(msg);
     }
+    // Records on their last delivery first, in transactions of their own: a
+    // stop() or a slow neighbour that ends the others' transaction must not
+    // take them along (they could only be dead-lettered then).
+    const auto on_last = [this](const rd_kafka_message_t* msg) {
+        return kafka::ShareMember::delivery_count(*msg) >= share_cfg.delivery_limit;
+    };
+    const auto last_end =
+        static_cast<std::size_t>(std::stable_partition(msgs.begin(), msgs.end(), on_last) - msgs.begin());
     acks.assign(msgs.size(), kafka::Ack::release);
-    for (std::size_t start = 0; start < msgs.size(); start += slot_cap) {
-        const std::size_t end = std::min(msgs.size(), start + slot_cap);
+    for (std::size_t start = 0; start < msgs.size();) {
+        const std::size_t end = std::min(start < last_end ? last_end : msgs.size(), start + slot_cap);
         std::vector<Item> chunk(end - start);
         std::vector<int> deliveries(end - start);
         std::vector<kafka::Ack> chunk_acks(end - start, kafka::Ack::release);
@@ -231,6 +241,7 @@ void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batc
         metrics.consumed.add(chunk.size());
         run_chunk(m, chunk, deliveries, deadline, chunk_acks);
         std::copy(chunk_acks.begin(), chunk_acks.end(), acks.begin() + static_cast<std::ptrdiff_t>(start));
+        start = end;
     }
     acknowledge(m, msgs, acks, acquired_at);
 }
@@ -295,7 +306,8 @@ void ShareEngine::Impl::settle(Member& m, std::vector<Item>& chunk, const std::v
                 share.budget_given_back.add();
             if (on_last) {
                 it.poison(DeadLetterReason::handler_failed,
-                          w.failed ? "not processed on its last delivery: the database failed (see the log)"
+                          w.abandoned ? "not processed on its last delivery: the consumer was stopped"
+                          : w.failed  ? "not processed on its last delivery: the database failed (see the log)"
                           : it.error.empty()
                               ? fmt::format("not processed within the batch budget ({} ms) on its last delivery "
                                             "(delivery_limit {}): a share group would archive it on release",
@@ -336,6 +348,8 @@ void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, Clock::t
         }
         if (w.error)
             std::rethrow_exception(w.error);
+        if (w.abandoned)
+            return; // stop(): released
         if (w.lost_connection)
             w.disconnect();
         const auto wait = m.db_backoff.next();
