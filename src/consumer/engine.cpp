@@ -124,16 +124,14 @@ void Engine::Impl::housekeeping()
 void Engine::Impl::fill_batch()
 {
     fill_bytes = 0;
+    for (const auto& it : batch)
+        fill_bytes += it.bytes();
     // Ordering::partition: once a busy partition has a unit's worth waiting,
     // its later records stay in the Kafka adapter's hands until its unit is
     // merged, so they do not fill the waiting room ahead of records that
-    // could run.
+    // could run. The waiting records of each partition are counted only once
+    // the waiting room holds a unit's worth (no partition has one before).
     std::map<const PartitionState*, std::size_t> waiting_of;
-    for (const auto& it : batch) {
-        fill_bytes += it.bytes();
-        if (cfg.ordering == Ordering::partition)
-            ++waiting_of[it.part];
-    }
     take_parked();
     while (batch.size() < batch_limit && fill_bytes < cfg.max_batch_bytes) {
         // A unit ended: merge it (and hand its worker the next one) first.
@@ -167,8 +165,15 @@ void Engine::Impl::fill_batch()
             continue;
         }
         auto* ps = take_polled(std::move(m));
-        if (ps && cfg.ordering == Ordering::partition && ++waiting_of[ps] >= unit_cap && lanes.count({ps, KeyId()}))
-            kafka->defer(ps->tp, true);
+        if (ps && cfg.ordering == Ordering::partition) {
+            if (!waiting_of.empty())
+                ++waiting_of[ps];
+            else if (ps->unit != 0 && batch.size() >= unit_cap)
+                for (const auto& it : batch)
+                    ++waiting_of[it.part];
+            if (ps->unit != 0 && !waiting_of.empty() && waiting_of[ps] >= unit_cap)
+                kafka->defer(ps->tp, true);
+        }
         if (stop_requests.load())
             return;
     }
@@ -282,10 +287,7 @@ void Engine::Impl::merge_unit(std::size_t n)
                 self.ledger.release_retired();
         }
     } release{*this, n};
-    for (const auto& it : unit)
-        if (lanes.erase(lane_of(it)) && cfg.ordering == Ordering::partition)
-            kafka->defer(it.part->tp, false);
-    // (before the holds: a parked key's records may run again at once)
+    release_lanes(n); // before the holds: a parked key's records may run again at once
 
     const Merged merged = merge_worker(n);
     const Holds& holds = merged.holds;
@@ -372,7 +374,8 @@ void Engine::Impl::committed(const BatchInfo& info)
 
 std::set<PartitionState*> Engine::Impl::complete_unit(std::vector<Item>& unit, const Holds& holds)
 {
-    std::set<PartitionState*> moved;
+    std::vector<PartitionState*> completed; // the partition of each completed record
+    completed.reserve(unit.size());
     for (auto& it : unit) {
         if (it.dropped || holds.covers(it.part, it.record.offset) || !ledger.owns(it.part))
             continue;
@@ -382,8 +385,10 @@ std::set<PartitionState*> Engine::Impl::complete_unit(std::vector<Item>& unit, c
         }
         it.state = ItemState::done;
         ledger.complete(*it.part, it.record.offset);
-        moved.insert(it.part);
+        completed.push_back(it.part);
     }
+    std::sort(completed.begin(), completed.end(), std::less<>());
+    std::set<PartitionState*> moved(completed.begin(), std::unique(completed.begin(), completed.end()));
     for (auto* ps : moved)
         ledger.trim(*ps);
     unit.clear();

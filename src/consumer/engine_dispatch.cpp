@@ -60,39 +60,15 @@ bool Engine::Impl::dispatch()
     // must not take them all while other workers are free.
     // (With one worker its share is every lane: nothing to count.)
     std::size_t lanes_per_unit = SIZE_MAX;
-    if (workers.size() > 1) {
-        std::set<std::pair<PartitionState*, KeyId>> known(lanes);
-        for (const auto& it : batch)
-            known.insert(lane_of(it));
-        lanes_per_unit = std::max<std::size_t>(1, (known.size() + workers.size() - 1) / workers.size());
-    }
+    if (workers.size() > 1)
+        lanes_per_unit = std::max<std::size_t>(1, (lanes_known() + workers.size() - 1) / workers.size());
     bool sent = false;
     for (std::size_t n = 0; n < workers.size() && !batch.empty(); ++n) {
         if (busy[n] || !workers[n].db)
             continue;
-        auto& unit = units[n];
-        std::set<std::pair<PartitionState*, KeyId>> mine; // lanes this unit takes
-        std::vector<Item> rest;
-        rest.reserve(batch.size());
-        bool full = false; // the unit is complete: what follows waits, in order
-        for (auto& it : batch) {
-            if (!full && unit.size() < cap) {
-                auto lane = lane_of(it);
-                if (mine.count(lane) || (!lanes.count(lane) && mine.size() < lanes_per_unit)) {
-                    if (it.lease || decode(it)) {
-                        mine.insert(std::move(lane));
-                        unit.push_back(std::move(it));
-                        continue;
-                    }
-                    full = true; // no slot left (they come back as units end)
-                }
-            }
-            rest.push_back(std::move(it));
-        }
-        batch = std::move(rest);
-        if (unit.empty())
+        fill_unit(n, cap, lanes_per_unit);
+        if (units[n].empty())
             break; // every waiting record is behind a busy lane
-        lanes.insert(mine.begin(), mine.end());
         probe_running = probe;
         submit(n);
         sent = true;
@@ -106,6 +82,84 @@ bool Engine::Impl::dispatch()
         worker_freed = false;
     waiting_since = Clock::now(); // what is left waits behind busy lanes: a merge frees them
     return sent;
+}
+
+std::size_t Engine::Impl::lanes_known() const
+{
+    if (cfg.ordering == Ordering::partition) {
+        std::vector<const PartitionState*> waiting; // partitions of waiting records in no busy unit
+        waiting.reserve(batch.size());
+        for (const auto& it : batch)
+            if (it.part->unit == 0)
+                waiting.push_back(it.part);
+        std::sort(waiting.begin(), waiting.end(), std::less<>());
+        return busy_partitions +
+               static_cast<std::size_t>(std::unique(waiting.begin(), waiting.end()) - waiting.begin());
+    }
+    std::set<std::pair<PartitionState*, KeyId>> known(key_lanes);
+    for (const auto& it : batch)
+        known.insert(lane_of(it));
+    return known.size();
+}
+
+void Engine::Impl::fill_unit(std::size_t n, std::size_t cap, std::size_t lanes_per_unit)
+{
+    auto& unit = units[n];
+    const std::size_t mark = n + 1; // PartitionState::unit of this unit's partitions
+    const bool by_key = cfg.ordering == Ordering::key;
+    const bool shared = workers.size() > 1;           // other units may hold lanes
+    std::size_t partitions = 0;                       // Ordering::partition: lanes this unit took
+    std::set<std::pair<PartitionState*, KeyId>> mine; // Ordering::key with several workers: lanes this unit took
+    still_waiting.clear();
+    bool full = false; // the unit is complete: what follows waits, in order
+    for (auto& it : batch) {
+        if (!full && unit.size() < cap) {
+            auto* ps = it.part;
+            std::pair<PartitionState*, KeyId> lane;
+            bool fits = true;
+            if (!by_key) {
+                fits = ps->unit == mark || (ps->unit == 0 && partitions < lanes_per_unit);
+            } else if (shared) {
+                lane = lane_of(it);
+                fits = mine.count(lane) || (!key_lanes.count(lane) && mine.size() < lanes_per_unit);
+            }
+            if (fits) {
+                if (it.lease || decode(it)) {
+                    if (!by_key && ps->unit == 0) {
+                        ps->unit = mark;
+                        ++partitions;
+                        ++busy_partitions;
+                    } else if (by_key && shared) {
+                        mine.insert(std::move(lane));
+                    }
+                    unit.push_back(std::move(it));
+                    continue;
+                }
+                full = true; // no slot left (they come back as units end)
+            }
+        }
+        still_waiting.push_back(std::move(it));
+    }
+    batch.swap(still_waiting);
+    still_waiting.clear();
+    key_lanes.insert(mine.begin(), mine.end());
+}
+
+void Engine::Impl::release_lanes(std::size_t n)
+{
+    const std::size_t mark = n + 1;
+    const bool by_key = cfg.ordering == Ordering::key;
+    if (by_key && workers.size() == 1)
+        return; // no key lanes kept
+    for (const auto& it : units[n]) {
+        if (by_key) {
+            key_lanes.erase(lane_of(it));
+        } else if (it.part->unit == mark) {
+            it.part->unit = 0;
+            --busy_partitions;
+            kafka->defer(it.part->tp, false);
+        }
+    }
 }
 
 void Engine::Impl::submit(std::size_t n)

@@ -93,11 +93,17 @@ struct Engine::Impl final : kafka::GroupEvents {
     std::vector<Clock::time_point> unit_deadlines; // time budget of each unit
     std::vector<bool> busy;                        // handed a unit not merged yet
     std::size_t busy_units = 0;
-    std::size_t unit_cap = 1;                          // records per unit: max_batch spread over the workers
-    std::set<std::pair<PartitionState*, KeyId>> lanes; // in a busy unit (key: Ordering::key)
-    bool dispatch_dirty = false;                       // the waiting room or the free workers changed since dispatch()
-    bool worker_freed = false;                         // a unit was merged since the last dispatch
-    Clock::time_point waiting_since{};                 // the waiting room's oldest record came, or was last passed over
+    std::size_t unit_cap = 1; // records per unit: max_batch spread over the workers
+    // The lanes in busy units. Ordering::partition: each partition's
+    // PartitionState::unit, and how many are marked. Ordering::key: the set,
+    // kept only with several workers (one worker's next unit starts when no
+    // other runs, so it finds every lane free).
+    std::size_t busy_partitions = 0;
+    std::set<std::pair<PartitionState*, KeyId>> key_lanes;
+    std::vector<Item> still_waiting;        // dispatch()'s scratch: the waiting room's next contents
+    bool dispatch_dirty = false;            // the waiting room or the free workers changed since dispatch()
+    bool worker_freed = false;              // a unit was merged since the last dispatch
+    Clock::time_point waiting_since{};      // the waiting room's oldest record came, or was last passed over
     std::set<std::size_t> retire_waits;     // units abandoned by a revoke: retired states live until they merge
     bool pipelined = false;                 // ConsumerConfig::pipeline, when it applies
     std::atomic<bool> unit_finished{false}; // set by a worker when its unit ends
@@ -252,6 +258,15 @@ struct Engine::Impl final : kafka::GroupEvents {
     // The lane of a record: records of one lane run in poll order, one unit
     // at a time (its partition; with Ordering::key, its key in its partition).
     std::pair<PartitionState*, KeyId> lane_of(const Item& it) const;
+    // The lanes in busy units and those of the waiting records, each once.
+    std::size_t lanes_known() const;
+    // Moves to worker `n`'s unit the waiting records it may take, in poll
+    // order: up to `cap` records of at most `lanes_per_unit` lanes, none of
+    // a lane in another busy unit; marks their lanes busy.
+    void fill_unit(std::size_t n, std::size_t cap, std::size_t lanes_per_unit);
+    // After worker `n`'s unit ended: its lanes are free again (and the
+    // partitions deferred behind them are fetched again).
+    void release_lanes(std::size_t n);
 
     // Gives the record a Stage slot and decodes it there; false when no slot
     // is free.

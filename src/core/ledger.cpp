@@ -100,8 +100,8 @@ PartitionState& PartitionLedger::assign(const TopicPartition& tp)
 {
     PartitionState ps;
     ps.tp = tp;
-    ps.worker = next_worker_++; // round robin spreads partitions over the workers
     auto& slot = parts_[tp];
+    ps.unit = slot.unit; // a unit running records of a replaced state still holds the partition
     slot = std::move(ps);
     return slot;
 }
@@ -112,22 +112,17 @@ void PartitionLedger::revoke(const std::set<TopicPartition>& tps, bool retire)
         auto it = parts_.find(tp);
         if (it == parts_.end())
             continue;
-        if (retire)
+        if (retire) {
+            it->second.retired = true;
             retired_.push_back(parts_.extract(it)); // a node keeps its element's address
-        else
+        } else
             parts_.erase(it);
     }
 }
 
-bool PartitionLedger::owns(const PartitionState* ps) const
-{
-    auto it = parts_.find(ps->tp);
-    return it != parts_.end() && &it->second == ps;
-}
-
 PartitionState* PartitionLedger::find(std::string_view topic, std::int32_t partition)
 {
-    auto it = parts_.find({std::string(topic), partition});
+    auto it = parts_.find(TopicPartitionView{topic, partition});
     return it == parts_.end() ? nullptr : &it->second;
 }
 
@@ -152,7 +147,7 @@ void PartitionLedger::rewind(PartitionState& ps, std::int64_t offset) noexcept
     ps.parked.erase(ps.parked.lower_bound(offset), ps.parked.end());
     // Running records from `offset` on come again too: their outcome, when
     // it is merged, must not count (the engine drops them).
-    ps.in_flight.erase(ps.in_flight.lower_bound(offset), ps.in_flight.end());
+    ps.in_flight.erase_from(offset);
     if (ps.processed_next > offset)
         ps.processed_next = offset;
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/backoff.hpp"
+#include "core/offset_set.hpp"
 #include "idemkafka/dead_letter.hpp"
 
 namespace idemkafka::detail {
@@ -35,6 +36,23 @@ struct TopicPartition {
     friend bool operator==(const TopicPartition& a, const TopicPartition& b)
     {
         return a.partition == b.partition && a.topic == b.topic;
+    }
+};
+
+/// A partition's name without a copy of its topic, to look a TopicPartition
+/// up by (PartitionLedger::find, once per polled record).
+struct TopicPartitionView {
+    std::string_view topic;
+    std::int32_t partition = 0;
+};
+
+/// TopicPartition's order, also between a TopicPartition and a view of one.
+struct TopicPartitionLess {
+    using is_transparent = void;
+    template <class A, class B> bool operator()(const A& a, const B& b) const noexcept
+    {
+        return a.partition != b.partition ? a.partition < b.partition
+                                          : std::string_view(a.topic) < std::string_view(b.topic);
     }
 };
 
@@ -79,9 +97,12 @@ struct PartitionState {
     std::int64_t start_offset = -1;   // committed offset at assignment (for the lag gauge)
     bool start_known = false;
     Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
-    std::size_t worker = 0;                       // runs this partition's transactions (partition ordering)
-    std::int64_t epoch = 0;                       // offsets_in_database: our ownership epoch
-    bool position_verified = true;                // offsets_in_database: stored position applied
+    // The engine's, with Ordering::partition: 1 + the worker whose unit of
+    // work holds records of this partition (one unit at a time), 0 when none.
+    std::size_t unit = 0;
+    bool retired = false;          // revoked while a unit still pointed to it (PartitionLedger::revoke)
+    std::int64_t epoch = 0;        // offsets_in_database: our ownership epoch
+    bool position_verified = true; // offsets_in_database: stored position applied
     std::int64_t stored_next = -1; // offsets_in_database: the position last stored (or read) in PostgreSQL
     bool needs_seek = false;       // a rewind whose seek has not been sent yet
     bool retry_paused = false;     // waiting out a retry backoff (or a fence)
@@ -97,8 +118,9 @@ struct PartitionState {
     // one of its key while later records of other keys are handed out and
     // finish, and units are merged in whatever order they finish, while
     // complete() moves processed_next past the highest finished offset. The
-    // committed position stays at the lowest of them.
-    std::set<std::int64_t> in_flight;
+    // committed position stays at the lowest of them. Taken in poll order
+    // (ascending) and mostly merged in that order: an OffsetSet.
+    OffsetSet in_flight;
 
     /// The position that may be committed: past every finished record, and
     /// at or before every unfinished one (-1: nothing yet).
@@ -110,7 +132,7 @@ struct PartitionState {
         if (!parked.empty())
             p = std::min(p, *parked.begin());
         if (!in_flight.empty())
-            p = std::min(p, *in_flight.begin());
+            p = std::min(p, in_flight.lowest());
         return p;
     }
 
@@ -194,7 +216,7 @@ public:
     // ---- assignment -------------------------------------------------------
 
     /// A newly assigned partition starts empty: nothing processed, nothing
-    /// held, a new worker in round robin. An existing state is replaced.
+    /// held. An existing state is replaced.
     PartitionState& assign(const TopicPartition& tp);
     /// Forgets revoked (or lost) partitions entirely. With `retire`, their
     /// states stay in memory, owned by no one, until release_retired(): a
@@ -203,7 +225,7 @@ public:
     /// Frees the states of partitions retired by revoke().
     void release_retired() noexcept { retired_.clear(); }
     /// True when `ps` is the state of a partition assigned now (not retired).
-    bool owns(const PartitionState* ps) const;
+    static bool owns(const PartitionState* ps) noexcept { return !ps->retired; }
     PartitionState* find(std::string_view topic, std::int32_t partition);
     bool empty() const noexcept { return parts_.empty(); }
     std::size_t size() const noexcept { return parts_.size(); }
@@ -310,9 +332,9 @@ public:
     std::chrono::milliseconds retry_backoff(int failures) const noexcept { return retry_.after(failures); }
 
 private:
-    std::map<TopicPartition, PartitionState> parts_;
-    std::vector<std::map<TopicPartition, PartitionState>::node_type> retired_; // same addresses as before
-    std::size_t next_worker_ = 0;
+    using Parts = std::map<TopicPartition, PartitionState, TopicPartitionLess>;
+    Parts parts_;
+    std::vector<Parts::node_type> retired_; // same addresses as before
     Backoff retry_;
     Backoff fence_;
     std::mutex failures_mu_;

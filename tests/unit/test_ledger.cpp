@@ -378,8 +378,7 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             // transaction either commits its records up to a hold, or fails.
             std::vector<std::vector<Rec>> share(workers);
             for (const auto& r : batch)
-                share[by_key ? static_cast<std::size_t>(key_of(r.offset)) % workers : r.ps->worker % workers].push_back(
-                    r);
+                share[static_cast<std::size_t>(by_key ? key_of(r.offset) : r.p) % workers].push_back(r);
             Holds merged;
             for (auto& mine : share) {
                 Holds holds;
@@ -755,7 +754,8 @@ TEST_CASE("ledger: a taken offset holds the position until its outcome is merged
         PartitionLedger::take(ps, o);
     ledger.complete(ps, 6);
     PartitionLedger::rewind(ps, 8);
-    CHECK(ps.in_flight == std::set<std::int64_t>{7});
+    CHECK(ps.in_flight.size() == 1);
+    CHECK(ps.in_flight.contains(7));
     CHECK(ps.position() == 7);
     // A parked record leaves the running set for the parked one.
     PartitionLedger::park(ps, 7);
@@ -778,4 +778,106 @@ TEST_CASE("ledger: forgive_failures() starts every record's attempts again", "[u
     CHECK(ledger.attempt_of(a, 3) == 1);
     CHECK(ledger.attempt_of(b, 7) == 1);
     CHECK(ledger.count_failure(a, 3) == 1);
+}
+
+TEST_CASE("offset set: the lowest, the ends and a sorted insert", "[unit][ledger]")
+{
+    OffsetSet s;
+    CHECK(s.empty());
+    CHECK_FALSE(s.erase(3));
+    for (std::int64_t o = 10; o < 20; ++o)
+        s.insert(o);
+    CHECK(s.size() == 10);
+    CHECK(s.lowest() == 10);
+    // Settled in order from the front, and out of order behind it.
+    CHECK(s.erase(10));
+    CHECK(s.erase(12));
+    CHECK_FALSE(s.erase(12));
+    CHECK(s.lowest() == 11);
+    CHECK(s.erase(11));
+    CHECK(s.lowest() == 13); // 12 went before
+    CHECK_FALSE(s.contains(12));
+    CHECK(s.contains(13));
+    // Out of order and twice: as a std::set.
+    s.insert(5);
+    s.insert(15);
+    s.insert(12);
+    CHECK(s.lowest() == 5);
+    CHECK(s.size() == 9);
+    // A rewind: everything from 14 on goes.
+    s.erase_from(14);
+    CHECK(s.size() == 3);
+    CHECK(s.contains(5));
+    CHECK(s.contains(12));
+    CHECK(s.contains(13));
+    s.erase_from(0);
+    CHECK(s.empty());
+    s.insert(100); // after it emptied: starts over
+    CHECK(s.lowest() == 100);
+    CHECK(s.size() == 1);
+}
+
+TEST_CASE("offset set: randomized against std::set", "[unit][ledger]")
+{
+    for (std::uint32_t seed = 1; seed <= 50; ++seed) {
+        INFO("seed " << seed);
+        std::mt19937 rng(seed);
+        auto chance = [&](int in) { return std::uniform_int_distribution<int>(0, in - 1)(rng) == 0; };
+        OffsetSet s;
+        std::set<std::int64_t> model;
+        std::int64_t next = 0; // the next offset polled
+        for (int step = 0; step < 3000; ++step) {
+            if (chance(60)) {
+                const auto from = next - std::uniform_int_distribution<std::int64_t>(0, 40)(rng);
+                s.erase_from(from); // a rewind
+                model.erase(model.lower_bound(from), model.end());
+                next = std::max<std::int64_t>(0, from);
+            } else if (chance(2)) {
+                auto o = next++;
+                if (chance(30)) // out of order, maybe one held already
+                    o = std::max<std::int64_t>(0, o - std::uniform_int_distribution<std::int64_t>(0, 50)(rng));
+                s.insert(o);
+                model.insert(o);
+            } else if (!model.empty()) {
+                // Mostly the lowest, else any (or one not held).
+                auto o = *model.begin();
+                if (chance(4))
+                    o = *std::next(model.begin(), std::uniform_int_distribution<std::ptrdiff_t>(
+                                                      0, static_cast<std::ptrdiff_t>(model.size()) - 1)(rng));
+                if (chance(20))
+                    o = std::uniform_int_distribution<std::int64_t>(0, next + 5)(rng);
+                REQUIRE(s.erase(o) == (model.erase(o) > 0));
+            }
+            REQUIRE(s.size() == model.size());
+            REQUIRE(s.empty() == model.empty());
+            if (!model.empty())
+                REQUIRE(s.lowest() == *model.begin());
+            const auto probe = std::uniform_int_distribution<std::int64_t>(0, next + 5)(rng);
+            REQUIRE(s.contains(probe) == (model.count(probe) > 0));
+        }
+    }
+}
+
+TEST_CASE("ledger: find by a view of the topic; a retired state is not owned", "[unit][ledger]")
+{
+    auto ledger = make_ledger();
+    const std::string topic = "a-topic-name-longer-than-a-short-string";
+    auto& a = ledger.assign({topic, 0});
+    auto& b = ledger.assign({topic, 1});
+    auto& c = ledger.assign({"other", 0});
+    CHECK(ledger.find(std::string_view(topic), 0) == &a);
+    CHECK(ledger.find(std::string_view(topic), 1) == &b);
+    CHECK(ledger.find("other", 0) == &c);
+    CHECK(ledger.find("other", 1) == nullptr);
+    CHECK(ledger.find(std::string_view(topic).substr(1), 0) == nullptr);
+    CHECK(PartitionLedger::owns(&a));
+    ledger.revoke({TopicPartition{topic, 0}}, true);
+    CHECK_FALSE(PartitionLedger::owns(&a)); // retired: still in memory, owned by no one
+    CHECK(ledger.find(std::string_view(topic), 0) == nullptr);
+    auto& again = ledger.assign({topic, 0});
+    CHECK(&again != &a);
+    CHECK(PartitionLedger::owns(&again));
+    CHECK_FALSE(PartitionLedger::owns(&a));
+    CHECK(PartitionLedger::owns(&b));
+    ledger.release_retired();
 }
