@@ -83,9 +83,9 @@ struct DeadLetterDue {
 
 /// What a partition's ledger knows of a polled record before it runs again.
 struct RecordHistory {
-    bool dead_lettered = false;        ///< its dead letter was acknowledged in this assignment: done
-    std::optional<DeadLetterDue> due;  ///< its dead letter was refused: it goes there again, as it was
-    int failures = 0;                  ///< its handler failures, counted here or inherited
+    bool dead_lettered = false;       ///< its dead letter was acknowledged in this assignment: done
+    std::optional<DeadLetterDue> due; ///< its dead letter was refused: it goes there again, as it was
+    int failures = 0;                 ///< its handler failures, counted here or inherited
 };
 
 /// One assigned partition. Offsets are Kafka offsets; -1 means none yet.
