@@ -8,12 +8,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <pqxx/pqxx>
@@ -292,5 +294,53 @@ void wait_processed(std::size_t n, const std::function<std::size_t()>& processed
 
 /// Names the calling thread (visible in /proc and perf as the thread's comm).
 void name_thread(const char* name) noexcept;
+
+/// A consumer's run() on a thread of its own ("ik-run"), stopped and joined
+/// when the scope ends, whatever happens in it.
+template <class Consumer> class ConsumerThread {
+public:
+    explicit ConsumerThread(Consumer& consumer) : consumer_(consumer), thread_([this] { run(); }) {}
+    ~ConsumerThread() { stop(); }
+    ConsumerThread(const ConsumerThread&) = delete;
+    ConsumerThread& operator=(const ConsumerThread&) = delete;
+
+    /// run() returned (it threw, or the consumer stopped).
+    bool finished() const noexcept { return finished_.load(); }
+
+    /// Stops the consumer and waits for run(); what run() threw, or "".
+    std::string stop()
+    {
+        if (thread_.joinable()) {
+            consumer_.stop();
+            thread_.join();
+        }
+        if (!failure_)
+            return {};
+        try {
+            std::rethrow_exception(failure_);
+        } catch (const std::exception& e) {
+            return e.what();
+        } catch (...) {
+            return "non-standard exception";
+        }
+    }
+
+private:
+    void run()
+    {
+        name_thread("ik-run");
+        try {
+            consumer_.run();
+        } catch (...) {
+            failure_ = std::current_exception();
+        }
+        finished_ = true;
+    }
+
+    Consumer& consumer_;
+    std::exception_ptr failure_;
+    std::atomic<bool> finished_{false};
+    std::thread thread_; // last: it starts once the rest is built
+};
 
 } // namespace idemkafka::bench

@@ -150,29 +150,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
         holder.emplace(cfg, decode, event_id, handler);
     auto& consumer = *holder;
 
-    std::exception_ptr failure;
-    std::atomic<bool> finished{false};
-    std::thread runner([&] {
-        name_thread("ik-run");
-        try {
-            consumer.run();
-        } catch (...) {
-            failure = std::current_exception();
-        }
-        finished = true;
-    });
-    // Whatever happens below, the consumer thread is stopped and joined.
-    struct Joiner {
-        IdempotentConsumer<BenchEvent>& consumer;
-        std::thread& thread;
-        ~Joiner()
-        {
-            if (thread.joinable()) {
-                consumer.stop();
-                thread.join();
-            }
-        }
-    } joiner{consumer, runner};
+    ConsumerThread<IdempotentConsumer<BenchEvent>> runner(consumer);
 
     // Watch the counters until every record is accounted for: claimed (effect
     // committed) or skipped as a duplicate or as poison.
@@ -219,7 +197,7 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
             sample_lag_spread(m);
             next_lag_sample = SteadyClock::now() + std::chrono::milliseconds(200);
         }
-        if (finished) {
+        if (runner.finished()) {
             st.result.errors.push_back(fmt::format("consumer stopped after {} of {} records", processed, expected));
             break;
         }
@@ -239,17 +217,10 @@ void run_idemkafka(const RunEnv& env, const Job& job, RunState& st)
     // The counters move just before the after-commit hook runs: give the last
     // hook a moment before stopping.
     const auto hook_deadline = SteadyClock::now() + std::chrono::seconds(2);
-    while (stamped.load() < m.claimed && SteadyClock::now() < hook_deadline && !finished)
+    while (stamped.load() < m.claimed && SteadyClock::now() < hook_deadline && !runner.finished())
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    consumer.stop();
-    runner.join();
-    if (failure) {
-        try {
-            std::rethrow_exception(failure);
-        } catch (const std::exception& e) {
-            st.result.errors.push_back(std::string("consumer failed: ") + e.what());
-        }
-    }
+    if (const auto failure = runner.stop(); !failure.empty())
+        st.result.errors.push_back("consumer failed: " + failure);
 
     m = consumer.metrics().snapshot();
     st.first_taken_us = first_taken.load();

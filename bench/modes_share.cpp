@@ -154,28 +154,7 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
     IdempotentShareConsumer<ShareEvent> consumer(
         cfg, decode, [](const ShareEvent& e) { return e.d.id; }, handler);
 
-    std::exception_ptr failure;
-    std::atomic<bool> finished{false};
-    std::thread runner([&] {
-        name_thread("ik-run");
-        try {
-            consumer.run();
-        } catch (...) {
-            failure = std::current_exception();
-        }
-        finished = true;
-    });
-    struct Joiner {
-        IdempotentShareConsumer<ShareEvent>& consumer;
-        std::thread& thread;
-        ~Joiner()
-        {
-            if (thread.joinable()) {
-                consumer.stop();
-                thread.join();
-            }
-        }
-    } joiner{consumer, runner};
+    ConsumerThread<IdempotentShareConsumer<ShareEvent>> runner(consumer);
     st.ready();
 
     // The mock's own assignor gives each partition to one member (a real
@@ -185,7 +164,7 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
         const std::string assign = fmt::format("share-assign {} {} {}", cfg.consumer.group_id, members, job.topic);
         const auto deadline = SteadyClock::now() + std::chrono::seconds(60);
         while (!mock_command(env.services, assign, answer)) {
-            if (finished || SteadyClock::now() >= deadline) {
+            if (runner.finished() || SteadyClock::now() >= deadline) {
                 st.result.errors.push_back(fmt::format("{}: {}", assign, answer));
                 break;
             }
@@ -207,7 +186,7 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
         st.set_processed(static_cast<std::size_t>(std::min(processed, expected)));
         if (m.claimed >= unique && processed >= expected)
             break;
-        if (finished) {
+        if (runner.finished()) {
             st.result.errors.push_back(fmt::format("consumer stopped after {} of {} records", processed, expected));
             break;
         }
@@ -224,15 +203,8 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
         }
     }
     st.take_cpu_after(*env.meter);
-    consumer.stop();
-    runner.join();
-    if (failure) {
-        try {
-            std::rethrow_exception(failure);
-        } catch (const std::exception& e) {
-            st.result.errors.push_back(std::string("consumer failed: ") + e.what());
-        }
-    }
+    if (const auto failure = runner.stop(); !failure.empty())
+        st.result.errors.push_back("consumer failed: " + failure);
 
     m = consumer.metrics().snapshot();
     const auto& s = consumer.share_metrics();

@@ -601,10 +601,15 @@ private:
         }
         return "ok";
 #else
-        return std::string("error: share groups need a librdkafka with the share consumer (2.15 or later); this "
-                           "is ") +
-               rd_kafka_version_str();
+        return no_share_groups();
 #endif
+    }
+
+    // The answer of a share-group command where the mock cluster has none.
+    static std::string no_share_groups()
+    {
+        return std::string("error: share groups need a librdkafka with the share consumer (2.15 or later); this is ") +
+               rd_kafka_version_str();
     }
 
     // Partitions of a topic created by this process; 0 when unknown (an auto-created one).
@@ -673,9 +678,7 @@ private:
                                                    member_ids.size());
         return "ok";
 #else
-        return std::string("error: share groups need a librdkafka with the share consumer (2.15 or later); this "
-                           "is ") +
-               rd_kafka_version_str();
+        return no_share_groups();
 #endif
     }
 

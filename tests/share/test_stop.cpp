@@ -4,6 +4,7 @@
 // member of the group gets it at once, with delivery count 2. Every effect
 // once.
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <stdexcept>
@@ -16,6 +17,49 @@ using namespace idemkafka::test;
 using namespace idemkafka::test::share;
 using namespace std::chrono_literals;
 
+namespace {
+
+// A handler call that blocks until the test has called stop(): the member
+// is stopped in the middle of a batch.
+struct StopGate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool reached = false;
+    bool resume = false;
+
+    // In the handler: says the call is here, waits for stop() (30 s at most).
+    void block()
+    {
+        std::unique_lock<std::mutex> lock(mu);
+        reached = true;
+        cv.notify_all();
+        cv.wait_for(lock, 30s, [&] { return resume; });
+    }
+
+    // Runs `c` until a call blocks, stops it, lets the call finish and
+    // waits for run() to return; rethrows what run() threw.
+    void stop_while_blocked(Consumer& c)
+    {
+        Runner<Consumer> runner(c);
+        {
+            std::unique_lock<std::mutex> lock(mu);
+            REQUIRE(cv.wait_for(lock, 60s, [&] { return reached || runner.finished(); }));
+            REQUIRE(reached);
+        }
+        c.stop();
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            resume = true;
+        }
+        cv.notify_all();
+        runner.join();
+        if (auto error = runner.error())
+            std::rethrow_exception(error);
+    }
+};
+
+} // namespace
+
 TEST_CASE("stop() during a batch: what committed is accepted, the rest comes again to the next member", "[share]")
 {
     constexpr int total = 40;
@@ -27,38 +71,15 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     publish(topic, new_events("stop", total));
     const std::string blocking = fmt::format("stop-{}", stop_at);
 
-    std::mutex mu;
-    std::condition_variable cv;
-    bool reached = false;
-    bool resume = false;
+    StopGate gate;
     auto cfg = share_config(group, topic);
     cfg.consumer.max_batch = 10; // batches of ten: those before the blocking record's commit
     Consumer first(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
         insert_effect(tx, table, e, ctx);
-        if (e.entity != blocking)
-            return;
-        std::unique_lock<std::mutex> lock(mu);
-        reached = true;
-        cv.notify_all();
-        cv.wait_for(lock, 30s, [&] { return resume; });
+        if (e.entity == blocking)
+            gate.block();
     });
-    {
-        Runner<Consumer> runner(first);
-        {
-            std::unique_lock<std::mutex> lock(mu);
-            REQUIRE(cv.wait_for(lock, 60s, [&] { return reached || runner.finished(); }));
-            REQUIRE(reached);
-        }
-        first.stop();
-        {
-            std::lock_guard<std::mutex> lock(mu);
-            resume = true;
-        }
-        cv.notify_all();
-        runner.join();
-        if (auto error = runner.error())
-            std::rethrow_exception(error);
-    }
+    gate.stop_while_blocked(first);
     const auto m1 = first.metrics().snapshot();
     const auto& s1 = first.share_metrics();
     const auto accepted = static_cast<std::int64_t>(s1.accepted.get());
@@ -119,46 +140,19 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     const std::string failing = "stop-3";
     const std::string blocking = "stop-12";
 
-    std::mutex mu;
-    std::condition_variable cv;
-    bool failed_once = false;
-    bool reached = false;
-    bool resume = false;
+    StopGate gate;
+    std::atomic<bool> failed_once{false};
     auto cfg = share_config(group, topic);
     cfg.delivery_limit = 2;
     cfg.consumer.max_batch = 10;
     Consumer first(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        std::unique_lock<std::mutex> lock(mu);
-        if (e.entity == failing && !failed_once) {
-            failed_once = true;
+        if (e.entity == failing && !failed_once.exchange(true))
             throw std::runtime_error("fails on its first delivery");
-        }
-        lock.unlock();
         insert_effect(tx, table, e, ctx);
-        if (e.entity != blocking)
-            return;
-        lock.lock();
-        reached = true;
-        cv.notify_all();
-        cv.wait_for(lock, 30s, [&] { return resume; });
+        if (e.entity == blocking)
+            gate.block();
     });
-    {
-        Runner<Consumer> runner(first);
-        {
-            std::unique_lock<std::mutex> lock(mu);
-            REQUIRE(cv.wait_for(lock, 60s, [&] { return reached || runner.finished(); }));
-            REQUIRE(reached);
-        }
-        first.stop();
-        {
-            std::lock_guard<std::mutex> lock(mu);
-            resume = true;
-        }
-        cv.notify_all();
-        runner.join();
-        if (auto error = runner.error())
-            std::rethrow_exception(error);
-    }
+    gate.stop_while_blocked(first);
     const auto m1 = first.metrics().snapshot();
     const auto& s1 = first.share_metrics();
     fmt::print("share stop, last delivery: the first member took {} records, accepted {}, released {}\n", m1.consumed,
