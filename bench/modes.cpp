@@ -46,6 +46,11 @@ Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready)
     r.dup_percent = job.data->dup_percent();
     r.events = job.count;
     r.unique = job.data->unique_in(job.count);
+    if (job.slow_every > 0) {
+        for (std::size_t seq = 0; seq < job.count; seq += static_cast<std::size_t>(job.slow_every))
+            r.slow_calls += job.data->at(seq).resend ? 0 : 1;
+        r.slow_seconds = std::chrono::duration<double>(job.slow_for).count();
+    }
     r.paced = job.paced;
     r.rate = job.rate;
     RunState st(r, on_ready);

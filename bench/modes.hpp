@@ -87,6 +87,11 @@ struct Result {
     int dup_percent = 0;
     std::size_t events = 0; ///< records consumed
     std::size_t unique = 0; ///< distinct events among them (effects expected)
+    /// Mixed workload: handler calls held `slow_for`, the records whose sequence
+    /// number is a multiple of `slow_every` and that are not re-sends (a re-send
+    /// is skipped as a duplicate, its handler never called).
+    std::size_t slow_calls = 0;
+    double slow_seconds = 0; ///< Job::slow_for of those calls
     bool paced = false;
     double rate = 0;
     double seconds = 0;         ///< first record taken -> last effect committed

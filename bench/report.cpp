@@ -46,6 +46,10 @@ ordered_json run_json(const Result& r)
     j["dup_percent"] = r.dup_percent;
     j["events"] = r.events;
     j["unique"] = r.unique;
+    if (r.slow_calls > 0) {
+        j["slow_calls"] = r.slow_calls;
+        j["slow_seconds"] = r.slow_seconds;
+    }
     if (r.paced)
         j["rate"] = r.rate;
     j["seconds"] = round_to(r.seconds, 4);
@@ -171,14 +175,15 @@ ordered_json mixed_ideal(const Report& report)
         const Result* fast = find_run(report.runs, "idemkafka_mixed_fast", r.dup_percent, r.events);
         if (!fast || !r.ok() || r.events_per_s <= 0)
             continue;
-        const double unique = static_cast<double>(r.unique ? r.unique : r.events);
-        const double slow_seconds = std::ceil(unique / 100.0) * 0.2 / workers;
+        const double slow_seconds = static_cast<double>(r.slow_calls) * r.slow_seconds / workers;
         const double fast_seconds = static_cast<double>(fast->events) / fast->events_per_s;
         const double ideal = static_cast<double>(r.events) / std::max(slow_seconds, fast_seconds);
         ordered_json j;
         j["mode"] = r.mode;
+        j["dup_percent"] = r.dup_percent;
         j["events"] = r.events;
         j["workers"] = workers;
+        j["slow_calls"] = r.slow_calls;
         j["events_per_s"] = round_to(r.events_per_s, 1);
         j["fast_events_per_s"] = round_to(fast->events_per_s, 1);
         j["ideal_events_per_s"] = round_to(ideal, 1);
@@ -205,6 +210,7 @@ ordered_json mixed_ideal(const Report& report)
         const double ideal = static_cast<double>(r.events) / (unique * 0.005 / parallel);
         ordered_json j;
         j["mode"] = r.mode;
+        j["dup_percent"] = r.dup_percent;
         j["events"] = r.events;
         j["workers"] = share ? share_members : handler_workers;
         j["parallel"] = parallel;
@@ -469,8 +475,9 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
                "fast path's time; 5 ms: handler time / workers running at once)\n";
         for (const auto& j : summary["mixed_ideal"])
             out << fmt::format(
-                "  {:<32} {:>3} workers  at {:>7}  {:>9.1f} events/s  ideal {:>9.1f}  {:>6.3f}{}\n",
-                j["mode"].get<std::string>(), j["workers"].get<int>(), si(j["events"].get<double>()),
+                "  {:<32} {:>3} workers  dup {:>2}%  at {:>7}  {:>9.1f} events/s  ideal {:>9.1f}  {:>6.3f}{}\n",
+                j["mode"].get<std::string>(), j["workers"].get<int>(), j.value("dup_percent", 0),
+                si(j["events"].get<double>()),
                 j["events_per_s"].get<double>(), j["ideal_events_per_s"].get<double>(), j["value"].get<double>(),
                 j.contains("met") ? (j["met"].get<bool>() ? "  target >= 0.8: met" : "  target >= 0.8: MISSED") : "");
     }
