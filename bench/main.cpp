@@ -57,6 +57,10 @@ services and runs this; by hand, point it at your own:
   --dups LIST            duplicate shares in percent (default 0,30)
   --modes LIST           modes to run (default: all of the first group), from
                          kafka_raw, pg_floor_per_event, pg_floor_batch,
+                         pg_floor_batch_fetch_order (pg_floor_batch with the
+                         records in the order a plain consumer of the topic
+                         receives them, read untimed first: a partition at a
+                         time, where pg_floor_batch claims in production order),
                          pg_floor_batch_rowwise, idemkafka_per_event,
                          idemkafka_batch, idemkafka_batch_plain,
                          idemkafka_batch_rowwise, idemkafka_batch_wN,
@@ -344,6 +348,7 @@ struct ModeSpec {
     int slow_ms = 0;
     bool plain = false;     // claims in a plain table (RetentionMode::purge)
     bool prefilled = false; // claims into the --prefill table
+    bool fetch_order = false; // floors: records in the order a consumer receives them
 };
 
 // The modes a run without --modes has; the rest run when named, with --mixed
@@ -362,9 +367,14 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         {"kafka_raw", Kind::kafka_raw, false, 0, 0, false},
         {"pg_floor_per_event", Kind::pg_floor_per_event, true, 1, 0, false},
         {"pg_floor_batch", Kind::pg_floor_batch, false, batch, 0, false},
+        {"pg_floor_batch_fetch_order", Kind::pg_floor_batch, false, batch, 0, false},
         {"pg_floor_batch_rowwise", Kind::pg_floor_batch_rowwise, false, batch, 0, false},
         {"idemkafka_per_event", Kind::idemkafka, true, 1, 0, false},
     };
+    // The floor in the order a consumer receives the records: a partition at
+    // a time, in runs of a producer batch, where pg_floor_batch claims in
+    // production order (ids ascending, always at the right edge of the index).
+    all[3].fetch_order = true;
     ModeSpec per_event_prefilled = all.back();
     per_event_prefilled.name = "idemkafka_per_event_prefilled";
     per_event_prefilled.prefilled = true;
@@ -491,6 +501,14 @@ void set_mode(Job& job, const ModeSpec& s)
     job.slow_for = std::chrono::milliseconds(s.slow_ms);
     job.plain_claims = s.plain;
     job.prefilled = s.prefilled;
+}
+
+// A mode that needs the run's topic: the Kafka modes, and the floor that
+// takes the records in the order a consumer of that topic receives them.
+bool needs_topic(const ModeSpec& s)
+{
+    return s.fetch_order || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
+           s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener;
 }
 
 std::string iso_now()
@@ -657,9 +675,8 @@ int run(const Options& o)
     }
 
     int serial = 0;
-    auto kafka_mode = [](Kind k) {
-        return k == Kind::kafka_raw || k == Kind::idemkafka || k == Kind::idemkafka_share || k == Kind::naive_listener;
-    };
+    // Per topic: the order a plain consumer receives its records in, read once.
+    std::map<std::string, std::vector<std::uint32_t>> fetch_orders;
     const OnReady no_op = [](const Counter&) {};
     for (const auto& data : datasets) {
         for (std::size_t n : sizes) {
@@ -673,11 +690,29 @@ int run(const Options& o)
                 job.data = &data;
                 job.count = n;
                 job.serial = ++serial;
-                if (kafka_mode(s.kind)) {
+                if (needs_topic(s)) {
                     auto t = topics.find({data.dup_percent(), n});
                     if (t == topics.end())
                         continue; // its production failed, already reported
                     job.topic = t->second;
+                }
+                if (s.fetch_order) {
+                    auto& order = fetch_orders[job.topic];
+                    if (order.empty()) {
+                        try {
+                            order = read_fetch_order(env, job);
+                        } catch (const std::exception& e) {
+                            Result failed;
+                            failed.mode = job.mode;
+                            failed.dup_percent = data.dup_percent();
+                            failed.events = n;
+                            failed.errors.push_back(fmt::format("reading the fetch order of {}: {}", job.topic, e.what()));
+                            std::fprintf(stderr, "%s\n", progress_line(failed).c_str());
+                            report.runs.push_back(std::move(failed));
+                            continue;
+                        }
+                    }
+                    job.order = &order;
                 }
                 Result r = run_job(env, job, no_op);
                 std::fprintf(stderr, "%s\n", progress_line(r).c_str());
@@ -698,8 +733,8 @@ int run(const Options& o)
             if (!o.paced_every_dup && &data != &datasets.front())
                 break;
             for (const auto& s : specs) {
-                if (s.mixed || !runs_at(s, data.dup_percent()))
-                    continue; // mixed: their latency is the handler's time
+                if (s.mixed || s.fetch_order || !runs_at(s, data.dup_percent()))
+                    continue; // mixed: their latency is the handler's time; the fetch order is a drain's
                 Job job;
                 set_mode(job, s);
                 job.data = &data;
@@ -713,7 +748,7 @@ int run(const Options& o)
                 std::thread producer;
                 std::string producer_error;
                 OnReady on_ready = no_op;
-                if (kafka_mode(s.kind)) {
+                if (needs_topic(s)) {
                     job.topic = fmt::format("ikbench-{}-paced-{}-d{}", run_tag, s.name, data.dup_percent());
                     try {
                         create_topic(o.services, job.topic, 8);

@@ -149,7 +149,7 @@ public:
         if (!job_.paced) {
             const std::int64_t now = wall_us();
             for (; out.size() < n && next_seq_ < job_.count; ++next_seq_)
-                out.push_back({job_.data->at(next_seq_), now});
+                out.push_back({job_.data->at(job_.order ? (*job_.order)[next_seq_] : next_seq_), now});
             return !out.empty();
         }
         std::unique_lock<std::mutex> lock(mu_);

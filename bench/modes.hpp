@@ -57,6 +57,10 @@ struct Job {
     const Dataset* data = nullptr;
     std::size_t count = 0; ///< records to consume
     std::string topic;     ///< Kafka modes: the topic, holding exactly `count` records
+    /// Floors: the records' sequence numbers in the order they are taken; null:
+    /// production order. pg_floor_batch_fetch_order takes them in the order a
+    /// plain consumer of `topic` received them (read_fetch_order()).
+    const std::vector<std::uint32_t>* order = nullptr;
     bool paced = false;    ///< records are produced during the run at `rate`
     double rate = 0;
     /// Paced: records [0, warmup) are produced first; the rest follows once the
@@ -144,6 +148,10 @@ Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready);
 // The modes, called by run_job after the tables are prepared.
 struct RunState;
 void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st);
+/// The sequence numbers of `job.topic`'s records in the order a plain
+/// consumer (the Kafka modes' properties, a new group) receives them: untimed,
+/// before a floor runs in that order. Throws when the topic cannot be read.
+std::vector<std::uint32_t> read_fetch_order(const RunEnv& env, const Job& job);
 void run_naive_listener(const RunEnv& env, const Job& job, RunState& st);
 void run_pg_floor(const RunEnv& env, const Job& job, RunState& st);
 void run_idemkafka(const RunEnv& env, const Job& job, RunState& st);

@@ -145,6 +145,31 @@ void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
         st.result.notes.push_back(fmt::format("{} records delivered more than once", delivered - seen.distinct()));
 }
 
+std::vector<std::uint32_t> read_fetch_order(const RunEnv& env, const Job& job)
+{
+    auto rk = subscribe(env, job, fmt::format("ikbench-order-{}", job.serial),
+                        {{"enable.auto.commit", "false"}, {"enable.auto.offset.store", "false"}});
+    std::vector<std::uint32_t> order;
+    order.reserve(job.count);
+    SeenSet seen(job.count);
+    Progress progress(job);
+    while (seen.distinct() < job.count) {
+        MessagePtr m(rd_kafka_consumer_poll(rk.get(), 100));
+        if (!m || m->err) {
+            if (auto why = progress.stuck(seen.distinct()); !why.empty())
+                throw std::runtime_error(why);
+            continue;
+        }
+        const auto d = decode_payload(std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
+        if (seen.mark(d.seq)) {
+            order.push_back(static_cast<std::uint32_t>(d.seq));
+            progress.advanced();
+        }
+    }
+    close_consumer(rk.get());
+    return order;
+}
+
 void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
 {
     const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);
