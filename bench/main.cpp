@@ -346,8 +346,8 @@ struct ModeSpec {
     bool fingerprint = false; // idemkafka: ConsumerConfig::payload_fingerprint
     int slow_every = 0;
     int slow_ms = 0;
-    bool plain = false;     // claims in a plain table (RetentionMode::purge)
-    bool prefilled = false; // claims into the --prefill table
+    bool plain = false;       // claims in a plain table (RetentionMode::purge)
+    bool prefilled = false;   // claims into the --prefill table
     bool fetch_order = false; // floors: records in the order a consumer receives them
 };
 
@@ -507,8 +507,8 @@ void set_mode(Job& job, const ModeSpec& s)
 // takes the records in the order a consumer of that topic receives them.
 bool needs_topic(const ModeSpec& s)
 {
-    return s.fetch_order || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
-           s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener;
+    return s.fetch_order || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka || s.kind == Kind::idemkafka_share ||
+           s.kind == Kind::naive_listener;
 }
 
 std::string iso_now()
@@ -706,7 +706,8 @@ int run(const Options& o)
                             failed.mode = job.mode;
                             failed.dup_percent = data.dup_percent();
                             failed.events = n;
-                            failed.errors.push_back(fmt::format("reading the fetch order of {}: {}", job.topic, e.what()));
+                            failed.errors.push_back(
+                                fmt::format("reading the fetch order of {}: {}", job.topic, e.what()));
                             std::fprintf(stderr, "%s\n", progress_line(failed).c_str());
                             report.runs.push_back(std::move(failed));
                             continue;

@@ -61,7 +61,7 @@ struct Job {
     /// production order. pg_floor_batch_fetch_order takes them in the order a
     /// plain consumer of `topic` received them (read_fetch_order()).
     const std::vector<std::uint32_t>* order = nullptr;
-    bool paced = false;    ///< records are produced during the run at `rate`
+    bool paced = false; ///< records are produced during the run at `rate`
     double rate = 0;
     /// Paced: records [0, warmup) are produced first; the rest follows once the
     /// consumer has processed them, and only the rest counts for latency (the

@@ -481,8 +481,8 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
             out << fmt::format(
                 "  {:<32} {:>3} workers  dup {:>2}%  at {:>7}  {:>9.1f} events/s  ideal {:>9.1f}  {:>6.3f}{}\n",
                 j["mode"].get<std::string>(), j["workers"].get<int>(), j.value("dup_percent", 0),
-                si(j["events"].get<double>()),
-                j["events_per_s"].get<double>(), j["ideal_events_per_s"].get<double>(), j["value"].get<double>(),
+                si(j["events"].get<double>()), j["events_per_s"].get<double>(), j["ideal_events_per_s"].get<double>(),
+                j["value"].get<double>(),
                 j.contains("met") ? (j["met"].get<bool>() ? "  target >= 0.8: met" : "  target >= 0.8: MISSED") : "");
     }
 
