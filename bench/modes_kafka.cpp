@@ -102,6 +102,42 @@ void close_consumer(rd_kafka_t* rk)
     rd_kafka_consumer_close(rk);
 }
 
+struct Drained {
+    std::uint64_t delivered = 0; ///< records polled, repeats included
+    std::size_t distinct = 0;
+    std::string stuck; ///< why the drain gave up; empty when every record came
+};
+
+// Polls `rk` until each of the job's records came once: `before_poll()` ahead
+// of every poll, `first(record, steady_us, distinct so far)` for a record's
+// first delivery.
+template <class BeforePoll, class First>
+Drained drain(rd_kafka_t* rk, const Job& job, BeforePoll before_poll, First first)
+{
+    SeenSet seen(job.count);
+    Progress progress(job);
+    Drained out;
+    while (seen.distinct() < job.count) {
+        before_poll();
+        MessagePtr m(rd_kafka_consumer_poll(rk, 100));
+        if (!m || m->err) {
+            out.stuck = progress.stuck(seen.distinct());
+            if (!out.stuck.empty())
+                break;
+            continue;
+        }
+        const std::int64_t now_s = steady_us();
+        ++out.delivered;
+        const auto d = decode_payload(std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
+        if (seen.mark(d.seq)) {
+            first(d, now_s, seen.distinct());
+            progress.advanced();
+        }
+    }
+    out.distinct = seen.distinct();
+    return out;
+}
+
 } // namespace
 
 void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
@@ -109,40 +145,30 @@ void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
     // No commits at all: the ceiling is the fetch path alone.
     auto rk = subscribe(env, job, fmt::format("ikbench-{}-{}", job.mode, job.serial),
                         {{"enable.auto.commit", "false"}, {"enable.auto.offset.store", "false"}});
-    SeenSet seen(job.count);
-    Progress progress(job);
     bool ready = false;
-    std::uint64_t delivered = 0;
-    while (seen.distinct() < job.count) {
-        if (!ready && assigned(rk.get())) {
-            ready = true;
-            st.ready();
-        }
-        MessagePtr m(rd_kafka_consumer_poll(rk.get(), 100));
-        if (!m || m->err) {
-            if (auto why = progress.stuck(seen.distinct()); !why.empty()) {
-                st.result.errors.push_back(why);
-                break;
+    const auto drained = drain(
+        rk.get(), job,
+        [&] {
+            if (!ready && assigned(rk.get())) {
+                ready = true;
+                st.ready();
             }
-            continue;
-        }
-        const std::int64_t now_s = steady_us();
-        if (st.first_taken_us < 0)
-            st.first_taken_us = now_s;
-        ++delivered;
-        const auto d = decode_payload(std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
-        if (seen.mark(d.seq)) {
+        },
+        [&](const Decoded& d, std::int64_t now_s, std::size_t distinct) {
+            if (st.first_taken_us < 0)
+                st.first_taken_us = now_s;
             if (st.measured(d.seq, job))
                 st.latency.record(d.produced_us, -1, wall_us(), now_s);
             st.last_commit_us = now_s;
-            st.set_processed(seen.distinct());
-            progress.advanced();
-        }
-    }
+            st.set_processed(distinct);
+        });
     st.take_cpu_after(*env.meter);
     close_consumer(rk.get());
-    if (delivered > seen.distinct())
-        st.result.notes.push_back(fmt::format("{} records delivered more than once", delivered - seen.distinct()));
+    if (!drained.stuck.empty())
+        st.result.errors.push_back(drained.stuck);
+    if (drained.delivered > drained.distinct)
+        st.result.notes.push_back(
+            fmt::format("{} records delivered more than once", drained.delivered - drained.distinct));
 }
 
 std::vector<std::uint32_t> read_fetch_order(const RunEnv& env, const Job& job)
@@ -151,22 +177,12 @@ std::vector<std::uint32_t> read_fetch_order(const RunEnv& env, const Job& job)
                         {{"enable.auto.commit", "false"}, {"enable.auto.offset.store", "false"}});
     std::vector<std::uint32_t> order;
     order.reserve(job.count);
-    SeenSet seen(job.count);
-    Progress progress(job);
-    while (seen.distinct() < job.count) {
-        MessagePtr m(rd_kafka_consumer_poll(rk.get(), 100));
-        if (!m || m->err) {
-            if (auto why = progress.stuck(seen.distinct()); !why.empty())
-                throw std::runtime_error(why);
-            continue;
-        }
-        const auto d = decode_payload(std::string_view(static_cast<const char*>(m->payload), m->payload ? m->len : 0));
-        if (seen.mark(d.seq)) {
-            order.push_back(static_cast<std::uint32_t>(d.seq));
-            progress.advanced();
-        }
-    }
+    const auto drained = drain(
+        rk.get(), job, [] {},
+        [&](const Decoded& d, std::int64_t, std::size_t) { order.push_back(static_cast<std::uint32_t>(d.seq)); });
     close_consumer(rk.get());
+    if (!drained.stuck.empty())
+        throw std::runtime_error(drained.stuck);
     return order;
 }
 

@@ -200,14 +200,14 @@ ordered_json mixed_ideal(const Report& report)
     for (const auto& r : report.runs) {
         const bool share = r.mode == "idemkafka_share_handler5ms";
         if ((r.mode.rfind("idemkafka_handler5ms_", 0) != 0 && !share) || !r.ok() || r.events_per_s <= 0 ||
-            (share ? share_members : handler_workers) < 1)
+            r.slow_calls == 0 || (share ? share_members : handler_workers) < 1)
             continue;
         int parallel = share ? share_members : handler_workers;
         const auto partitions = r.partitions ? static_cast<int>(r.partitions) : cfg.value("partitions_min", 0);
         if (r.mode == "idemkafka_handler5ms_partition" && partitions > 0)
             parallel = std::min(parallel, partitions);
-        const double unique = static_cast<double>(r.unique ? r.unique : r.events);
-        const double ideal = static_cast<double>(r.events) / (unique * 0.005 / parallel);
+        const double ideal =
+            static_cast<double>(r.events) / (static_cast<double>(r.slow_calls) * r.slow_seconds / parallel);
         ordered_json j;
         j["mode"] = r.mode;
         j["dup_percent"] = r.dup_percent;
