@@ -98,7 +98,6 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     CHECK(released >= 1);
     CHECK(static_cast<std::int64_t>(m1.consumed) == accepted + released);
     CHECK(s1.rejected.get() == 0);
-    CHECK(s1.acks_refused.get() == 0);
     CHECK(m1.dead_lettered_total() == 0);
 
     Consumer next(cfg, decode, event_id_of,
@@ -116,9 +115,13 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     CHECK(distinct_effects(table) == total);
     CHECK(claims(group) == total);
     CHECK(static_cast<std::int64_t>(m2.claimed) == total - accepted);
-    CHECK(m2.duplicates == 0);
-    CHECK(static_cast<std::int64_t>(s2.accepted.get()) == total - accepted);
+    CHECK(s2.accepted.get() == m2.claimed + m2.duplicates); // each delivery a claim or a duplicate
     CHECK(s2.released.get() == 0);
+    if (s1.acks_refused.get() + s2.acks_refused.get() == 0) {
+        // Without a refused acknowledgement, nothing came twice.
+        CHECK(m2.duplicates == 0);
+        CHECK(static_cast<std::int64_t>(s2.accepted.get()) == total - accepted);
+    }
     // The released records came again, each on its second delivery; the blocking one among them.
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == released);
     CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, blocking)) == 2);
@@ -179,8 +182,10 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     CHECK(effects(table) == total);
     CHECK(distinct_effects(table) == total);
     CHECK(claims(group) == total);
-    CHECK(next.metrics().snapshot().duplicates == 0);
-    CHECK(next.metrics().snapshot().dead_lettered_total() == 0);
+    const auto m2 = next.metrics().snapshot();
+    if (s1.acks_refused.get() + next.share_metrics().acks_refused.get() == 0)
+        CHECK(m2.duplicates == 0);
+    CHECK(m2.dead_lettered_total() == 0);
     // The nine released fresh ones came again on their second (last) delivery.
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == 1 + 9);
 }
