@@ -84,9 +84,17 @@ std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
     pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
-    db.prepare(claim_statement,
-               pg::commit_guard_cte() +
-                   (s_.cfg.payload_fingerprint ? pg::fingerprint_claim_sql(s_.store) : pg::claim_sql(s_.store)));
+    {
+        // Prepared in SQL, run with EXECUTE in a statement text of several
+        // (claim()): libpqxx 6 would prepare a statement of its own only when
+        // it first runs it, and libpqxx runs the prepared statements it knows
+        // of one statement at a time.
+        pqxx::nontransaction tx(db);
+        tx.exec(fmt::format("PREPARE {} ({}) AS {}", claim_statement,
+                            s_.cfg.payload_fingerprint ? "uuid[], text, bigint[]" : "uuid[], text",
+                            pg::commit_guard_cte() + (s_.cfg.payload_fingerprint ? pg::fingerprint_claim_sql(s_.store)
+                                                                                 : pg::claim_sql(s_.store))));
+    }
     if (s_.cfg.payload_fingerprint)
         db.prepare(fingerprints_statement, pg::stored_fingerprints_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
@@ -393,12 +401,25 @@ std::int64_t fingerprint_of(const Item& it)
 
 } // namespace
 
+// The claim statement, after `before` (statements of their own, ending in
+// "; ") in the same text: one round trip. Its result is the claim's.
 pqxx::result ClaimTransaction::claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
-                                     const std::vector<std::int64_t>& fingerprints)
+                                     const std::vector<std::int64_t>& fingerprints, const std::string& before)
 {
-    if (!s_.cfg.payload_fingerprint)
-        return pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id);
-    return pg::exec_prepared(tx, claim_statement, pg::uuid_array(ids), s_.cfg.group_id, int_array(fingerprints));
+    std::string sql = before;
+    sql += "EXECUTE ";
+    sql += claim_statement;
+    sql += "('";
+    sql += pg::uuid_array(ids); // hex digits, dashes, commas and braces: nothing to escape
+    sql += "', ";
+    sql += tx.quote(s_.cfg.group_id);
+    if (s_.cfg.payload_fingerprint) {
+        sql += ", '";
+        sql += int_array(fingerprints);
+        sql += '\'';
+    }
+    sql += ')';
+    return tx.exec(sql);
 }
 
 // With payload_fingerprint, after the claim: a record whose event id was
@@ -552,8 +573,9 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
     pqxx::work tx(*w.db);
-    pg::open_for_writes(tx, s_.cfg.lock_timeout);
-    auto claimed_list = pg::claimed_ids(claim(tx, a.ids, a.fingerprints));
+    // One round trip for both: the transaction's settings come first.
+    auto claimed_list =
+        pg::claimed_ids(claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout) + "; "));
     w.watch.arm(s_.cfg.db_timeout);
     a.claimed = std::unordered_set<EventId>(claimed_list.begin(), claimed_list.end());
     // Only where a record is not the first claim of its id: a conflict, or

@@ -213,7 +213,7 @@ private:
     static Classified classify(const std::exception_ptr& error, bool in_handler);
     Outcome recover(const Classified& c, Worker& w, const Attempt& a, Failure& failure);
     pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
-                       const std::vector<std::int64_t>& fingerprints);
+                       const std::vector<std::int64_t>& fingerprints, const std::string& before = {});
     Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
                          const std::unordered_set<EventId>& claimed);
     void handler_failed(Worker& w, Batch& b, const Failure& f);

@@ -102,10 +102,15 @@ void guard_session(pqxx::connection& conn)
     set_session(conn, "default_transaction_read_only", "on");
 }
 
+std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout)
+{
+    return fmt::format("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on; SET lock_timeout = {}",
+                       lock_timeout.count());
+}
+
 void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout)
 {
-    tx.exec(fmt::format("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on; SET lock_timeout = {}",
-                        lock_timeout.count()));
+    tx.exec(open_for_writes_sql(lock_timeout));
 }
 
 namespace {

@@ -64,6 +64,10 @@ void guard_session(pqxx::connection& conn);
 /// transactional: rolled back with the transaction, kept when it commits.
 void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout);
 
+/// The statements open_for_writes() runs, for a text of several statements
+/// that must begin with them (no "; " at the end).
+std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout);
+
 /// The commit guard. The claims of a transaction are taken before its first
 /// handler call, so a COMMIT run by a handler (COMMIT, END, COMMIT AND CHAIN,
 /// PREPARE TRANSACTION, tx.commit()) would commit the claims of records whose
