@@ -211,3 +211,37 @@ TEST_CASE("a handler's session-level SET or RESET ALL does not change the librar
     for (const auto& value : read_only_defaults)
         CHECK(value == "on");
 }
+
+TEST_CASE("a handler that drops the session's prepared statements or temporary tables loses nothing and "
+          "doubles nothing",
+          "[fault][handler-transaction]")
+{
+    // DEALLOCATE ALL is not transactional: the library's claim and commit-guard statements are
+    // gone from the session for good, and the check before COMMIT fails; the batch is rolled
+    // back and runs again on a new session. DISCARD TEMP would drop the commit guard's table,
+    // which PostgreSQL refuses while the claim's update of it waits for COMMIT: that call fails
+    // and is retried. Each culprit does it on its first call only.
+    Fixture f(1);
+    f.publish(30);
+    auto cfg = f.config();
+    cfg.max_batch = 10; // the two culprits in transactions of their own
+    cfg.max_attempts = 3;
+    std::mutex mu;
+    std::set<std::int64_t> done; // culprits that did it once
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx);
+        const char* sql = e.amount == 7 ? "DEALLOCATE ALL" : e.amount == 17 ? "DISCARD TEMP" : nullptr;
+        std::unique_lock<std::mutex> lock(mu);
+        if (sql && done.insert(e.amount).second) {
+            lock.unlock();
+            tx.exec(sql);
+        }
+    });
+    run_until(
+        c, [&] { return f.committed_total(1) == 30; }, 90s);
+    const auto m = c.metrics().snapshot();
+    CHECK(m.dead_lettered_total() == 0);
+    CHECK(m.db_reconnects >= 1);    // after DEALLOCATE ALL
+    CHECK(m.handler_failures >= 1); // DISCARD TEMP refused
+    f.check_exact(30);
+}
