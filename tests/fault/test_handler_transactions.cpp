@@ -217,10 +217,12 @@ TEST_CASE("a handler that drops the session's prepared statements or temporary t
           "[fault][handler-transaction]")
 {
     // DEALLOCATE ALL is not transactional: the library's claim and commit-guard statements are
-    // gone from the session for good, and the check before COMMIT fails; the batch is rolled
-    // back and runs again on a new session. DISCARD TEMP would drop the commit guard's table,
-    // which PostgreSQL refuses while the claim's update of it waits for COMMIT: that call fails
-    // and is retried. Each culprit does it on its first call only.
+    // gone from the session for good, and the next statement that needs one fails (the check
+    // before COMMIT, or the next claim where libpqxx 6 prepares that check only on its first
+    // use); that transaction is rolled back and runs again on a new session. DISCARD TEMP
+    // would drop the commit guard's table, which PostgreSQL refuses while the claim's update of
+    // it waits for COMMIT: that call fails and is retried. Each culprit does it on its first
+    // call only.
     Fixture f(1);
     f.publish(30);
     auto cfg = f.config();
