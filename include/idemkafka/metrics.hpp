@@ -86,6 +86,11 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// The records between those stored positions and Kafka's committed
     /// offsets, processed again (duplicates where their claims survived).
     std::uint64_t records_behind_kafka = 0;
+    /// offsets_in_database: partitions that, after a reconnect, had no stored
+    /// position at all although this member had processed and stored some
+    /// (PostgreSQL lost every one: a failover to a standby without them);
+    /// each was processed again from where this member began it.
+    std::uint64_t positions_lost = 0;
     std::uint64_t lock_timeouts = 0; ///< transactions that waited past ConsumerConfig::lock_timeout (retried)
     /// Sessions of frozen members (idle in a transaction past
     /// ConsumerConfig::frozen_member_timeout) this consumer ended.
@@ -212,7 +217,7 @@ public:
     /// Counts what the MetricsSnapshot field of the same name reports.
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures, db_commits, db_failures,
         db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
-        batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka,
+        batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka, positions_lost,
         frozen_members_ended, db_timeouts, lock_timeouts, handler_aborted_transactions, long_call_waits,
         revoke_abandons, parked, parking_overflows, circuit_opened, beyond_dedup_horizon, horizon_processed,
         key_window_closed, outbox_published, outbox_failures;

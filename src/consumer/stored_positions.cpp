@@ -44,30 +44,40 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
     std::map<TopicPartition, std::int64_t> target;
     for (const auto& st : *stored) {
         auto* ps = ledger_.find(st.topic, st.partition);
+        std::optional<std::int64_t> next = st.next_offset;
+        if (!next && ps && ps->began_at >= 0 && ps->position() > ps->began_at) {
+            // Taken again after a reconnect: this member processed records
+            // of the partition, and stored their positions with them, but
+            // the server has none (a failover to a standby without any of
+            // them). Kafka's committed offset may have moved past them: they
+            // are processed again from where this member began.
+            next = ps->began_at;
+            lost_every_position(*ps);
+        }
         if (ps) {
             ps->epoch = st.epoch;
             ps->position_verified = true;
-            ps->stored_next = st.next_offset.value_or(-1);
+            ps->stored_next = next.value_or(-1);
         }
-        if (!st.next_offset)
+        if (!next)
             continue; // never stored: Kafka's committed offset decides
         std::int64_t kafka_offset = offset_invalid;
         for (const auto& [tp, offset] : committed)
             if (tp.topic == st.topic && tp.partition == st.partition && offset != kafka::offset_unknown)
                 kafka_offset = offset;
-        if (*st.next_offset == kafka_offset)
+        if (*next == kafka_offset)
             continue;
         // The database decides, also when it is behind Kafka: every kind of
         // progress is stored before Kafka hears of it, so behind means
         // commits PostgreSQL lost (a failover to a standby without them, a
         // restored backup) or an offset reset in Kafka. The records in
         // between come again; those whose claims survived are duplicates.
-        target[{st.topic, st.partition}] = *st.next_offset;
+        target[{st.topic, st.partition}] = *next;
         if (ps) {
-            ps->start_offset = *st.next_offset; // for the lag gauge
+            ps->start_offset = *next; // for the lag gauge
             ps->start_known = true;
         }
-        report_start(st, kafka_offset);
+        report_start(st.topic, st.partition, *next, kafka_offset);
     }
     return target;
 }
@@ -108,28 +118,45 @@ std::optional<std::vector<OffsetStore::Stored>> StoredPositions::take_over(const
 
 // Logs where a partition starts from its stored position: behind Kafka's
 // committed offset is counted and warned about (lost commits or a reset).
-void StoredPositions::report_start(const OffsetStore::Stored& st, std::int64_t kafka_offset)
+void StoredPositions::lost_every_position(const PartitionState& ps)
 {
-    if (kafka_offset >= 0 && *st.next_offset < kafka_offset) {
+    metrics_.positions_lost.add();
+    emit(log_, LogLevel::warning,
+         fmt::format("{}/{}: PostgreSQL has no stored position, though this member processed the partition from "
+                     "offset {} on (it is at {}): PostgreSQL lost the positions it stored (a failover to a standby "
+                     "without them), or none was stored yet; the records from offset {} on are processed again "
+                     "(those whose claims survived are skipped as duplicates)",
+                     ps.tp.topic, ps.tp.partition, ps.began_at, ps.position(), ps.began_at),
+         "consumer",
+         {{log_field::topic, ps.tp.topic},
+          {log_field::partition, std::to_string(ps.tp.partition)},
+          {"began_at", std::to_string(ps.began_at)},
+          {"position", std::to_string(ps.position())}});
+}
+
+void StoredPositions::report_start(const std::string& topic, std::int32_t partition, std::int64_t stored,
+                                   std::int64_t kafka_offset)
+{
+    if (kafka_offset >= 0 && stored < kafka_offset) {
         metrics_.positions_behind_kafka.add();
-        metrics_.records_behind_kafka.add(static_cast<std::uint64_t>(kafka_offset - *st.next_offset));
+        metrics_.records_behind_kafka.add(static_cast<std::uint64_t>(kafka_offset - stored));
         emit(log_, LogLevel::warning,
              fmt::format("{}/{}: the stored position {} is behind Kafka's committed offset {}: PostgreSQL lost "
                          "commits (a failover to a standby without them, a restored backup) or the group's "
                          "offsets were reset in Kafka; the {} records in between are processed again (those "
                          "whose claims survived are skipped as duplicates). To skip records, move the stored "
                          "position: idemkafka-admin offsets set",
-                         st.topic, st.partition, *st.next_offset, kafka_offset, kafka_offset - *st.next_offset),
+                         topic, partition, stored, kafka_offset, kafka_offset - stored),
              "consumer",
-             {{log_field::topic, st.topic},
-              {log_field::partition, std::to_string(st.partition)},
-              {"stored", std::to_string(*st.next_offset)},
+             {{log_field::topic, topic},
+              {log_field::partition, std::to_string(partition)},
+              {"stored", std::to_string(stored)},
               {"committed", std::to_string(kafka_offset)}});
     } else {
         emit(log_, LogLevel::info,
-             fmt::format("{}/{} starts at stored position {} (Kafka committed {})", st.topic, st.partition,
-                         *st.next_offset, kafka_offset),
-             "consumer", coordinates(st.topic, st.partition, *st.next_offset));
+             fmt::format("{}/{} starts at stored position {} (Kafka committed {})", topic, partition, stored,
+                         kafka_offset),
+             "consumer", coordinates(topic, partition, stored));
     }
 }
 

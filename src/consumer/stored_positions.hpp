@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <pqxx/pqxx>
@@ -58,7 +59,8 @@ public:
 
 private:
     std::optional<std::vector<OffsetStore::Stored>> take_over(const std::vector<TopicPartition>& tps);
-    void report_start(const OffsetStore::Stored& st, std::int64_t kafka_offset);
+    void report_start(const std::string& topic, std::int32_t partition, std::int64_t stored, std::int64_t kafka_offset);
+    void lost_every_position(const PartitionState& ps);
 
     const ConsumerConfig& cfg_;
     const OffsetStore& store_;

@@ -136,6 +136,8 @@ Admission PartitionLedger::admit(PartitionState* ps, std::int64_t offset) noexce
         ps->resume_from = -1;
         ps->needs_seek = false;
     }
+    if (ps->began_at < 0 || offset < ps->began_at)
+        ps->began_at = offset;
     return Admission::take;
 }
 

@@ -109,6 +109,10 @@ struct PartitionState {
     bool retake = false;           // offsets_in_database: take the partition over again when the pause ends
     int fenced = 0;                // offsets_in_database: position writes refused in a row
     Clock::time_point resume_at{};
+    // The lowest offset taken of the partition in this assignment: where it
+    // is processed again from when, after a reconnect, PostgreSQL has none of
+    // the positions this member stored (offsets_in_database).
+    std::int64_t began_at = -1;
     // Ordering::key: offsets taken out of the partition's order (a parked
     // key's records, also once handed back to a batch) and not finished
     // yet. The committed position stays at the lowest of them.

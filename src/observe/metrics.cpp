@@ -51,6 +51,10 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::positions_behind_kafka},
     {"records_behind_kafka", "Records between such stored positions and Kafka's committed offsets, processed again.",
      &MetricsSnapshot::records_behind_kafka},
+    {"positions_lost",
+     "Partitions found without any stored position after a reconnect, though this member had stored some "
+     "(offsets_in_database; lost commits); processed again from where it began them.",
+     &MetricsSnapshot::positions_lost},
     {"frozen_members_ended", "Sessions of frozen members (idle in a transaction past frozen_member_timeout) ended.",
      &MetricsSnapshot::frozen_members_ended},
     {"db_timeouts", "Connections to PostgreSQL cut after a step of the consumer waited past db_timeout.",
@@ -212,6 +216,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.fenced_writes = fenced_writes.get();
     s.positions_behind_kafka = positions_behind_kafka.get();
     s.records_behind_kafka = records_behind_kafka.get();
+    s.positions_lost = positions_lost.get();
     s.lock_timeouts = lock_timeouts.get();
     s.frozen_members_ended = frozen_members_ended.get();
     s.db_timeouts = db_timeouts.get();

@@ -118,9 +118,21 @@ double seconds_between(Clock::time_point a, Clock::time_point b)
     return std::chrono::duration<double>(b - a).count();
 }
 
-void failover(bool offsets_in_database)
+// Where the standby is cut off the WAL.
+enum class Cut {
+    // After 500 claims reached it: the standby has some of the consumer's
+    // commits and stored positions (which partitions, the fetch order decides).
+    mid_run,
+    // Before the first commit: the standby has the takeover of every
+    // partition but none of the positions the consumer stores after it.
+    before_first_commit,
+};
+
+void failover(bool offsets_in_database, Cut cut = Cut::mid_run)
 {
-    const char* mode = offsets_in_database ? "offsets_in_database" : "default mode";
+    const char* mode = offsets_in_database ? (cut == Cut::mid_run ? "offsets_in_database"
+                                                                  : "offsets_in_database, cut before the first commit")
+                                           : "default mode";
     PgFailoverPair pair(IDEMKAFKA_PG_FAILOVER_SH);
     const std::string primary = pair.dsn(pair.primary_port());
     const std::string standby = pair.dsn(pair.standby_port());
@@ -163,20 +175,41 @@ void failover(bool offsets_in_database)
             fmt::format("INSERT INTO {} (event_id, kafka_partition, kafka_offset) VALUES ($1::uuid, $2, $3)", effects),
             e.id.to_string(), ctx.partition(), ctx.offset());
     });
+    if (cut == Cut::before_first_commit)
+        gate.close();
     Runner<Consumer> run(c);
     OpenOnExit open_on_exit{gate};
 
-    // The standby has what the consumer committed so far: replication works.
-    REQUIRE(wait_until(
-        [&] {
-            try {
-                return scalar_on(standby, claims_sql) >= 500;
-            } catch (const pqxx::sql_error&) {
-                return false; // the schema has not reached the standby yet
-            }
-        },
-        30s));
+    if (cut == Cut::mid_run) {
+        // The standby has what the consumer committed so far: replication works.
+        REQUIRE(wait_until(
+            [&] {
+                try {
+                    return scalar_on(standby, claims_sql) >= 500;
+                } catch (const pqxx::sql_error&) {
+                    return false; // the schema has not reached the standby yet
+                }
+            },
+            30s));
+    } else {
+        // Every partition taken over, on the standby too, and nothing
+        // committed since: the first handler call waits at the gate.
+        REQUIRE(gate.wait_for_caller(30s));
+        REQUIRE(wait_until(
+            [&] {
+                try {
+                    return scalar_on(standby, fmt::format("SELECT count(*) FROM consumer_offset WHERE "
+                                                          "consumer_group = '{}'",
+                                                          group)) == partitions;
+                } catch (const pqxx::sql_error&) {
+                    return false; // the schema has not reached the standby yet
+                }
+            },
+            30s));
+        REQUIRE(scalar_on(standby, claims_sql) == 0);
+    }
     pair.cut();
+    gate.open();
     std::this_thread::sleep_for(1500ms); // commits on the primary alone
     gate.close();
     REQUIRE(gate.wait_for_caller(10s));
@@ -250,9 +283,10 @@ void failover(bool offsets_in_database)
     fmt::print(stderr,
                "failover [{}]: at the end {} of {} events have their effect, {} missing ({} of the {} lost with "
                "the commits processed again), {} doubled; positions_behind_kafka {}, records_behind_kafka {}, "
+               "positions_lost {}, "
                "db_reconnects {}\n",
                mode, at_end.size(), events, missing, redone, lost.size(), doubled, m.positions_behind_kafka,
-               m.records_behind_kafka, m.db_reconnects);
+               m.records_behind_kafka, m.positions_lost, m.db_reconnects);
 
     // Never doubled, each claim with its effect, and nothing missing but what
     // the lost commits held.
@@ -264,6 +298,11 @@ void failover(bool offsets_in_database)
         // The database is authoritative: the lost records are processed again.
         CHECK(missing == 0);
         CHECK(redone == lost.size());
+        // With none of its stored positions left, a partition is counted
+        // as such (the others as behind Kafka's committed offset or the
+        // member's own position).
+        if (cut == Cut::before_first_commit)
+            CHECK(m.positions_lost >= 1);
         CHECK(scalar_on(standby, fmt::format("SELECT coalesce(sum(next_offset), 0) FROM consumer_offset "
                                              "WHERE consumer_group = '{}'",
                                              group)) == events);
@@ -277,6 +316,15 @@ void failover(bool offsets_in_database)
 TEST_CASE("failover losing commits, offsets_in_database: every event exactly once", "[fault][failover]")
 {
     failover(true);
+}
+
+// The standby has the takeover of every partition but none of the positions
+// stored after it: each partition is processed again from where this member
+// began it, not from Kafka's committed offset, which moved past the lost
+// commits.
+TEST_CASE("failover losing every stored position, offsets_in_database: every event exactly once", "[fault][failover]")
+{
+    failover(true, Cut::before_first_commit);
 }
 
 // Kafka's offsets moved past the lost commits: their records are skipped (a
