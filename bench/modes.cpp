@@ -9,7 +9,6 @@
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -256,12 +255,11 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
         }
 
         pqxx::work tx(conn);
-        const auto claimed_list =
-            detail::pg::claimed_ids(detail::pg::exec_prepared(tx, "ikbench_claim", detail::pg::uuid_array(ids), group));
-        const std::unordered_set<EventId> claimed(claimed_list.begin(), claimed_list.end());
+        const detail::pg::ClaimedIds claimed(detail::pg::claimed_ids(
+            detail::pg::exec_prepared(tx, "ikbench_claim", detail::pg::uuid_array(ids), group)));
         fresh.clear();
         for (std::size_t i : first)
-            if (claimed.count(rows[i].id))
+            if (claimed.contains(rows[i].id))
                 fresh.push_back(&rows[i]);
         if (!multi_row) {
             for (const Row* row : fresh)

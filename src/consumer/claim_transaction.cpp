@@ -432,7 +432,7 @@ pqxx::result ClaimTransaction::claim(pqxx::transaction_base& tx, const std::vect
 // acknowledged.
 ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b,
                                                          const std::vector<std::size_t>& first,
-                                                         const std::unordered_set<EventId>& claimed)
+                                                         const pg::ClaimedIds& claimed)
 {
     struct Reference {
         std::int64_t fingerprint;
@@ -442,7 +442,7 @@ ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base&
     std::vector<EventId> conflicted;
     for (std::size_t i : first) {
         const auto& it = b.items[i];
-        if (claimed.count(it.id))
+        if (claimed.contains(it.id))
             reference.emplace(it.id, Reference{fingerprint_of(it), &it});
         else
             conflicted.push_back(it.id);
@@ -486,13 +486,13 @@ ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base&
 // only finished work. Returns how many records are given back.
 std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, Batch& b,
                                         const std::vector<std::size_t>& first, std::size_t k,
-                                        const std::unordered_set<EventId>& claimed)
+                                        const pg::ClaimedIds& claimed)
 {
     std::vector<EventId> release;
     for (std::size_t j = k; j < first.size(); ++j) {
         const auto& it = b.items[first[j]];
         w.holds.add(it.part, it.record.offset, 0);
-        if (claimed.count(it.id))
+        if (claimed.contains(it.id))
             release.push_back(it.id);
     }
     if (!release.empty())
@@ -535,34 +535,31 @@ ClaimTransaction::Attempt ClaimTransaction::collect(const Worker& w, const Batch
 {
     const auto& items = b.items;
     Attempt a;
-    std::unordered_set<EventId> seen;
-    a.ids.reserve(w.items.size());
-    a.first.reserve(w.items.size());
-    seen.reserve(w.items.size());
+    // (id, index) of the pending records; sorted, the first of each id's run
+    // is its first record in batch order. No hash set: a sort of the batch
+    // costs less than a node per id.
+    std::vector<std::pair<EventId, std::size_t>> pending;
+    pending.reserve(w.items.size());
     for (std::size_t i : w.items) {
         const auto& it = items[i];
         if (it.state != ItemState::pending || held(w.holds, it))
             continue;
-        ++a.active;
-        if (seen.insert(it.id).second) {
-            a.ids.push_back(it.id);
-            a.first.push_back(i);
-        }
+        pending.emplace_back(it.id, i);
     }
-    if (!s_.cfg.payload_fingerprint) {
-        std::sort(a.ids.begin(), a.ids.end());
-        return a;
+    a.active = pending.size();
+    std::sort(pending.begin(), pending.end());
+    pending.erase(
+        std::unique(pending.begin(), pending.end(), [](const auto& x, const auto& y) { return x.first == y.first; }),
+        pending.end());
+    a.ids.reserve(pending.size());
+    a.first.reserve(pending.size());
+    for (const auto& [id, i] : pending) {
+        a.ids.push_back(id);
+        a.first.push_back(i);
+        if (s_.cfg.payload_fingerprint)
+            a.fingerprints.push_back(fingerprint_of(items[i]));
     }
-    std::vector<std::pair<EventId, std::int64_t>> by_id;
-    by_id.reserve(a.first.size());
-    for (std::size_t i : a.first)
-        by_id.emplace_back(items[i].id, fingerprint_of(items[i]));
-    std::sort(by_id.begin(), by_id.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-    a.fingerprints.reserve(by_id.size());
-    for (std::size_t k = 0; k < by_id.size(); ++k) {
-        a.ids[k] = by_id[k].first;
-        a.fingerprints.push_back(by_id[k].second);
-    }
+    std::sort(a.first.begin(), a.first.end()); // batch order
     return a;
 }
 
@@ -574,10 +571,9 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
     pqxx::work tx(*w.db);
     // One round trip for both: the transaction's settings come first.
-    auto claimed_list =
-        pg::claimed_ids(claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout) + "; "));
+    a.claimed = pg::ClaimedIds(
+        pg::claimed_ids(claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout) + "; ")));
     w.watch.arm(s_.cfg.db_timeout);
-    a.claimed = std::unordered_set<EventId>(claimed_list.begin(), claimed_list.end());
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.
     if (s_.cfg.payload_fingerprint && (a.claimed.size() < a.ids.size() || a.active > a.ids.size())) {
@@ -607,7 +603,7 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work&
     for (std::size_t k = 0; k < a.first.size(); ++k) {
         const std::size_t i = a.first[k];
         auto& it = b.items[i];
-        if (!a.claimed.count(it.id))
+        if (!a.claimed.contains(it.id))
             continue;
         if (s_.forced() || w.revoked.load())
             throw Abandon{};

@@ -16,7 +16,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -35,6 +34,7 @@
 #include "idemkafka/redact.hpp"
 #include "idemkafka/store.hpp"
 #include "observe/log_context.hpp"
+#include "pg/claims.hpp"
 #include "pg/watch.hpp"
 
 namespace idemkafka::detail {
@@ -182,7 +182,7 @@ private:
         std::vector<std::int64_t> fingerprints;  // payload_fingerprint: of ids, in their order
         std::vector<std::size_t> first;          // index of the first pending item per id, in batch order
         std::size_t active = 0;                  // pending records that are not held
-        std::unordered_set<EventId> claimed;     // the ids the claim took
+        pg::ClaimedIds claimed;                  // the ids the claim took
         std::size_t current = nobody;            // the record whose handler runs
         std::size_t claimed_override = SIZE_MAX; // over the time budget: the claims that stay
     };
@@ -215,14 +215,14 @@ private:
     pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                        const std::vector<std::int64_t>& fingerprints, const std::string& before = {});
     Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
-                         const std::unordered_set<EventId>& claimed);
+                         const pg::ClaimedIds& claimed);
     void handler_failed(Worker& w, Batch& b, const Failure& f);
     void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
     bool retryable(const std::exception& e) const;
     template <class Call> bool call_handler(std::size_t blame, Failure& failure, Call&& call);
     bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
     std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
-                          std::size_t k, const std::unordered_set<EventId>& claimed);
+                          std::size_t k, const pg::ClaimedIds& claimed);
     std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b,
                                                     std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
     Outcome db_error(Worker& w, const std::string& what);

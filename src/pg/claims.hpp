@@ -2,6 +2,8 @@
 // The claim statement and its parameters, shared by the consumer's claim
 // transaction and ProcessedEventStore::claim(). Private to the library.
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -31,5 +33,27 @@ std::string uuid_array(const std::vector<EventId>& ids);
 /// The `event_id` column of the claim statement's result. Throws
 /// InvalidEventId for a value that is not a UUID (never from PostgreSQL).
 std::vector<EventId> claimed_ids(const pqxx::result& r);
+
+/// The ids a claim took, for "was this record's id claimed?" on every record
+/// of a transaction: kept sorted (the claim returns them in the order it was
+/// given, sorted, so that is one pass), a lookup is a binary search, and there
+/// is no allocation per id.
+class ClaimedIds {
+public:
+    ClaimedIds() = default;
+    /// Takes `ids` (claimed_ids()'s result), sorting them if they are not.
+    explicit ClaimedIds(std::vector<EventId> ids) : ids_(std::move(ids))
+    {
+        if (!std::is_sorted(ids_.begin(), ids_.end()))
+            std::sort(ids_.begin(), ids_.end());
+    }
+    /// True when the claim took `id`.
+    bool contains(const EventId& id) const noexcept { return std::binary_search(ids_.begin(), ids_.end(), id); }
+    /// How many ids the claim took.
+    std::size_t size() const noexcept { return ids_.size(); }
+
+private:
+    std::vector<EventId> ids_;
+};
 
 } // namespace idemkafka::detail::pg

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -274,6 +275,59 @@ TEST_CASE("malformed ids are rejected", "[event_id]")
         CHECK_FALSE(ok);
         // A failed try_parse leaves the output alone.
         CHECK(out == before);
+    }
+}
+
+TEST_CASE("parse accepts exactly the canonical form: every char at every position", "[event_id]")
+{
+    // A reference by the text's definition, a char at a time, against parse()
+    // and try_parse(): which texts pass, what bytes they give, and which
+    // position an error names.
+    const std::string valid = "017f22e2-79b0-7cc3-98c4-dc0c0c07398f";
+    const auto digit = [](unsigned char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    };
+    const auto value = [](char c) { return c <= '9' ? c - '0' : (c >= 'a' ? c - 'a' + 10 : c - 'A' + 10); };
+    for (std::size_t pos = 0; pos < valid.size(); ++pos) {
+        const bool dash = pos == 8 || pos == 13 || pos == 18 || pos == 23;
+        for (int c = 0; c < 256; ++c) {
+            std::string text = valid;
+            text[pos] = static_cast<char>(c);
+            const bool expect_ok = dash ? c == '-' : digit(static_cast<unsigned char>(c));
+            CAPTURE(pos, c);
+            EventId out;
+            REQUIRE(EventId::try_parse(text, out) == expect_ok);
+            if (!expect_ok) {
+                const std::string message = parse_error(text);
+                CHECK(contains(message, "position " + std::to_string(pos) + ","));
+                continue;
+            }
+            EventId::Bytes bytes{};
+            std::size_t byte = 0;
+            for (std::size_t i = 0; i < text.size(); i += (i == 8 || i == 13 || i == 18 || i == 23) ? 1 : 2)
+                if (text[i] != '-')
+                    bytes[byte++] = static_cast<std::uint8_t>(value(text[i]) << 4 | value(text[i + 1]));
+            CHECK(out == EventId(bytes));
+        }
+    }
+}
+
+TEST_CASE("ids order as their bytes do", "[event_id]")
+{
+    std::mt19937_64 rng(20261203);
+    const auto random_id = [&] {
+        EventId::Bytes b{};
+        for (auto& x : b)
+            x = static_cast<std::uint8_t>(rng() % 4); // few values: many equal bytes and halves
+        return EventId(b);
+    };
+    for (int i = 0; i < 100000; ++i) {
+        const EventId a = random_id();
+        const EventId b = random_id();
+        CAPTURE(a.to_string(), b.to_string());
+        REQUIRE((a < b) == (a.bytes() < b.bytes()));
+        REQUIRE((b < a) == (b.bytes() < a.bytes()));
+        REQUIRE((a == b) == (a.bytes() == b.bytes()));
     }
 }
 

@@ -2,6 +2,7 @@
 // them, and the claim statement's uuid[] literal.
 
 #include <string>
+#include <vector>
 
 #include <idemkafka/error.hpp>
 #include <idemkafka/event_id.hpp>
@@ -31,4 +32,25 @@ TEST_CASE("claim array literal", "[unit]")
     CHECK(detail::pg::uuid_array({}) == "{}");
     CHECK(detail::pg::uuid_array({a, b}) ==
           "{017f22e2-79b0-7cc3-98c4-dc0c0c07398f,017f22e2-79b0-7cc3-98c4-dc0c0c07398e}");
+}
+
+TEST_CASE("claimed ids: a lookup finds exactly the ids the claim took, in any order", "[unit]")
+{
+    std::vector<EventId> taken;
+    std::vector<EventId> not_taken;
+    UuidV7Generator gen;
+    for (int i = 0; i < 200; ++i)
+        (i % 3 == 0 ? not_taken : taken).push_back(gen.next());
+    const detail::pg::ClaimedIds sorted(taken);
+    std::vector<EventId> reversed(taken.rbegin(), taken.rend());
+    const detail::pg::ClaimedIds unsorted(reversed);
+    for (const auto* claimed : {&sorted, &unsorted}) {
+        CHECK(claimed->size() == taken.size());
+        for (const auto& id : taken)
+            CHECK(claimed->contains(id));
+        for (const auto& id : not_taken)
+            CHECK_FALSE(claimed->contains(id));
+    }
+    CHECK_FALSE(detail::pg::ClaimedIds().contains(taken.front()));
+    CHECK(detail::pg::ClaimedIds().size() == 0);
 }
