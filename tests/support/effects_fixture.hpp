@@ -100,13 +100,41 @@ inline void fail_if_threw(std::exception_ptr e, const char* context = "run() thr
     }
 }
 
+// The counters and gauges of `c` that are not zero, a line each (histograms
+// and comments left out): where a consumer stood when a wait timed out.
+inline std::string nonzero_metrics(const Consumer& c)
+{
+    std::string out;
+    const std::string text = c.metrics().snapshot().to_prometheus("");
+    std::size_t at = 0;
+    while (at < text.size()) {
+        auto end = text.find('\n', at);
+        if (end == std::string::npos)
+            end = text.size();
+        const std::string line = text.substr(at, end - at);
+        at = end + 1;
+        const bool zero = line.size() >= 2 && line.compare(line.size() - 2, 2, " 0") == 0;
+        if (line.empty() || line[0] == '#' || zero || line.find("_bucket{") != std::string::npos)
+            continue;
+        out += line;
+        out += '\n';
+    }
+    return out;
+}
+
+// Runs `c` until `done()` or `timeout`. On a timeout the failure shows the
+// consumer's metrics at that moment (claims, lag, failures, reconnects), so
+// that the part of the condition that was not met can be told.
 template <class F> void run_until(Consumer& c, F&& done, std::chrono::seconds timeout = std::chrono::seconds(90))
 {
     Runner<Consumer> run(c);
     const bool ok = wait_until(std::forward<F>(done), timeout);
+    const std::string at_timeout = ok ? std::string() : nonzero_metrics(c);
     run.join();
     fail_if_threw(run.error());
-    REQUIRE(ok);
+    if (!ok)
+        FAIL("the condition was not met within " << timeout.count() << " s; the consumer's metrics then:\n"
+                                                 << at_timeout);
 }
 
 } // namespace idemkafka::test
