@@ -88,4 +88,17 @@ std::map<std::string, std::string> connection_settings(const std::map<std::strin
     return out;
 }
 
+std::string client_bug_warning(const std::map<std::string, std::string>& props, int version)
+{
+    constexpr int sticky_close_fixed = 0x020300ff; // 2.3.0
+    const auto strategy = props.find("partition.assignment.strategy");
+    if (version >= sticky_close_fixed || strategy == props.end() ||
+        strategy->second.find("cooperative-sticky") == std::string::npos)
+        return {};
+    return fmt::format("partition.assignment.strategy={} with librdkafka {}.{}.{}: before 2.3.0 a member closed "
+                       "after joining its group and before its first assignment aborts the process (an assertion "
+                       "in librdkafka's sticky assignor); use range or roundrobin, or librdkafka 2.3.0 or later",
+                       strategy->second, (version >> 24) & 0xff, (version >> 16) & 0xff, (version >> 8) & 0xff);
+}
+
 } // namespace idemkafka::detail::kafka

@@ -88,4 +88,12 @@ HandlePtr make_client(rd_kafka_type_t type, const std::map<std::string, std::str
 /// client.id and client.rack.
 std::map<std::string, std::string> connection_settings(const std::map<std::string, std::string>& kafka);
 
+/// What is wrong with `props` (a consumer's client settings) on librdkafka
+/// `version` (rd_kafka_version()'s form): a warning naming the problem and
+/// its fix, or empty when nothing known is. Before 2.3.0, a
+/// cooperative-sticky member closed after joining its group and before its
+/// first assignment aborts the process: the sticky assignor's state is still
+/// null and its destructor asserts it is not (librdkafka issue 4312).
+std::string client_bug_warning(const std::map<std::string, std::string>& props, int version);
+
 } // namespace idemkafka::detail::kafka

@@ -106,6 +106,8 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
     auto props = client_properties(cfg, queue_records, queue_bytes);
     note_settings(props);
+    if (const auto warning = client_bug_warning(props, rd_kafka_version()); !warning.empty())
+        say(log_, LogLevel::warning, {}, "{}", warning);
     props["bootstrap.servers"] = cfg.brokers;
     props["group.id"] = cfg.group_id;
     props["enable.auto.commit"] = "false";

@@ -2,6 +2,7 @@
 // the field (or Kafka property) to change.
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <idemkafka/error.hpp>
 
 #include "catch_compat.hpp"
+#include "kafka/client.hpp"
 
 using namespace idemkafka;
 
@@ -209,4 +211,23 @@ TEST_CASE("group.protocol: consumer refuses the settings the broker owns, naming
         CHECK(msg.find("group.protocol=consumer") != std::string::npos);
         CHECK(msg.find(instead) != std::string::npos);
     }
+}
+
+TEST_CASE("cooperative-sticky on a librdkafka that aborts closing before the first assignment is warned of", "[unit]")
+{
+    using detail::kafka::client_bug_warning;
+    const std::map<std::string, std::string> sticky{{"partition.assignment.strategy", "cooperative-sticky"}};
+    const std::map<std::string, std::string> both{{"partition.assignment.strategy", "range,cooperative-sticky"}};
+    const std::map<std::string, std::string> range{{"partition.assignment.strategy", "range"}};
+    const int v2_0_2 = 0x020002ff;
+    const int v2_3_0 = 0x020300ff;
+    const std::string warning = client_bug_warning(sticky, v2_0_2);
+    CHECK(warning.find("librdkafka 2.0.2") != std::string::npos);
+    CHECK(warning.find("aborts the process") != std::string::npos);
+    CHECK(warning.find("2.3.0 or later") != std::string::npos);
+    CHECK_FALSE(client_bug_warning(both, 0x020201ff).empty());
+    CHECK(client_bug_warning(sticky, v2_3_0).empty());
+    CHECK(client_bug_warning(sticky, 0x020f00ff).empty());
+    CHECK(client_bug_warning(range, v2_0_2).empty());
+    CHECK(client_bug_warning({}, v2_0_2).empty());
 }
