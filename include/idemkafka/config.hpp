@@ -323,9 +323,13 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// partition starts at its stored position (at Kafka's committed offset
     /// when it has none), also when that is behind Kafka's: PostgreSQL lost
     /// commits, and the records in between are processed again (counted in
-    /// positions_behind_kafka and records_behind_kafka, logged). Kafka offsets
-    /// are still committed afterwards, for lag tools. A member that lost its
-    /// partitions cannot write positions any more (epoch fencing).
+    /// positions_behind_kafka and records_behind_kafka, logged). After a
+    /// reconnect each partition takes its stored position again: one left
+    /// with none at all, though this member processed it, starts again from
+    /// the lowest offset the member took of it (positions_lost, logged).
+    /// Kafka offsets are still committed afterwards, for lag tools. A member
+    /// that lost its partitions cannot write positions any more (epoch
+    /// fencing).
     bool offsets_in_database = false;
     std::string offsets_table = "consumer_offset"; ///< the positions table with offsets_in_database (unquoted name)
 
