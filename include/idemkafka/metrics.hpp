@@ -87,9 +87,9 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// offsets, processed again (duplicates where their claims survived).
     std::uint64_t records_behind_kafka = 0;
     /// offsets_in_database: partitions that, after a reconnect, had no stored
-    /// position at all although this member had processed and stored some
-    /// (PostgreSQL lost every one: a failover to a standby without them);
-    /// each was processed again from where this member began it.
+    /// position at all although this member had processed some of their
+    /// records (PostgreSQL lost the positions: a failover to a standby
+    /// without them); each was processed again from where this member began it.
     std::uint64_t positions_lost = 0;
     std::uint64_t lock_timeouts = 0; ///< transactions that waited past ConsumerConfig::lock_timeout (retried)
     /// Sessions of frozen members (idle in a transaction past

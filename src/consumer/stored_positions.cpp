@@ -116,8 +116,8 @@ std::optional<std::vector<OffsetStore::Stored>> StoredPositions::take_over(const
     }
 }
 
-// Logs where a partition starts from its stored position: behind Kafka's
-// committed offset is counted and warned about (lost commits or a reset).
+// Counts and warns of a partition that acquire() found without any stored
+// position though this member had processed it.
 void StoredPositions::lost_every_position(const PartitionState& ps)
 {
     metrics_.positions_lost.add();
@@ -134,6 +134,8 @@ void StoredPositions::lost_every_position(const PartitionState& ps)
           {"position", std::to_string(ps.position())}});
 }
 
+// Logs where a partition starts from its stored position: behind Kafka's
+// committed offset is counted and warned about (lost commits or a reset).
 void StoredPositions::report_start(const std::string& topic, std::int32_t partition, std::int64_t stored,
                                    std::int64_t kafka_offset)
 {
