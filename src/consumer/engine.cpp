@@ -93,11 +93,15 @@ bool Engine::Impl::forced() noexcept
 void Engine::Impl::flush_commits()
 {
     const auto now = Clock::now();
+    next_commit_at = now + cfg.commit_interval;
+    // The group is rebalancing (GroupMember::commits_held()): the positions
+    // stay in the ledger for the first commit after it.
+    if (kafka->commits_held())
+        return;
     kafka->commit(ledger.take_commits(nullptr), true, sync_commit_bound);
     if (uncommitted_since)
         metrics.commit_delay_seconds.observe(std::chrono::duration<double>(now - *uncommitted_since).count());
     uncommitted_since.reset();
-    next_commit_at = now + cfg.commit_interval;
 }
 
 void Engine::Impl::housekeeping()

@@ -144,6 +144,8 @@ void GroupMember::note_settings(std::map<std::string, std::string>& props)
     reset_to_latest_ = reset == "latest" || reset == "largest" || reset == "end";
     if (auto mp = props.find("max.poll.interval.ms"); mp != props.end())
         max_poll_interval_ = milliseconds(std::strtol(mp->second.c_str(), nullptr, 10));
+    if (auto st = props.find("session.timeout.ms"); st != props.end())
+        session_timeout_ = milliseconds(std::strtol(st->second.c_str(), nullptr, 10));
     auto gp = props.find("group.protocol");
     std::string protocol = gp == props.end() ? "" : gp->second;
     for (auto& c : protocol)
@@ -246,6 +248,14 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
     else if (const char* protocol = rd_kafka_rebalance_protocol(rk_.get()))
         cooperative_ = std::strcmp(protocol, "COOPERATIVE") == 0;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        if (assigns_before_release_ > 0) {
+            // The assign that follows a cooperative revoke: this member
+            // rejoins next, and the group moves on to another generation.
+            --assigns_before_release_;
+            hold_commits({});
+        } else if (commits_held_until_.exchange(0) != 0) {
+            say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
+        }
         std::vector<std::pair<TopicPartition, std::int64_t>> start;
         start.reserve(static_cast<std::size_t>(list->cnt));
         for (int i = 0; i < list->cnt; ++i)
@@ -278,6 +288,11 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
     }
 
     const bool lost = rd_kafka_assignment_lost(rk_.get());
+    // A revoke is a rebalance under way: after a cooperative one that is not
+    // a loss, librdkafka calls the assign of the partitions added to this
+    // member, then rejoins for the rebalance's second round.
+    hold_commits({});
+    assigns_before_release_ = cooperative_ && !lost ? 1 : 0;
     std::set<TopicPartition> revoked;
     for (int i = 0; i < list->cnt; ++i)
         revoked.insert({list->elems[i].topic, list->elems[i].partition});
@@ -309,16 +324,51 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
     }
 }
 
+namespace {
+
+// A commit refused because the group is rebalancing (see commits_held()).
+bool rebalancing(rd_kafka_resp_err_t err) noexcept
+{
+    return err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS || err == RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION;
+}
+
+} // namespace
+
+void GroupMember::hold_commits(std::string_view why)
+{
+    if (consumer_protocol_)
+        return; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
+    const auto until = (Clock::now() + session_timeout_).time_since_epoch().count();
+    if (commits_held_until_.exchange(until) == 0 && !why.empty())
+        say(log_, LogLevel::info, {},
+            "{}: the group is rebalancing; offset commits wait for the end of its rebalance, at most {} ms", why,
+            session_timeout_.count());
+}
+
+bool GroupMember::commits_held() const noexcept
+{
+    const auto now = Clock::now().time_since_epoch().count();
+    const auto until = commits_held_until_.load();
+    const auto sent = async_commit_sent_at_.load();
+    return (until != 0 && now < until) ||
+           (sent != 0 && now < sent + std::chrono::nanoseconds(session_timeout_).count());
+}
+
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
+    async_commit_sent_at_ = 0;
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
         return;
+    if (rebalancing(err))
+        hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(err)));
     bool failed = err != RD_KAFKA_RESP_ERR_NO_ERROR;
     for (int i = 0; list && i < list->cnt; ++i) {
         const auto& p = list->elems[i];
         if (!p.err && !err)
             continue;
         failed = true;
+        if (rebalancing(p.err))
+            hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(p.err)));
         if (p.err)
             say(log_, LogLevel::warning,
                 error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
@@ -587,8 +637,14 @@ void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, m
             }
         }
     }
+    if (async)
+        async_commit_sent_at_ = Clock::now().time_since_epoch().count();
     const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
+    if (async && err)
+        async_commit_sent_at_ = 0; // not sent: no answer comes
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
+        if (rebalancing(err))
+            hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(err)));
         metrics_.offset_commit_failures.add();
         say(log_, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
             rd_kafka_err2str(err));

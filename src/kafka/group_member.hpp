@@ -11,6 +11,7 @@
 // next partition's head in turn. Per partition the order stays the offset
 // order; what is held counts against the prefetch caps.
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -114,6 +115,20 @@ public:
     /// pending, and counts as sent). Failed partitions are reported through
     /// GroupEvents::commit_failed.
     void commit(const std::vector<OffsetCommit>& offsets, bool async, std::chrono::milliseconds bound);
+    /// True while the periodic offset commits wait for the group to finish a
+    /// rebalance (the classic protocol only): from a commit refused with
+    /// REBALANCE_IN_PROGRESS or ILLEGAL_GENERATION, or a revoke, until the
+    /// assignment that ends this member's part in the rebalance (a
+    /// cooperative one has two rounds), at most session.timeout.ms. A commit
+    /// sent meanwhile carries a generation the group is leaving; librdkafka
+    /// before 2.10 answers its ILLEGAL_GENERATION by dropping the whole
+    /// assignment and rejoining, which starts the next rebalance (librdkafka
+    /// issue 4059). Also true while an asynchronous commit waits for its
+    /// answer (at most session.timeout.ms), so that no more than one is in
+    /// flight: commits sent one after another before the first refusal came
+    /// back would each be refused again. The commits of a revoke or a stop
+    /// are not held.
+    bool commits_held() const noexcept;
     /// Kafka's committed offsets of `tps` (RD_KAFKA_OFFSET_INVALID for none,
     /// offset_unknown for a partition the broker reported an error for);
     /// false when the broker did not answer within `timeout`.
@@ -193,6 +208,14 @@ private:
     bool consumer_protocol_ = false;
     bool reset_to_latest_ = false;
     std::chrono::milliseconds max_poll_interval_{300000};
+    std::chrono::milliseconds session_timeout_{45000};
+    // commits_held(): until when, as steady_clock ticks (0: not held).
+    std::atomic<std::chrono::steady_clock::rep> commits_held_until_{0};
+    // When the asynchronous commit waiting for its answer was sent (0: none).
+    std::atomic<std::chrono::steady_clock::rep> async_commit_sent_at_{0};
+    // Assignments still to come before the hold ends (see on_rebalance()).
+    int assigns_before_release_ = 0;
+    void hold_commits(std::string_view why);
 
     // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
     // is down to half its caps after it had filled (see FetchWakeup).
