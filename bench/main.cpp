@@ -82,6 +82,10 @@ services and runs this; by hand, point it at your own:
                          the mixed and the 5 ms handler modes (at most
                          --mixed-max records each, no paced runs) and, with
                          --prefill, the prefilled ones
+  --rounds N             run every drain N times (default 1), the modes in
+                         reverse order every other round; each ratio is then
+                         the median of the rounds' ratios, with their range
+                         (paced runs: once)
   --prefill ROWS         steady state: before the runs, fill one claims table
                          (partitioned, as by default) with ROWS claims whose ids
                          spread over the retention window (7 days) up to now,
@@ -168,6 +172,7 @@ struct Options {
     int share_members = 8;
     std::size_t share_batch = 50;
     std::uint64_t prefill = 0;
+    int rounds = 1;
     bool full = false;
     std::vector<int> workers = {2};
     int partitions = 32;
@@ -280,6 +285,10 @@ Options parse_options(int argc, char** argv)
             o.latency_seconds = 0;
         } else if (arg == "--full") {
             o.full = true;
+        } else if (arg == "--rounds") {
+            o.rounds = std::atoi(value().c_str());
+            if (o.rounds < 1 || o.rounds > 20)
+                fail_usage("--rounds: 1 to 20");
         } else if (arg == "--prefill") {
             o.prefill = parse_list<std::uint64_t>(arg, value()).front();
         } else if (arg == "--handler-workers") {
@@ -521,8 +530,9 @@ std::string iso_now()
 
 std::string progress_line(const Result& r)
 {
-    std::string s = fmt::format("{} dup={}% events={}{}: ", r.mode, r.dup_percent, r.events,
-                                r.paced ? fmt::format(" paced@{:.0f}/s", r.rate) : "");
+    std::string s =
+        fmt::format("{}{} dup={}% events={}{}: ", r.mode, r.round > 1 ? fmt::format(" round {}", r.round) : "",
+                    r.dup_percent, r.events, r.paced ? fmt::format(" paced@{:.0f}/s", r.rate) : "");
     if (r.paced)
         s += fmt::format("p50 {:.2f} ms p99 {:.2f} ms", r.end_to_end.percentile_ms(50), r.end_to_end.percentile_ms(99));
     else
@@ -593,6 +603,7 @@ int run(const Options& o)
         {"handler5ms", "every record's handler call takes 5 ms"},
         {"claims_layout", "partitioned (the default configuration); _plain modes: plain (RetentionMode::purge)"},
         {"prefill_rows", o.prefill},
+        {"rounds", o.rounds},
         {"max_batch", defaults.max_batch},
         {"max_batch_wait_ms", defaults.max_batch_wait.count()},
         {"partitions_min", o.partitions},
@@ -678,49 +689,54 @@ int run(const Options& o)
     // Per topic: the order a plain consumer receives its records in, read once.
     std::map<std::string, std::vector<std::uint32_t>> fetch_orders;
     const OnReady no_op = [](const Counter&) {};
-    for (const auto& data : datasets) {
-        for (std::size_t n : sizes) {
-            for (const auto& s : specs) {
-                const bool runs_here =
-                    std::any_of(o.events.begin(), o.events.end(), [&](std::size_t e) { return cap_of(s, o, e) == n; });
-                if (!runs_here || !runs_at(s, data.dup_percent()))
-                    continue;
-                Job job;
-                set_mode(job, s);
-                job.data = &data;
-                job.count = n;
-                job.serial = ++serial;
-                if (needs_topic(s)) {
-                    auto t = topics.find({data.dup_percent(), n});
-                    if (t == topics.end())
-                        continue; // its production failed, already reported
-                    job.topic = t->second;
-                }
-                if (s.fetch_order) {
-                    auto& order = fetch_orders[job.topic];
-                    if (order.empty()) {
-                        try {
-                            order = read_fetch_order(env, job);
-                        } catch (const std::exception& e) {
-                            Result failed;
-                            failed.mode = job.mode;
-                            failed.dup_percent = data.dup_percent();
-                            failed.events = n;
-                            failed.errors.push_back(
-                                fmt::format("reading the fetch order of {}: {}", job.topic, e.what()));
-                            std::fprintf(stderr, "%s\n", progress_line(failed).c_str());
-                            report.runs.push_back(std::move(failed));
-                            continue;
-                        }
+    // --rounds: every drain again, the modes in reverse order every other
+    // round, so that a ratio pairs runs a few seconds apart (see summarise()).
+    for (int round = 1; round <= o.rounds; ++round)
+        for (const auto& data : datasets) {
+            for (std::size_t n : sizes) {
+                for (std::size_t k = 0; k < specs.size(); ++k) {
+                    const auto& s = specs[round % 2 ? k : specs.size() - 1 - k];
+                    const bool runs_here = std::any_of(o.events.begin(), o.events.end(),
+                                                       [&](std::size_t e) { return cap_of(s, o, e) == n; });
+                    if (!runs_here || !runs_at(s, data.dup_percent()))
+                        continue;
+                    Job job;
+                    set_mode(job, s);
+                    job.data = &data;
+                    job.count = n;
+                    job.serial = ++serial;
+                    if (needs_topic(s)) {
+                        auto t = topics.find({data.dup_percent(), n});
+                        if (t == topics.end())
+                            continue; // its production failed, already reported
+                        job.topic = t->second;
                     }
-                    job.order = &order;
+                    if (s.fetch_order) {
+                        auto& order = fetch_orders[job.topic];
+                        if (order.empty()) {
+                            try {
+                                order = read_fetch_order(env, job);
+                            } catch (const std::exception& e) {
+                                Result failed;
+                                failed.mode = job.mode;
+                                failed.dup_percent = data.dup_percent();
+                                failed.events = n;
+                                failed.errors.push_back(
+                                    fmt::format("reading the fetch order of {}: {}", job.topic, e.what()));
+                                std::fprintf(stderr, "%s\n", progress_line(failed).c_str());
+                                report.runs.push_back(std::move(failed));
+                                continue;
+                            }
+                        }
+                        job.order = &order;
+                    }
+                    Result r = run_job(env, job, no_op);
+                    r.round = round;
+                    std::fprintf(stderr, "%s\n", progress_line(r).c_str());
+                    report.runs.push_back(std::move(r));
                 }
-                Result r = run_job(env, job, no_op);
-                std::fprintf(stderr, "%s\n", progress_line(r).c_str());
-                report.runs.push_back(std::move(r));
             }
         }
-    }
 
     // Latency: a backlog drain measures queueing, not latency, so each mode
     // also runs with records produced while it consumes, at a rate every mode

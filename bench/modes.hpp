@@ -88,6 +88,7 @@ struct Job {
 
 struct Result {
     std::string mode;
+    int round = 1; ///< --rounds: which pass over the modes (1 when there is one)
     int dup_percent = 0;
     std::size_t events = 0; ///< records consumed
     std::size_t unique = 0; ///< distinct events among them (effects expected)

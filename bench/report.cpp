@@ -43,6 +43,7 @@ ordered_json run_json(const Result& r)
 {
     ordered_json j;
     j["mode"] = r.mode;
+    j["round"] = r.round;
     j["dup_percent"] = r.dup_percent;
     j["events"] = r.events;
     j["unique"] = r.unique;
@@ -89,13 +90,31 @@ ordered_json run_json(const Result& r)
     return j;
 }
 
-// The OK drain run of `mode` at `dup` and `events`, if there is one.
-const Result* find_run(const std::vector<Result>& runs, const std::string& mode, int dup, std::size_t events)
+// The OK drain run of `mode` at `dup` and `events` (in `round`, or the
+// first round it has one), if there is one.
+const Result* find_run(const std::vector<Result>& runs, const std::string& mode, int dup, std::size_t events,
+                       int round = 0)
 {
     for (const auto& r : runs)
-        if (r.mode == mode && r.dup_percent == dup && r.events == events && r.ok() && r.events_per_s > 0)
+        if (r.mode == mode && r.dup_percent == dup && r.events == events && r.ok() && r.events_per_s > 0 &&
+            (round == 0 || r.round == round))
             return &r;
     return nullptr;
+}
+
+int rounds_of(const std::vector<Result>& runs)
+{
+    int n = 1;
+    for (const auto& r : runs)
+        n = std::max(n, r.round);
+    return n;
+}
+
+double median(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    const auto m = v.size() / 2;
+    return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 // Largest event count at which `mode` ran OK at `dup`.
@@ -123,6 +142,47 @@ std::vector<int> dups_of(const std::vector<Result>& runs)
     for (const auto& r : runs)
         s.insert(r.dup_percent);
     return {s.begin(), s.end()};
+}
+
+// One ratio over the rounds: the median of each round's ratio, when both
+// modes ran at `events` in more than one round.
+std::optional<ordered_json> rounds_ratio_json(const std::vector<Result>& runs, const std::string& name,
+                                              const std::string& num, const std::string& den, int dup,
+                                              std::size_t events, std::optional<double> target)
+{
+    std::vector<double> values, num_rates, den_rates;
+    ordered_json each = ordered_json::array();
+    for (int round = 1; round <= rounds_of(runs); ++round) {
+        const Result* a = find_run(runs, num, dup, events, round);
+        const Result* b = find_run(runs, den, dup, events, round);
+        if (!a || !b)
+            continue;
+        values.push_back(a->events_per_s / b->events_per_s);
+        num_rates.push_back(a->events_per_s);
+        den_rates.push_back(b->events_per_s);
+        each.push_back(round_to(values.back(), 3));
+    }
+    if (values.size() < 2)
+        return std::nullopt;
+    ordered_json j;
+    j["name"] = name;
+    j["dup_percent"] = dup;
+    j["events_numerator"] = events;
+    j["events_denominator"] = events;
+    j["numerator_events_per_s"] = round_to(median(num_rates), 1);
+    j["denominator_events_per_s"] = round_to(median(den_rates), 1);
+    const double v = median(values);
+    j["value"] = round_to(v, 3);
+    j["rounds"] = values.size();
+    j["min"] = round_to(*std::min_element(values.begin(), values.end()), 3);
+    j["max"] = round_to(*std::max_element(values.begin(), values.end()), 3);
+    j["each_round"] = each;
+    if (target) {
+        j["target"] = *target;
+        j["met"] = v >= *target;
+        j["met_every_round"] = j["min"].get<double>() >= *target;
+    }
+    return j;
 }
 
 ordered_json ratio_json(const std::string& name, const Result& a, const Result& b, std::optional<double> target)
@@ -274,18 +334,22 @@ ordered_json summarise(const Report& report)
             for (const auto& a : runs) {
                 if (a.mode != p.num || a.dup_percent != dup)
                     continue;
+                if (a.round != 1)
+                    continue; // the rounds of one count give one ratio
                 const Result* ra = find_run(runs, p.num, dup, a.events);
                 const Result* rb = find_run(runs, p.den, dup, a.events);
                 if (!ra || !rb)
                     continue;
-                all.push_back(ratio_json(name, *ra, *rb, p.target));
+                const auto over_rounds = rounds_ratio_json(runs, name, p.num, p.den, dup, a.events, p.target);
+                all.push_back(over_rounds ? *over_rounds : ratio_json(name, *ra, *rb, p.target));
                 if (!best_a || ra->events > best_a->events) {
                     best_a = ra;
                     best_b = rb;
                 }
             }
             if (best_a) {
-                headline.push_back(ratio_json(name, *best_a, *best_b, p.target));
+                const auto over_rounds = rounds_ratio_json(runs, name, p.num, p.den, dup, best_a->events, p.target);
+                headline.push_back(over_rounds ? *over_rounds : ratio_json(name, *best_a, *best_b, p.target));
             }
             // A slow mode runs on fewer records: also give the ratio of each
             // mode at its own largest count, marked by the differing counts.
@@ -469,9 +533,13 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
                 fmt::format("  target >= {}: {}", j["target"].get<double>(), j["met"].get<bool>() ? "met" : "MISSED");
         const auto en = j["events_numerator"].get<double>();
         const auto ed = j["events_denominator"].get<double>();
-        out << fmt::format("  {:<52} dup {:>2}%  at {:>9}  {:>8.3f}{}\n", j["name"].get<std::string>(),
+        std::string range;
+        if (j.contains("rounds"))
+            range = fmt::format("  (median of {} rounds, {:.3f}-{:.3f})", j["rounds"].get<int>(),
+                                j["min"].get<double>(), j["max"].get<double>());
+        out << fmt::format("  {:<52} dup {:>2}%  at {:>9}  {:>8.3f}{}{}\n", j["name"].get<std::string>(),
                            j["dup_percent"].get<int>(), en == ed ? si(en) : si(en) + " vs " + si(ed),
-                           j["value"].get<double>(), target);
+                           j["value"].get<double>(), target, range);
     }
 
     if (summary.contains("mixed_ideal") && !summary["mixed_ideal"].empty()) {
