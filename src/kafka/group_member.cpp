@@ -252,7 +252,7 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
             // The assign that follows a cooperative revoke: this member
             // rejoins next, and the group moves on to another generation.
             --assigns_before_release_;
-            hold_commits(RD_KAFKA_RESP_ERR_NO_ERROR);
+            hold_commits({});
         } else if (commits_held_until_.exchange(0) != 0) {
             say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
         }
@@ -291,7 +291,7 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
     // A revoke is a rebalance under way: after a cooperative one that is not
     // a loss, librdkafka calls the assign of the partitions added to this
     // member, then rejoins for the rebalance's second round.
-    hold_commits(RD_KAFKA_RESP_ERR_NO_ERROR);
+    hold_commits({});
     assigns_before_release_ = cooperative_ && !lost ? 1 : 0;
     std::set<TopicPartition> revoked;
     for (int i = 0; i < list->cnt; ++i)
@@ -334,18 +334,15 @@ bool rebalancing(rd_kafka_resp_err_t err) noexcept
 
 } // namespace
 
-void GroupMember::hold_commits(rd_kafka_resp_err_t cause)
+void GroupMember::hold_commits(std::string_view why)
 {
     if (consumer_protocol_)
         return; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
-    if (cause != RD_KAFKA_RESP_ERR_NO_ERROR && !rebalancing(cause))
-        return;
     const auto until = (Clock::now() + session_timeout_).time_since_epoch().count();
-    if (commits_held_until_.exchange(until) == 0 && cause != RD_KAFKA_RESP_ERR_NO_ERROR)
+    if (commits_held_until_.exchange(until) == 0 && !why.empty())
         say(log_, LogLevel::info, {},
-            "offset commit refused ({}): the group is rebalancing; offset commits wait for the end of its "
-            "rebalance, at most {} ms",
-            rd_kafka_err2name(cause), session_timeout_.count());
+            "{}: the group is rebalancing; offset commits wait for the end of its rebalance, at most {} ms", why,
+            session_timeout_.count());
 }
 
 bool GroupMember::commits_held() const noexcept
@@ -353,7 +350,8 @@ bool GroupMember::commits_held() const noexcept
     const auto now = Clock::now().time_since_epoch().count();
     const auto until = commits_held_until_.load();
     const auto sent = async_commit_sent_at_.load();
-    return (until != 0 && now < until) || (sent != 0 && now < sent + Clock::duration(session_timeout_).count());
+    return (until != 0 && now < until) ||
+           (sent != 0 && now < sent + std::chrono::nanoseconds(session_timeout_).count());
 }
 
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
@@ -361,14 +359,16 @@ void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     async_commit_sent_at_ = 0;
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
         return;
-    hold_commits(err);
+    if (rebalancing(err))
+        hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(err)));
     bool failed = err != RD_KAFKA_RESP_ERR_NO_ERROR;
     for (int i = 0; list && i < list->cnt; ++i) {
         const auto& p = list->elems[i];
         if (!p.err && !err)
             continue;
         failed = true;
-        hold_commits(p.err);
+        if (rebalancing(p.err))
+            hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(p.err)));
         if (p.err)
             say(log_, LogLevel::warning,
                 error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
@@ -643,7 +643,8 @@ void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, m
     if (async && err)
         async_commit_sent_at_ = 0; // not sent: no answer comes
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
-        hold_commits(err);
+        if (rebalancing(err))
+            hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(err)));
         metrics_.offset_commit_failures.add();
         say(log_, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
             rd_kafka_err2str(err));

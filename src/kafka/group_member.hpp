@@ -215,10 +215,7 @@ private:
     std::atomic<std::chrono::steady_clock::rep> async_commit_sent_at_{0};
     // Assignments still to come before the hold ends (see on_rebalance()).
     int assigns_before_release_ = 0;
-    // Starts or extends the hold of commits_held(): for a rebalance callback
-    // (`cause` no error, not logged) or a commit refused with REBALANCE_IN_PROGRESS
-    // or ILLEGAL_GENERATION (logged when the hold begins); other errors: nothing.
-    void hold_commits(rd_kafka_resp_err_t cause);
+    void hold_commits(std::string_view why);
 
     // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
     // is down to half its caps after it had filled (see FetchWakeup).
