@@ -253,10 +253,16 @@ struct IDEMKAFKA_API OutboxConfig {
 /// max_attempts (neither do those that showed the outage). After `backoff`
 /// one probe batch of at most `probe_records` records runs: a handler call
 /// that succeeds closes the circuit and everything resumes; a probe that only
-/// fails opens it again for twice as long (up to `backoff_max`). When nothing
-/// but failing records is left to run (several poison keys and no healthy
-/// record), the circuit cannot tell them from an outage and stays open,
-/// probing, until one succeeds. Plain data; ConsumerConfig::validate() checks it.
+/// fails opens it again for twice as long (up to `backoff_max`). A probe in
+/// which only keys that had failed before fail again proves nothing (poison
+/// at the heads of several partitions): those records wait the last backoff
+/// and the next batches probe past them, until a key that had not failed
+/// fails, a probe brings nothing but keys that failed again since the circuit
+/// last opened, or 10 x `probe_records` failures. When nothing but failing
+/// records is left to run (several poison keys and no healthy record, or
+/// poison holding every partition with Ordering::partition), the circuit
+/// cannot tell them from an outage and stays open, probing, until one
+/// succeeds. Plain data; ConsumerConfig::validate() checks it.
 struct CircuitBreaker {
     /// Off: every retryable handler failure counts toward max_attempts, as
     /// if the record alone were at fault.

@@ -188,8 +188,10 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
         Failure failure{};
         const Outcome out = attempt(w, b, failure);
         s_.circuit.succeeded(w.calls_ok); // before the failure, if any: they ran before it
-        if (out == Outcome::committed)
+        if (out == Outcome::committed) {
+            s_.circuit.skipped(w.info.duplicates);
             return;
+        }
         if (out == Outcome::split)
             continue;
         if (out == Outcome::conflict) {
@@ -299,10 +301,12 @@ void ClaimTransaction::not_counted(Worker& w, Batch& b, const Failure& f, Circui
         probe ? "in a probe of the open circuit" : "while the circuit is open (an outage, not this record's fault)",
         failures, s_.cfg.max_attempts, f.what);
     if (probe) {
+        // Out of the rest of this round of probes: the next batches go past it.
+        const auto wait = s_.circuit.round_wait();
         if (s_.cfg.ordering == Ordering::key)
-            w.holds.park(it.part, it.record.key, it.record.offset, failures);
+            w.holds.park(it.part, it.record.key, it.record.offset, failures, wait);
         else
-            w.holds.add(it.part, it.record.offset, failures);
+            w.holds.add(it.part, it.record.offset, failures, wait);
         return;
     }
     for (std::size_t j : w.items) {

@@ -343,11 +343,11 @@ Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
     };
     for (const auto& [ps, h] : w.holds)
         if (kept(ps, h.offset))
-            m.holds.add(ps, h.offset, h.failures);
+            m.holds.add(ps, h.offset, h.failures, h.wait);
     for (const auto& [key, h] : w.holds.keys())
         if (kept(key.first, h.offset))
             m.holds.park(key.first, key.second ? std::optional<std::string_view>(*key.second) : std::nullopt, h.offset,
-                         h.failures);
+                         h.failures, h.wait);
     if (w.failed) {
         m.failed = !(w.fenced || (w.abandoned && w.revoked));
         m.error = w.error;

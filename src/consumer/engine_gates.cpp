@@ -175,6 +175,7 @@ bool Engine::Impl::circuit_ready()
         circuit_opened(*e, now);
     if (circuit.probe_due(now)) {
         set_circuit_pause(false); // all but partitions waiting out a retry backoff (or PostgreSQL)
+        worker_freed = false;     // the probe fills its batch (or waits max_batch_wait), not one poll's worth
         batch_limit = std::max<std::size_t>(1, std::min(cfg.max_batch, cfg.circuit_breaker.probe_records));
         say(log, LogLevel::info, {},
             "circuit breaker probing, {} ms after it opened (its backoff is over): the assignment is resumed "
@@ -217,6 +218,11 @@ void Engine::Impl::settle_probe(Clock::time_point now)
             "circuit breaker probe failed ({} handler call(s) failed, none succeeded): open again, the next "
             "probe in {} ms. Last error: {}",
             p.failures, p.wait.count(), p.last_error);
+    } else if (p.outcome == Outcome::passed) {
+        say(log, LogLevel::info, error_field(p.last_error),
+            "circuit breaker probe inconclusive: only records of keys that had failed before failed again ({}); "
+            "the next batches probe past them (they wait {} ms, not counted toward max_attempts). Last error: {}",
+            p.failures, circuit.round_wait().count(), p.last_error);
     }
     // unsettled (duplicates only, or nothing polled): the next batch probes again
 }

@@ -213,7 +213,7 @@ void Engine::Impl::park_keys(const Holds& holds)
     const auto now = Clock::now();
     for (const auto& [key, h] : holds.keys())
         if (ledger.owns(key.first))
-            parking.hold(key.first, key.second, now + ledger.retry_backoff(h.failures));
+            parking.hold(key.first, key.second, now + std::max(ledger.retry_backoff(h.failures), h.wait));
     auto waits = [&](const Item& it) { return parking.parked(it.part, it.record.key); };
     auto first = std::stable_partition(batch.begin(), batch.end(), [&](const Item& it) { return !waits(it); });
     for (auto i = first; i != batch.end(); ++i)

@@ -40,6 +40,9 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
     last_error_.assign(what.data(), what.size());
     if (state_ == State::probing) {
         ++probe_failures_;
+        ++round_failures_;
+        probe_new_keys_ += suspects_.insert(key).second ? 1 : 0;
+        probe_repeats_ += round_.insert(key).second ? 0 : 1; // already failed in this round
         return Verdict::probe;
     }
     if (!window_.empty())
@@ -61,10 +64,29 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
         return Verdict::counted;
     state_ = State::open;
     opened_at_ = now;
-    evidence->wait = backoff_.next();
+    suspects_.clear();
+    end_round();
+    for (const auto& streak : streaks_)
+        suspects_.insert(streak.first);
+    evidence->wait = round_wait_ = backoff_.next();
     probe_at_ = now + evidence->wait;
     opened_ = std::move(evidence);
     return Verdict::outage;
+}
+
+void Circuit::skipped(std::size_t records)
+{
+    if (!s_.enabled || records == 0)
+        return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::probing)
+        probe_skipped_ += records;
+}
+
+void Circuit::end_round()
+{
+    round_.clear();
+    round_failures_ = 0;
 }
 
 void Circuit::forget_oldest()
@@ -115,6 +137,12 @@ std::optional<Circuit::Evidence> Circuit::judge(Clock::time_point now) const
     return std::nullopt;
 }
 
+Circuit::milliseconds Circuit::round_wait() const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    return round_wait_;
+}
+
 Circuit::State Circuit::state() const
 {
     std::lock_guard<std::mutex> lock(mu_);
@@ -133,7 +161,7 @@ bool Circuit::probe_due(Clock::time_point now)
     if (state_ != State::open || now < probe_at_)
         return false;
     state_ = State::probing;
-    probe_successes_ = probe_failures_ = 0;
+    probe_successes_ = probe_failures_ = probe_new_keys_ = probe_repeats_ = probe_skipped_ = 0;
     return true;
 }
 
@@ -145,6 +173,9 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
         return p;
     p.successes = std::exchange(probe_successes_, 0);
     p.failures = std::exchange(probe_failures_, 0);
+    p.new_keys = std::exchange(probe_new_keys_, 0);
+    p.skipped = std::exchange(probe_skipped_, 0);
+    const auto repeats = std::exchange(probe_repeats_, 0);
     p.last_error = last_error_;
     if (p.successes > 0) {
         p.outcome = Probe::Outcome::closed;
@@ -156,10 +187,16 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
         streaks_.clear();
         order_.clear();
         partitions_.clear();
+        suspects_.clear();
+        end_round();
         backoff_.reset();
+    } else if (p.failures > 0 && p.new_keys == 0 && (repeats == 0 || p.skipped > 0) &&
+               round_failures_ <= round_limit()) {
+        p.outcome = Probe::Outcome::passed; // still probing: the next batch goes past them
     } else if (p.failures > 0) {
         p.outcome = Probe::Outcome::reopened;
-        p.wait = backoff_.next();
+        end_round();
+        p.wait = round_wait_ = backoff_.next();
         probe_at_ = now + p.wait;
         state_ = State::open;
     }

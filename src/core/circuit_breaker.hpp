@@ -10,6 +10,21 @@
 // probing (one probe batch runs) -> closed when a handler call of the probe
 // succeeded, or open again, for a doubled backoff, when it only failed.
 //
+// A probe tells an outage from poison only with records that had not failed
+// before. Its failures of keys that failed before (the suspects: the keys of
+// the evidence, and those that failed in earlier probes) prove nothing on
+// their own: poison at the heads of several partitions, with healthy records
+// behind it, would otherwise hold the circuit open for good, every probe
+// meeting the same poison first. So a probe in which only suspects failed
+// stays probing, with no backoff: the records that failed in it wait the
+// circuit's last backoff (round_wait()), and the next batches go past them.
+// This round of probes ends, open again for the backoff, at a failure of a
+// key not yet suspect (an outage reaches every record), at a probe that
+// brought nothing but suspects failing again in this round (nothing else
+// could run: every partition held by them), or past 10 x probe_records
+// failures in the round (an outage over many keys is not probed at full
+// speed).
+//
 // The evidence, judged at each failure: failures within `window` on at
 // least `min_keys` keys in `min_partitions` partitions, where each of those
 // keys failed as most attempts did: since the key began failing, at least
@@ -21,6 +36,7 @@
 // successes after its first failure. Per failure O(log n + min_keys +
 // min_attempts + partitions failing), per report of successes O(1).
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/backoff.hpp"
 #include "idemkafka/config.hpp"
@@ -69,9 +86,12 @@ public:
             closed,    ///< a handler call succeeded: everything resumes
             reopened,  ///< calls failed and none succeeded: open again for `wait`
             unsettled, ///< no handler call ran (duplicates only, or nothing): probe again
+            passed,    ///< only suspects failed, and something else was tried: probe on past them
         } outcome = Outcome::unsettled;
         std::size_t successes = 0;
         std::size_t failures = 0;
+        std::size_t new_keys = 0; // of `failures`, those of keys not suspect before
+        std::size_t skipped = 0;  // records settled without a handler call (duplicates)
         milliseconds wait{0};
         milliseconds open_for{0}; // closed: since the circuit opened
         std::string last_error;
@@ -90,6 +110,9 @@ public:
     /// batch handler call). Reported once per transaction, not per record,
     /// before that transaction's failure, if any.
     void succeeded(std::size_t calls);
+    /// `records` of a transaction were settled without a handler call
+    /// (duplicates): a probe that had them tried more than its failures.
+    void skipped(std::size_t records);
     /// A retryable handler failure at `now` of a record whose key (a record
     /// without one: the record itself) is `key` in `partition` (opaque ids;
     /// `key` already tells partitions apart). May open the circuit.
@@ -98,12 +121,18 @@ public:
     // ---- the poll thread ------------------------------------------------------
 
     State state() const;
+    /// How long a record that failed in a probe waits before it runs again:
+    /// the backoff the circuit last waited, so that the rest of the round
+    /// goes past it.
+    milliseconds round_wait() const;
     /// Once after the circuit opened from closed: what it saw.
     std::optional<Evidence> take_opened();
     /// True once when the circuit is open and its backoff is over: it is
     /// probing from now on.
     bool probe_due(Clock::time_point now);
-    /// After a batch that ran while probing: closes, opens again, or stays probing.
+    /// After a batch that ran while probing: closes (a handler call
+    /// succeeded), opens again (calls failed and none succeeded, unless
+    /// passed), or stays probing (nothing ran, or passed: see above).
     Probe settle_probe(Clock::time_point now);
 
 private:
@@ -145,6 +174,18 @@ private:
     std::optional<Evidence> opened_; // not yet taken
     std::size_t probe_successes_ = 0;
     std::size_t probe_failures_ = 0;
+    std::size_t probe_new_keys_ = 0;
+    std::size_t probe_repeats_ = 0; // failures of keys that failed before in this round
+    std::size_t probe_skipped_ = 0;
+    // The keys that failed since the circuit opened from closed (the
+    // evidence's and the probes'), and those that failed in a probe of this
+    // round (since it last opened).
+    std::unordered_set<std::uint64_t> suspects_;
+    std::unordered_set<std::uint64_t> round_;
+    std::size_t round_failures_ = 0;
+    milliseconds round_wait_{0}; // the last backoff
+    void end_round();
+    std::size_t round_limit() const noexcept { return 10 * std::max<std::size_t>(1, s_.probe_records); }
     std::string last_error_;
 };
 

@@ -54,30 +54,33 @@ std::map<std::int64_t, int> parse_failures_metadata(std::string_view metadata)
     return out;
 }
 
-void Holds::add(PartitionState* ps, std::int64_t offset, int failures)
+void Holds::add(PartitionState* ps, std::int64_t offset, int failures, std::chrono::milliseconds wait)
 {
-    auto [it, fresh] = by_partition_.emplace(ps, Hold{offset, failures});
+    auto [it, fresh] = by_partition_.emplace(ps, Hold{offset, failures, wait});
     if (!fresh) {
         it->second.offset = std::min(it->second.offset, offset);
         it->second.failures = std::max(it->second.failures, failures);
+        it->second.wait = std::max(it->second.wait, wait);
     }
 }
 
-void Holds::park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures)
+void Holds::park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures,
+                 std::chrono::milliseconds wait)
 {
-    auto [it, fresh] = by_key_.emplace(std::make_pair(ps, key_id(key)), Hold{offset, failures});
+    auto [it, fresh] = by_key_.emplace(std::make_pair(ps, key_id(key)), Hold{offset, failures, wait});
     if (!fresh) {
         it->second.offset = std::min(it->second.offset, offset);
         it->second.failures = std::max(it->second.failures, failures);
+        it->second.wait = std::max(it->second.wait, wait);
     }
 }
 
 void Holds::merge(const Holds& other)
 {
     for (const auto& [ps, h] : other)
-        add(ps, h.offset, h.failures);
+        add(ps, h.offset, h.failures, h.wait);
     for (const auto& [pk, h] : other.by_key_)
-        park(pk.first, pk.second, h.offset, h.failures);
+        park(pk.first, pk.second, h.offset, h.failures, h.wait);
 }
 
 bool Holds::covers(const PartitionState* ps, std::int64_t offset) const
@@ -161,10 +164,11 @@ std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, 
         if (!owns(ps))
             continue;
         rewind(*ps, h.offset);
-        const bool pause = h.failures > 0;
+        const auto wait = std::max(h.failures > 0 ? retry_.after(h.failures) : std::chrono::milliseconds(0), h.wait);
+        const bool pause = wait.count() > 0;
         if (pause) {
             ps->retry_paused = true;
-            ps->resume_at = now + retry_.after(h.failures);
+            ps->resume_at = now + wait;
         }
         out.push_back({ps, pause});
     }

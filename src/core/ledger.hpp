@@ -153,6 +153,10 @@ struct PartitionState {
 struct Hold {
     std::int64_t offset;
     int failures;
+    /// At least this long before the held records run again (besides the
+    /// retry backoff of `failures`): a probe of the open circuit holds the
+    /// records that failed in it past the rest of its round.
+    std::chrono::milliseconds wait{0};
 };
 
 /// A record key as parking tells keys apart: a null key is a key of its own.
@@ -172,9 +176,11 @@ public:
     using KeyHolds = std::map<std::pair<PartitionState*, KeyId>, Hold>;
 
     /// Holds `ps` at `offset` or earlier; the larger failure count wins.
-    void add(PartitionState* ps, std::int64_t offset, int failures);
+    void add(PartitionState* ps, std::int64_t offset, int failures,
+             std::chrono::milliseconds wait = std::chrono::milliseconds(0));
     /// Holds the records of `key` in `ps` from `offset` (or earlier) on.
-    void park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures);
+    void park(PartitionState* ps, std::optional<std::string_view> key, std::int64_t offset, int failures,
+              std::chrono::milliseconds wait = std::chrono::milliseconds(0));
     /// Every hold of `other` added to these.
     void merge(const Holds& other);
     /// True when the record at `offset` of `ps` is held by a partition hold.

@@ -9,6 +9,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -174,7 +176,127 @@ void poison_key(Ordering ordering)
     CHECK(dead == bad);
 }
 
+// Poison at the heads of the partitions, behind it records the group had
+// processed before (duplicates, as after a restart), and live traffic after
+// them. At first nothing but the poison runs, so the circuit opens; its
+// probes must look past the poison and the duplicates to the live records,
+// close, and the poison must then be dead-lettered after max_attempts.
+// (Ordering::key: with Ordering::partition the poison holds every partition
+// and nothing but it can run, which the circuit cannot tell from an outage.)
+void poison_heads_before_duplicates(Ordering ordering)
+{
+    INFO(name_of(ordering));
+    constexpr int poison_keys = 12; // 3 at the head of each partition, about
+    constexpr int seen = 2000;      // and 500 duplicates behind them
+    Fixture f(partitions);
+    // The group processes `seen` records of another topic first: their ids
+    // are claimed when they come again on this one.
+    const std::string earlier = unique_name("fault-earlier");
+    create_topic(earlier, partitions);
+    std::vector<TestEvent> live;
+    std::mutex live_mu;
+    const auto publish_to = [&](const std::string& topic, int n, const char* prefix, std::vector<TestEvent>& into) {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int i = 0; i < n; ++i) {
+            TestEvent e{new_event_id(), fmt::format("{}-{}", prefix, i % 50), i};
+            into.push_back(e);
+            pub.publish_async(topic, e.entity, encode(e));
+        }
+        pub.flush();
+    };
+    publish_to(earlier, seen, "entity", f.events);
+    {
+        Consumer first(consumer_config(f.group, earlier), decode, event_id_of,
+                       [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
+        run_until(first, [&] { return f.rows() == seen; });
+    }
+    std::vector<TestEvent> poison;
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int k = 0; k < poison_keys; ++k) {
+            TestEvent e{new_event_id(), fmt::format("poison-{}", k), k};
+            poison.push_back(e);
+            pub.publish_async(f.topic, e.entity, encode(e));
+        }
+        pub.flush();
+        for (const auto& e : f.events)
+            pub.publish_async(f.topic, e.entity, encode(e));
+        pub.flush();
+    }
+    auto cfg = outage_config(f, ordering);
+    cfg.max_attempts = 3;
+    std::atomic<int> poison_calls{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        if (e.entity.rfind("poison-", 0) == 0) {
+            ++poison_calls;
+            throw std::runtime_error("card declined by a bug");
+        }
+        f.insert(tx, e, ctx);
+    });
+    Runner<Consumer> run(c);
+    const bool opened = wait_until([&] { return c.metrics().snapshot().circuit_opened >= 1; }, 60s);
+    // Live traffic, 20 records every 20 ms, until the poison is dead-lettered.
+    std::atomic<bool> stop_live{false};
+    std::thread producer([&] {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int i = 0; !stop_live; ++i) {
+            for (int j = 0; j < 20; ++j) {
+                TestEvent e{new_event_id(), fmt::format("live-{}", (i * 20 + j) % 50), i * 20 + j};
+                {
+                    std::lock_guard<std::mutex> lock(live_mu);
+                    live.push_back(e);
+                }
+                pub.publish_async(f.topic, e.entity, encode(e));
+            }
+            pub.flush();
+            std::this_thread::sleep_for(20ms);
+        }
+    });
+    const bool dead_lettered =
+        opened && wait_until([&] { return c.metrics().snapshot().dead_lettered_total() >= poison_keys; }, 60s);
+    stop_live = true;
+    producer.join();
+    const auto healthy = static_cast<std::int64_t>(seen + live.size());
+    const auto total = healthy + poison_keys;
+    const bool drained =
+        dead_lettered && wait_until([&] { return f.rows() == healthy && f.committed_total(partitions) == total; }, 60s);
+    const auto m = c.metrics().snapshot();
+    const std::string at_end = nonzero_metrics(c);
+    run.join();
+    fail_if_threw(run.error());
+    WARN(fmt::format("{}: {} poison calls, circuit opened {} times, open {:.1f} s, {} live records, {} effects, "
+                     "{} committed of {}",
+                     name_of(ordering), poison_calls.load(), m.circuit_opened, m.circuit_open_seconds, live.size(),
+                     f.rows(), f.committed_total(partitions), total));
+    INFO(at_end);
+    REQUIRE(opened);
+    REQUIRE(dead_lettered);
+    REQUIRE(drained);
+    CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == poison_keys);
+    CHECK(m.dead_lettered_total() == poison_keys);
+    CHECK(m.circuit_open == 0);
+    CHECK(poison_calls >= poison_keys * cfg.max_attempts);
+    f.check_exact(static_cast<std::size_t>(healthy));
+    std::set<EventId> expected, dead;
+    for (const auto& e : poison)
+        expected.insert(e.id);
+    const auto dlq = read_topic(f.group + ".dlq", poison_keys, 30s);
+    REQUIRE(dlq.size() == poison_keys);
+    for (const auto& r : dlq) {
+        CHECK(r.header("idemkafka.attempts") == std::to_string(cfg.max_attempts));
+        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
+    }
+    CHECK(dead == expected);
+}
+
 } // namespace
+
+TEST_CASE("poison at the heads of the partitions before duplicates: the probes look past both, the poison is "
+          "dead-lettered",
+          "[fault][outage]")
+{
+    poison_heads_before_duplicates(Ordering::key);
+}
 
 TEST_CASE("an outage of every handler call for 15 s dead-letters nothing: the circuit opens, probes, closes",
           "[fault][outage]")

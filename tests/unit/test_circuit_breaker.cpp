@@ -172,9 +172,10 @@ TEST_CASE("circuit: probes after the backoff; a failed probe doubles it, a succe
     CHECK(c.settle_probe(opened + 1100ms).outcome == Outcome::unsettled);
     CHECK(c.state() == Circuit::State::probing);
 
-    // Every probe call fails: open again, twice as long, then 4 s at most.
-    CHECK(c.failed(0, 1, "still 503", opened + 1200ms) == Verdict::probe);
-    CHECK(c.failed(0, 2, "still 503", opened + 1210ms) == Verdict::probe); // the probe goes on
+    // Every probe call fails, on keys that had not failed before: open
+    // again, twice as long, then 4 s at most.
+    CHECK(c.failed(0, 11, "still 503", opened + 1200ms) == Verdict::probe);
+    CHECK(c.failed(0, 12, "still 503", opened + 1210ms) == Verdict::probe); // the probe goes on
     auto p = c.settle_probe(opened + 1300ms);
     CHECK(p.outcome == Outcome::reopened);
     CHECK(p.failures == 2);
@@ -184,10 +185,10 @@ TEST_CASE("circuit: probes after the backoff; a failed probe doubles it, a succe
     CHECK_FALSE(c.take_opened()); // not a new opening
     CHECK_FALSE(c.probe_due(opened + 3200ms));
     CHECK(c.probe_due(opened + 3300ms));
-    c.failed(0, 1, "503", opened + 3400ms);
+    c.failed(0, 13, "503", opened + 3400ms);
     CHECK(c.settle_probe(opened + 3500ms).wait == 4000ms);
     REQUIRE(c.probe_due(opened + 7500ms));
-    c.failed(0, 1, "503", opened + 7600ms);
+    c.failed(0, 14, "503", opened + 7600ms);
     CHECK(c.settle_probe(opened + 7700ms).wait == 4000ms); // backoff_max
 
     // One success among failures closes it.
@@ -204,6 +205,85 @@ TEST_CASE("circuit: probes after the backoff; a failed probe doubles it, a succe
     CHECK(fail(c, 9, 3, opened + 12100ms) == Verdict::counted);
     CHECK(c.failed(0, 1, "503", opened + 12200ms) == Verdict::outage);
     CHECK(c.take_opened()->wait == 1000ms);
+}
+
+TEST_CASE("circuit: a probe where only suspects fail goes on past them", "[unit][circuit]")
+{
+    Circuit c(settings());
+    REQUIRE(fail(c, 10, 3, t0) == Verdict::outage); // keys 0, 1, 2 are suspects
+    const auto opened = t0 + 90ms;
+    REQUIRE(c.probe_due(opened + 1000ms));
+
+    // The suspects fail again (poison at the heads, say): inconclusive.
+    CHECK(c.failed(0, 1, "poison", opened + 1100ms) == Verdict::probe);
+    CHECK(c.failed(0, 2, "poison", opened + 1110ms) == Verdict::probe);
+    auto p = c.settle_probe(opened + 1200ms);
+    CHECK(p.outcome == Outcome::passed);
+    CHECK(p.failures == 2);
+    CHECK(p.new_keys == 0);
+    CHECK(c.state() == Circuit::State::probing);
+    CHECK_FALSE(c.probe_due(opened + 1300ms)); // no backoff: it is probing already
+
+    // Nothing ran (duplicates only): still probing, as before.
+    CHECK(c.settle_probe(opened + 1300ms).outcome == Outcome::unsettled);
+    // The last suspect, for the first time in this round: passed too.
+    c.failed(0, 0, "poison", opened + 1350ms);
+    CHECK(c.settle_probe(opened + 1360ms).outcome == Outcome::passed);
+
+    // A suspect again in this round, beside duplicates: the probe went
+    // past it, still passed.
+    c.failed(0, 1, "poison", opened + 1370ms);
+    c.skipped(4);
+    p = c.settle_probe(opened + 1380ms);
+    CHECK(p.outcome == Outcome::passed);
+    CHECK(p.skipped == 4);
+    // Nothing but suspects again in this round: nothing else could run,
+    // open again.
+    c.failed(0, 1, "poison", opened + 1400ms);
+    c.failed(0, 0, "poison", opened + 1410ms);
+    p = c.settle_probe(opened + 1500ms);
+    CHECK(p.outcome == Outcome::reopened);
+    CHECK(p.wait == 2000ms);
+
+    // A new round: the suspects pass again; a key that had not failed
+    // before fails: an outage after all, and it is a suspect from then on.
+    REQUIRE(c.probe_due(opened + 3500ms));
+    c.failed(0, 1, "503", opened + 3600ms);
+    CHECK(c.settle_probe(opened + 3650ms).outcome == Outcome::passed);
+    c.failed(0, 7, "503", opened + 3660ms);
+    c.failed(0, 2, "503", opened + 3670ms);
+    p = c.settle_probe(opened + 3700ms);
+    CHECK(p.outcome == Outcome::reopened);
+    CHECK(p.new_keys == 1);
+    REQUIRE(c.probe_due(opened + 7700ms));
+    c.failed(0, 7, "503", opened + 7800ms);
+    CHECK(c.settle_probe(opened + 7900ms).outcome == Outcome::passed);
+
+    // A success closes it; the suspects are forgotten with the rest.
+    c.succeeded(1);
+    REQUIRE(c.settle_probe(opened + 8000ms).outcome == Outcome::closed);
+    CHECK(fail(c, 10, 3, opened + 8100ms) == Verdict::outage);
+    REQUIRE(c.probe_due(opened + 9200ms));
+    c.failed(0, 7, "503", opened + 9300ms); // key 7 was a suspect of an earlier opening only
+    CHECK(c.settle_probe(opened + 9400ms).outcome == Outcome::reopened);
+}
+
+TEST_CASE("circuit: a round passes at most 10 x probe_records suspects, then opens again", "[unit][circuit]")
+{
+    auto s = settings();
+    s.probe_records = 2;
+    s.min_keys = 30;
+    s.min_attempts = 30;
+    Circuit c(s);
+    REQUIRE(fail(c, 30, 30, t0) == Verdict::outage); // 30 suspects
+    REQUIRE(c.probe_due(t0 + 2s));
+    for (std::uint64_t k = 0; k < 20; k += 2) {
+        c.failed(0, k, "503", t0 + 2s);
+        c.failed(0, k + 1, "503", t0 + 2s);
+        REQUIRE(c.settle_probe(t0 + 2s).outcome == Outcome::passed);
+    }
+    c.failed(0, 20, "503", t0 + 2s); // the 21st in the round
+    CHECK(c.settle_probe(t0 + 2s).outcome == Outcome::reopened);
 }
 
 TEST_CASE("circuit: disabled, every failure counts", "[unit][circuit]")
