@@ -144,6 +144,29 @@ std::vector<int> dups_of(const std::vector<Result>& runs)
     return {s.begin(), s.end()};
 }
 
+// The fields every ratio has, `value` its value; with a target, whether it is met.
+ordered_json ratio_fields(const std::string& name, int dup, std::size_t events_num, std::size_t events_den,
+                          double num_rate, double den_rate, double value)
+{
+    ordered_json j;
+    j["name"] = name;
+    j["dup_percent"] = dup;
+    j["events_numerator"] = events_num;
+    j["events_denominator"] = events_den;
+    j["numerator_events_per_s"] = round_to(num_rate, 1);
+    j["denominator_events_per_s"] = round_to(den_rate, 1);
+    j["value"] = round_to(value, 3);
+    return j;
+}
+
+void add_target(ordered_json& j, double value, std::optional<double> target)
+{
+    if (!target)
+        return;
+    j["target"] = *target;
+    j["met"] = value >= *target;
+}
+
 // One ratio over the rounds: the median of each round's ratio, when both
 // modes ran at `events` in more than one round.
 std::optional<ordered_json> rounds_ratio_json(const std::vector<Result>& runs, const std::string& name,
@@ -152,7 +175,8 @@ std::optional<ordered_json> rounds_ratio_json(const std::vector<Result>& runs, c
 {
     std::vector<double> values, num_rates, den_rates;
     ordered_json each = ordered_json::array();
-    for (int round = 1; round <= rounds_of(runs); ++round) {
+    const int rounds = rounds_of(runs);
+    for (int round = 1; round <= rounds; ++round) {
         const Result* a = find_run(runs, num, dup, events, round);
         const Result* b = find_run(runs, den, dup, events, round);
         if (!a || !b)
@@ -164,42 +188,23 @@ std::optional<ordered_json> rounds_ratio_json(const std::vector<Result>& runs, c
     }
     if (values.size() < 2)
         return std::nullopt;
-    ordered_json j;
-    j["name"] = name;
-    j["dup_percent"] = dup;
-    j["events_numerator"] = events;
-    j["events_denominator"] = events;
-    j["numerator_events_per_s"] = round_to(median(num_rates), 1);
-    j["denominator_events_per_s"] = round_to(median(den_rates), 1);
     const double v = median(values);
-    j["value"] = round_to(v, 3);
+    ordered_json j = ratio_fields(name, dup, events, events, median(num_rates), median(den_rates), v);
     j["rounds"] = values.size();
     j["min"] = round_to(*std::min_element(values.begin(), values.end()), 3);
     j["max"] = round_to(*std::max_element(values.begin(), values.end()), 3);
     j["each_round"] = each;
-    if (target) {
-        j["target"] = *target;
-        j["met"] = v >= *target;
+    add_target(j, v, target);
+    if (target)
         j["met_every_round"] = j["min"].get<double>() >= *target;
-    }
     return j;
 }
 
 ordered_json ratio_json(const std::string& name, const Result& a, const Result& b, std::optional<double> target)
 {
-    ordered_json j;
-    j["name"] = name;
-    j["dup_percent"] = a.dup_percent;
-    j["events_numerator"] = a.events;
-    j["events_denominator"] = b.events;
-    j["numerator_events_per_s"] = round_to(a.events_per_s, 1);
-    j["denominator_events_per_s"] = round_to(b.events_per_s, 1);
     const double v = a.events_per_s / b.events_per_s;
-    j["value"] = round_to(v, 3);
-    if (target) {
-        j["target"] = *target;
-        j["met"] = v >= *target;
-    }
+    ordered_json j = ratio_fields(name, a.dup_percent, a.events, b.events, a.events_per_s, b.events_per_s, v);
+    add_target(j, v, target);
     return j;
 }
 

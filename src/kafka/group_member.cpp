@@ -252,7 +252,7 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
             // The assign that follows a cooperative revoke: this member
             // rejoins next, and the group moves on to another generation.
             --assigns_before_release_;
-            hold_commits({});
+            hold_commits();
         } else if (commits_held_until_.exchange(0) != 0) {
             say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
         }
@@ -291,7 +291,7 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
     // A revoke is a rebalance under way: after a cooperative one that is not
     // a loss, librdkafka calls the assign of the partitions added to this
     // member, then rejoins for the rebalance's second round.
-    hold_commits({});
+    hold_commits();
     assigns_before_release_ = cooperative_ && !lost ? 1 : 0;
     std::set<TopicPartition> revoked;
     for (int i = 0; i < list->cnt; ++i)
@@ -334,15 +334,21 @@ bool rebalancing(rd_kafka_resp_err_t err) noexcept
 
 } // namespace
 
-void GroupMember::hold_commits(std::string_view why)
+bool GroupMember::hold_commits()
 {
     if (consumer_protocol_)
-        return; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
+        return false; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
     const auto until = (Clock::now() + session_timeout_).time_since_epoch().count();
-    if (commits_held_until_.exchange(until) == 0 && !why.empty())
+    return commits_held_until_.exchange(until) == 0;
+}
+
+void GroupMember::hold_if_refused(rd_kafka_resp_err_t err)
+{
+    if (rebalancing(err) && hold_commits())
         say(log_, LogLevel::info, {},
-            "{}: the group is rebalancing; offset commits wait for the end of its rebalance, at most {} ms", why,
-            session_timeout_.count());
+            "offset commit refused ({}): the group is rebalancing; offset commits wait for the end of its "
+            "rebalance, at most {} ms",
+            rd_kafka_err2name(err), session_timeout_.count());
 }
 
 bool GroupMember::commits_held() const noexcept
@@ -351,7 +357,7 @@ bool GroupMember::commits_held() const noexcept
     const auto until = commits_held_until_.load();
     const auto sent = async_commit_sent_at_.load();
     return (until != 0 && now < until) ||
-           (sent != 0 && now < sent + std::chrono::nanoseconds(session_timeout_).count());
+           (sent != 0 && now < sent + Clock::duration(session_timeout_).count());
 }
 
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
@@ -359,16 +365,14 @@ void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
     async_commit_sent_at_ = 0;
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
         return;
-    if (rebalancing(err))
-        hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(err)));
+    hold_if_refused(err);
     bool failed = err != RD_KAFKA_RESP_ERR_NO_ERROR;
     for (int i = 0; list && i < list->cnt; ++i) {
         const auto& p = list->elems[i];
         if (!p.err && !err)
             continue;
         failed = true;
-        if (rebalancing(p.err))
-            hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(p.err)));
+        hold_if_refused(p.err);
         if (p.err)
             say(log_, LogLevel::warning,
                 error_field(rd_kafka_err2str(p.err), coordinates(p.topic, p.partition, p.offset)),
@@ -643,8 +647,7 @@ void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, m
     if (async && err)
         async_commit_sent_at_ = 0; // not sent: no answer comes
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
-        if (rebalancing(err))
-            hold_commits(fmt::format("offset commit refused ({})", rd_kafka_err2name(err)));
+        hold_if_refused(err);
         metrics_.offset_commit_failures.add();
         say(log_, LogLevel::warning, error_field(rd_kafka_err2str(err)), "offset commit failed: {}",
             rd_kafka_err2str(err));

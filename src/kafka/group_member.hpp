@@ -215,7 +215,10 @@ private:
     std::atomic<std::chrono::steady_clock::rep> async_commit_sent_at_{0};
     // Assignments still to come before the hold ends (see on_rebalance()).
     int assigns_before_release_ = 0;
-    void hold_commits(std::string_view why);
+    // Holds the periodic commits (commits_held()); true when the hold began
+    // now. hold_if_refused(): when `err` refused a commit for a rebalance.
+    bool hold_commits();
+    void hold_if_refused(rd_kafka_resp_err_t err);
 
     // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
     // is down to half its caps after it had filled (see FetchWakeup).
