@@ -87,11 +87,15 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     fmt::print("share stop: the first member took {} records, accepted {}, released {}\n", m1.consumed, accepted,
                released);
     // What committed: the batches before the blocking record's, each record once, on its first delivery.
-    CHECK(accepted > 0);
-    CHECK(accepted < stop_at);
-    CHECK(static_cast<std::int64_t>(m1.claimed) == accepted);
-    CHECK(m1.duplicates == 0);
-    CHECK(effects(table) == accepted);
+    // An acknowledgement the broker refused (the mock cluster sometimes answers the first one with
+    // SHARE_SESSION_NOT_FOUND) brings its records again: duplicates, accepted without an effect.
+    const auto committed = static_cast<std::int64_t>(m1.claimed);
+    CHECK(committed > 0);
+    CHECK(committed < stop_at);
+    CHECK(accepted == committed + static_cast<std::int64_t>(m1.duplicates));
+    if (s1.acks_refused.get() == 0)
+        CHECK(m1.duplicates == 0);
+    CHECK(effects(table) == committed);
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery <> 1", table)) == 0);
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE entity = '{}'", table, blocking)) == 0);
     // The rest of what it held: the blocking record's batch, rolled back, and any batch after it.
@@ -114,13 +118,13 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     CHECK(effects(table) == total);
     CHECK(distinct_effects(table) == total);
     CHECK(claims(group) == total);
-    CHECK(static_cast<std::int64_t>(m2.claimed) == total - accepted);
+    CHECK(static_cast<std::int64_t>(m2.claimed) == total - committed);
     CHECK(s2.accepted.get() == m2.claimed + m2.duplicates); // each delivery a claim or a duplicate
     CHECK(s2.released.get() == 0);
     if (s1.acks_refused.get() + s2.acks_refused.get() == 0) {
         // Without a refused acknowledgement, nothing came twice.
         CHECK(m2.duplicates == 0);
-        CHECK(static_cast<std::int64_t>(s2.accepted.get()) == total - accepted);
+        CHECK(static_cast<std::int64_t>(s2.accepted.get()) == total - committed);
     }
     // The released records came again, each on its second delivery; the blocking one among them.
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == released);
