@@ -193,18 +193,7 @@ void poison_heads_before_duplicates(Ordering ordering)
     // are claimed when they come again on this one.
     const std::string earlier = unique_name("fault-earlier");
     create_topic(earlier, partitions);
-    std::vector<TestEvent> live;
-    std::mutex live_mu;
-    const auto publish_to = [&](const std::string& topic, int n, const char* prefix, std::vector<TestEvent>& into) {
-        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
-        for (int i = 0; i < n; ++i) {
-            TestEvent e{new_event_id(), fmt::format("{}-{}", prefix, i % 50), i};
-            into.push_back(e);
-            pub.publish_async(topic, e.entity, encode(e));
-        }
-        pub.flush();
-    };
-    publish_to(earlier, seen, "entity", f.events);
+    f.publish_to(earlier, seen);
     {
         Consumer first(consumer_config(f.group, earlier), decode, event_id_of,
                        [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
@@ -237,15 +226,13 @@ void poison_heads_before_duplicates(Ordering ordering)
     const bool opened = wait_until([&] { return c.metrics().snapshot().circuit_opened >= 1; }, 60s);
     // Live traffic, 20 records every 20 ms, until the poison is dead-lettered.
     std::atomic<bool> stop_live{false};
+    std::vector<TestEvent> live; // the producer's until it is joined
     std::thread producer([&] {
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; !stop_live; ++i) {
             for (int j = 0; j < 20; ++j) {
                 TestEvent e{new_event_id(), fmt::format("live-{}", (i * 20 + j) % 50), i * 20 + j};
-                {
-                    std::lock_guard<std::mutex> lock(live_mu);
-                    live.push_back(e);
-                }
+                live.push_back(e);
                 pub.publish_async(f.topic, e.entity, encode(e));
             }
             pub.flush();

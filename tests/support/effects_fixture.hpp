@@ -35,13 +35,16 @@ struct Fixture {
                          effects));
     }
 
-    void publish(int n, const std::string& key_prefix = "entity")
+    void publish(int n, const std::string& key_prefix = "entity") { publish_to(topic, n, key_prefix); }
+
+    // As publish(), into another topic (the events are still kept here).
+    void publish_to(const std::string& into, int n, const std::string& key_prefix = "entity")
     {
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < n; ++i) {
             TestEvent e{new_event_id(), fmt::format("{}-{}", key_prefix, i % 50), i};
             events.push_back(e);
-            pub.publish_async(topic, e.entity, encode(e));
+            pub.publish_async(into, e.entity, encode(e));
         }
         pub.flush();
     }
