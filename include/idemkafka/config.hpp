@@ -293,6 +293,19 @@ struct CircuitBreaker {
     /// Records of a probe batch (at most max_batch): several, so that a probe
     /// that meets a poison record still tries other records.
     std::size_t probe_records = 10;
+    /// When nothing but failing records is left to run (poison alone at the
+    /// tail of a quiet topic, or at the head of every partition with
+    /// Ordering::partition), no probe can succeed: poison looks like an
+    /// outage. After the circuit has been open this long since it opened
+    /// from closed, with no handler call succeeding, it gives up telling
+    /// them apart: the probes' failures count toward max_attempts again
+    /// (logged once, counted in circuit_gave_up), so such records are
+    /// dead-lettered; the probes go on as before (a key that had not failed
+    /// yet opens the circuit again for the backoff), and a success closes it.
+    /// An outage longer than this dead-letters what its probes meet: about
+    /// probe_records records per backoff_max. Zero: never give up (such
+    /// records wait until a record succeeds).
+    std::chrono::milliseconds give_up_after{600000};
 };
 
 /// Configuration of an IdempotentConsumer. Plain data; IdempotentConsumer's

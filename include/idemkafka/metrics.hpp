@@ -121,6 +121,10 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// keys judged an outage (see ConsumerConfig::circuit_breaker). A failed
     /// probe that opens it again does not count again.
     std::uint64_t circuit_opened = 0;
+    /// Times the circuit breaker gave up telling poison from an outage: open
+    /// for CircuitBreaker::give_up_after with no handler call succeeding, so
+    /// the probes' failures counted toward max_attempts again.
+    std::uint64_t circuit_gave_up = 0;
     /// Seconds the circuit was not closed (open or probing), over the
     /// consumer's life; the current opening counts as far as the last update
     /// (at most 200 ms old).
@@ -219,8 +223,8 @@ public:
         db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
         batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka, positions_lost,
         frozen_members_ended, db_timeouts, lock_timeouts, handler_aborted_transactions, long_call_waits,
-        revoke_abandons, parked, parking_overflows, circuit_opened, beyond_dedup_horizon, horizon_processed,
-        key_window_closed, outbox_published, outbox_failures;
+        revoke_abandons, parked, parking_overflows, circuit_opened, circuit_gave_up, beyond_dedup_horizon,
+        horizon_processed, key_window_closed, outbox_published, outbox_failures;
     //@}
     /// Records dead-lettered, indexed by DeadLetterReason.
     std::array<Counter, dead_letter_reason_count> dead_lettered;

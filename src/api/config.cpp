@@ -189,6 +189,7 @@ void validate_backoff(const ConsumerConfig& c)
     require(cb.backoff.count() > 0, "circuit_breaker.backoff: must be positive");
     require(cb.backoff_max >= cb.backoff, "circuit_breaker.backoff_max: must not be below circuit_breaker.backoff");
     require(cb.probe_records >= 1, "circuit_breaker.probe_records: must be at least 1");
+    require(cb.give_up_after.count() >= 0, "circuit_breaker.give_up_after: must not be negative");
 }
 
 // The tables: the claims table, its retention, the outbox and the positions table.

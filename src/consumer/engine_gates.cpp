@@ -218,11 +218,24 @@ void Engine::Impl::settle_probe(Clock::time_point now)
             "circuit breaker probe failed ({} handler call(s) failed, none succeeded): open again, the next "
             "probe in {} ms. Last error: {}",
             p.failures, p.wait.count(), p.last_error);
+    } else if (p.outcome == Outcome::passed && p.counted) {
+        say(log, LogLevel::info, error_field(p.last_error),
+            "circuit breaker probe inconclusive: only records of keys that had failed before failed again ({}); "
+            "given up, they count toward max_attempts. Last error: {}",
+            p.failures, p.last_error);
     } else if (p.outcome == Outcome::passed) {
         say(log, LogLevel::info, error_field(p.last_error),
             "circuit breaker probe inconclusive: only records of keys that had failed before failed again ({}); "
             "the next batches probe past them (they wait {} ms, not counted toward max_attempts). Last error: {}",
             p.failures, circuit.round_wait().count(), p.last_error);
+    }
+    if (p.gave_up) {
+        metrics.circuit_gave_up.add();
+        say(log, LogLevel::warning, error_field(p.last_error),
+            "circuit breaker gives up: open for {} ms (give_up_after {} ms) and no handler call succeeded, so the "
+            "failing records cannot be told from an outage; the probes' failures count toward max_attempts from "
+            "now on, and those records are dead-lettered after it, until a handler call succeeds. Last error: {}",
+            p.open_for.count(), cfg.circuit_breaker.give_up_after.count(), p.last_error);
     }
     // unsettled (duplicates only, or nothing polled): the next batch probes again
 }

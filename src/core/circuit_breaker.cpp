@@ -43,7 +43,9 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
         ++round_failures_;
         probe_new_keys_ += suspects_.insert(key).second ? 1 : 0;
         probe_repeats_ += round_.insert(key).second ? 0 : 1; // already failed in this round
-        return Verdict::probe;
+        if (s_.give_up_after.count() > 0 && now - opened_at_ >= s_.give_up_after)
+            given_up_ = true;
+        return given_up_ ? Verdict::counted : Verdict::probe;
     }
     if (!window_.empty())
         now = std::max(now, window_.back().at); // workers report out of order by a little
@@ -64,6 +66,7 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
         return Verdict::counted;
     state_ = State::open;
     opened_at_ = now;
+    given_up_ = given_up_told_ = false;
     suspects_.clear();
     end_round();
     for (const auto& streak : streaks_)
@@ -177,9 +180,11 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
     p.skipped = std::exchange(probe_skipped_, 0);
     const auto repeats = std::exchange(probe_repeats_, 0);
     p.last_error = last_error_;
+    p.counted = given_up_;
+    p.gave_up = given_up_ && !std::exchange(given_up_told_, true);
+    p.open_for = std::chrono::duration_cast<milliseconds>(now - opened_at_);
     if (p.successes > 0) {
         p.outcome = Probe::Outcome::closed;
-        p.open_for = std::chrono::duration_cast<milliseconds>(now - opened_at_);
         state_ = State::closed;
         // A fresh start: the outage's failures must not reopen the circuit
         // at the next failure.
@@ -190,9 +195,11 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
         suspects_.clear();
         end_round();
         backoff_.reset();
-    } else if (p.failures > 0 && p.new_keys == 0 && (repeats == 0 || p.skipped > 0) &&
-               round_failures_ <= round_limit()) {
-        p.outcome = Probe::Outcome::passed; // still probing: the next batch goes past them
+    } else if (p.failures > 0 && p.new_keys == 0 &&
+               (given_up_ || ((repeats == 0 || p.skipped > 0) && round_failures_ <= round_limit()))) {
+        // Still probing: the next batch goes past them (or, given up, they
+        // run out their attempts).
+        p.outcome = Probe::Outcome::passed;
     } else if (p.failures > 0) {
         p.outcome = Probe::Outcome::reopened;
         end_round();

@@ -25,6 +25,13 @@
 // failures in the round (an outage over many keys is not probed at full
 // speed).
 //
+// When nothing but failing records is left to run, no probe can succeed:
+// after `give_up_after` open since it opened from closed, the circuit gives
+// up telling poison from an outage. The probes' failures count toward
+// max_attempts from then on (failed() says counted), and a probe in which
+// only suspects failed passes whatever else it saw, so that they are
+// dead-lettered; a key not yet suspect failing still opens it again.
+//
 // The evidence, judged at each failure: failures within `window` on at
 // least `min_keys` keys in `min_partitions` partitions, where each of those
 // keys failed as most attempts did: since the key began failing, at least
@@ -93,7 +100,9 @@ public:
         std::size_t new_keys = 0; // of `failures`, those of keys not suspect before
         std::size_t skipped = 0;  // records settled without a handler call (duplicates)
         milliseconds wait{0};
-        milliseconds open_for{0}; // closed: since the circuit opened
+        milliseconds open_for{0}; // closed: since the circuit opened; else gave_up: likewise
+        bool counted = false;     // its failures counted toward max_attempts (the circuit gave up)
+        bool gave_up = false;     // the first probe since the circuit gave up
         std::string last_error;
     };
 
@@ -115,7 +124,8 @@ public:
     void skipped(std::size_t records);
     /// A retryable handler failure at `now` of a record whose key (a record
     /// without one: the record itself) is `key` in `partition` (opaque ids;
-    /// `key` already tells partitions apart). May open the circuit.
+    /// `key` already tells partitions apart). May open the circuit. Probing
+    /// after give_up_after: counted (and still the probe's).
     Verdict failed(std::uint64_t partition, std::uint64_t key, std::string_view what, Clock::time_point now);
 
     // ---- the poll thread ------------------------------------------------------
@@ -184,6 +194,8 @@ private:
     std::unordered_set<std::uint64_t> round_;
     std::size_t round_failures_ = 0;
     milliseconds round_wait_{0}; // the last backoff
+    bool given_up_ = false;      // open past give_up_after: the probes' failures count
+    bool given_up_told_ = false; // a settled probe has said so
     void end_round();
     std::size_t round_limit() const noexcept { return 10 * std::max<std::size_t>(1, s_.probe_records); }
     std::string last_error_;

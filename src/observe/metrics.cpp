@@ -73,6 +73,9 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::parking_overflows},
     {"circuit_opened", "Times the circuit breaker opened: handler failures across keys judged an outage.",
      &MetricsSnapshot::circuit_opened},
+    {"circuit_gave_up",
+     "Times the circuit breaker, open past give_up_after with no handler success, counted failures again.",
+     &MetricsSnapshot::circuit_gave_up},
 };
 
 template <class T>
@@ -226,6 +229,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.parked = parked.get();
     s.parking_overflows = parking_overflows.get();
     s.circuit_opened = circuit_opened.get();
+    s.circuit_gave_up = circuit_gave_up.get();
     s.circuit_open_seconds = static_cast<double>(circuit_open_ms.get()) / 1000.0;
     s.beyond_dedup_horizon = beyond_dedup_horizon.get();
     s.horizon_processed = horizon_processed.get();

@@ -276,7 +276,86 @@ void poison_heads_before_duplicates(Ordering ordering)
     CHECK(dead == expected);
 }
 
+// Poison alone at the tail of a quiet topic, at the head of every partition
+// it reaches (Ordering::partition): nothing healthy is left to run, so no
+// probe can succeed and the circuit cannot tell the poison from an outage.
+// After give_up_after it counts the probes' failures again, and the poison
+// is dead-lettered after max_attempts.
+void poison_alone_at_the_tail(Ordering ordering)
+{
+    INFO(name_of(ordering));
+    constexpr int healthy = 400;
+    constexpr int poison_keys = 8;
+    Fixture f(partitions);
+    f.publish(healthy);
+    auto cfg = outage_config(f, ordering);
+    cfg.circuit_breaker.give_up_after = 4s;
+    std::atomic<int> poison_calls{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        if (e.entity.rfind("poison-", 0) == 0) {
+            ++poison_calls;
+            throw std::runtime_error("card declined by a bug");
+        }
+        f.insert(tx, e, ctx);
+    });
+    Runner<Consumer> run(c);
+    const bool drained = wait_until([&] { return f.committed_total(partitions) == healthy; }, 60s);
+    // The topic is quiet; then the poison comes, and nothing after it.
+    std::set<EventId> poison;
+    if (drained) {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int k = 0; k < poison_keys; ++k) {
+            TestEvent e{new_event_id(), fmt::format("poison-{}", k), k};
+            poison.insert(e.id);
+            pub.publish_async(f.topic, e.entity, encode(e));
+        }
+        pub.flush();
+    }
+    const auto total = healthy + poison_keys;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool settled = drained && wait_until(
+                                        [&] {
+                                            return c.metrics().snapshot().dead_lettered_total() >= poison_keys &&
+                                                   f.committed_total(partitions) == total;
+                                        },
+                                        60s);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    const auto m = c.metrics().snapshot();
+    const std::string at_end = nonzero_metrics(c);
+    run.join();
+    fail_if_threw(run.error());
+    WARN(fmt::format("{}: {} poison records alone at the tail: {} poison calls, circuit opened {} times, gave up {} "
+                     "times, open {:.1f} s; dead-lettered and committed {} ms after they were published",
+                     name_of(ordering), poison_keys, poison_calls.load(), m.circuit_opened, m.circuit_gave_up,
+                     m.circuit_open_seconds, took.count()));
+    INFO(at_end);
+    REQUIRE(drained);
+    REQUIRE(settled);
+    CHECK(m.circuit_opened >= 1);  // the poison alone looked like an outage ...
+    CHECK(m.circuit_gave_up >= 1); // ... until give_up_after
+    CHECK(m.circuit_open_seconds >= 4);
+    CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == poison_keys);
+    CHECK(m.dead_lettered_total() == poison_keys);
+    CHECK(poison_calls > poison_keys * cfg.max_attempts); // the calls before the circuit opened were forgiven
+    f.check_exact(static_cast<std::size_t>(healthy));
+    const auto dlq = read_topic(f.group + ".dlq", poison_keys, 30s);
+    REQUIRE(dlq.size() == poison_keys);
+    std::set<EventId> dead;
+    for (const auto& r : dlq) {
+        CHECK(r.header("idemkafka.attempts") == std::to_string(cfg.max_attempts));
+        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
+    }
+    CHECK(dead == poison);
+}
+
 } // namespace
+
+TEST_CASE("poison alone at the tail of a quiet topic: the circuit gives up after give_up_after, the poison is "
+          "dead-lettered",
+          "[fault][outage]")
+{
+    poison_alone_at_the_tail(Ordering::partition);
+}
 
 TEST_CASE("poison at the heads of the partitions before duplicates: the probes look past both, the poison is "
           "dead-lettered",

@@ -96,7 +96,8 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     if (s1.acks_refused.get() == 0)
         CHECK(m1.duplicates == 0);
     CHECK(effects(table) == committed);
-    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery <> 1", table)) == 0);
+    if (s1.acks_refused.get() == 0) // else the refusal may have taken records' first delivery
+        CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery <> 1", table)) == 0);
     CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE entity = '{}'", table, blocking)) == 0);
     // The rest of what it held: the blocking record's batch, rolled back, and any batch after it.
     CHECK(released >= 1);
@@ -121,14 +122,20 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     CHECK(static_cast<std::int64_t>(m2.claimed) == total - committed);
     CHECK(s2.accepted.get() == m2.claimed + m2.duplicates); // each delivery a claim or a duplicate
     CHECK(s2.released.get() == 0);
-    if (s1.acks_refused.get() + s2.acks_refused.get() == 0) {
-        // Without a refused acknowledgement, nothing came twice.
+    const auto refused = s1.acks_refused.get() + s2.acks_refused.get();
+    if (refused == 0) {
+        // Without a refused acknowledgement, nothing came twice, and the
+        // released records came again, each on its second delivery; the
+        // blocking one among them.
         CHECK(m2.duplicates == 0);
         CHECK(static_cast<std::int64_t>(s2.accepted.get()) == total - committed);
+        CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == released);
+        CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, blocking)) == 2);
+    } else {
+        // A refusal drops the broker's locks: deliveries are counted again.
+        WARN(fmt::format("{} acknowledgement(s) refused: delivery counts not checked", refused));
+        CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, blocking)) >= 2);
     }
-    // The released records came again, each on its second delivery; the blocking one among them.
-    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == released);
-    CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, blocking)) == 2);
 }
 
 TEST_CASE("stop() during a batch keeps a record on its last delivery out of the abandoned transaction", "[share]")
@@ -164,15 +171,24 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     const auto& s1 = first.share_metrics();
     fmt::print("share stop, last delivery: the first member took {} records, accepted {}, released {}\n", m1.consumed,
                s1.accepted.get(), s1.released.get());
-    // Ten in the first poll (the failing one released), then the failing one with nine fresh ones.
-    REQUIRE(m1.consumed == 20);
+    // A refused acknowledgement (the mock cluster sometimes answers an early
+    // one with SHARE_SESSION_NOT_FOUND) drops the broker's locks, and the
+    // polls that follow take other records: the composition below holds
+    // only without one; what ends committed holds always.
+    const bool composed = s1.acks_refused.get() == 0;
+    if (composed) {
+        // Ten in the first poll (the failing one released), then the failing one with nine fresh ones.
+        REQUIRE(m1.consumed == 20);
+        CHECK(s1.accepted.get() == 10); // nine of the first poll, and the failing one on its last delivery
+        CHECK(s1.released.get() == 1 + 9);
+        CHECK(effects(table) == 10);
+    } else {
+        WARN(fmt::format("{} acknowledgement(s) refused: the polls' composition not checked", s1.acks_refused.get()));
+    }
     CHECK(m1.handler_failures == 1);
-    CHECK(s1.accepted.get() == 10); // nine of the first poll, and the failing one on its last delivery
-    CHECK(s1.released.get() == 1 + 9);
     CHECK(m1.dead_lettered_total() == 0);
     CHECK(s1.delivery_limit_dead_letters.get() == 0);
     CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, failing)) == 2);
-    CHECK(effects(table) == 10);
 
     Consumer next(cfg, decode, event_id_of,
                   [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { insert_effect(tx, table, e, ctx); });
@@ -187,9 +203,10 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     CHECK(distinct_effects(table) == total);
     CHECK(claims(group) == total);
     const auto m2 = next.metrics().snapshot();
-    if (s1.acks_refused.get() + next.share_metrics().acks_refused.get() == 0)
-        CHECK(m2.duplicates == 0);
     CHECK(m2.dead_lettered_total() == 0);
-    // The nine released fresh ones came again on their second (last) delivery.
-    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == 1 + 9);
+    if (composed && next.share_metrics().acks_refused.get() == 0) {
+        CHECK(m2.duplicates == 0);
+        // The nine released fresh ones came again on their second (last) delivery.
+        CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE delivery = 2", table)) == 1 + 9);
+    }
 }

@@ -286,6 +286,63 @@ TEST_CASE("circuit: a round passes at most 10 x probe_records suspects, then ope
     CHECK(c.settle_probe(t0 + 2s).outcome == Outcome::reopened);
 }
 
+TEST_CASE("circuit: nothing but suspects failing for give_up_after: their failures count", "[unit][circuit]")
+{
+    auto s = settings();
+    s.give_up_after = 10s;
+    Circuit c(s);
+    REQUIRE(fail(c, 10, 3, t0) == Verdict::outage); // keys 0, 1, 2: poison alone at the tail, say
+    const auto opened = t0 + 90ms;
+    // Before give_up_after: probes, and nothing but suspects again opens it again.
+    auto at = opened + 1000ms;
+    REQUIRE(c.probe_due(at));
+    for (std::uint64_t k = 0; k < 3; ++k)
+        CHECK(c.failed(0, k, "poison", at) == Verdict::probe);
+    auto p = c.settle_probe(at);
+    CHECK(p.outcome == Outcome::passed);
+    CHECK_FALSE(p.counted);
+    c.failed(0, 0, "poison", at);
+    CHECK(c.settle_probe(at).outcome == Outcome::reopened);
+    // Past it: counted, and the probe passes however often they fail again,
+    // so that they run out their attempts.
+    at = opened + 10s;
+    REQUIRE(c.probe_due(at));
+    CHECK(c.failed(0, 1, "poison", at) == Verdict::counted);
+    p = c.settle_probe(at);
+    CHECK(p.outcome == Outcome::passed);
+    CHECK(p.counted);
+    CHECK(p.gave_up);
+    CHECK(p.open_for == 10s);
+    for (int i = 0; i < 50; ++i) { // past 10 x probe_records in the round too
+        CHECK(c.failed(0, static_cast<std::uint64_t>(i % 3), "poison", at) == Verdict::counted);
+        p = c.settle_probe(at);
+        CHECK(p.outcome == Outcome::passed);
+        CHECK_FALSE(p.gave_up); // said once
+    }
+    // A key that had not failed: open again for the backoff, still counted.
+    CHECK(c.failed(0, 9, "503", at) == Verdict::counted);
+    CHECK(c.settle_probe(at).outcome == Outcome::reopened);
+    // A success closes it; the next opening starts afresh.
+    REQUIRE(c.probe_due(at + 1h));
+    c.succeeded(1);
+    REQUIRE(c.settle_probe(at + 1h).outcome == Outcome::closed);
+    const auto again = at + 2h;
+    REQUIRE(fail(c, 10, 3, again) == Verdict::outage);
+    REQUIRE(c.probe_due(again + 2s));
+    CHECK(c.failed(0, 0, "503", again + 2s) == Verdict::probe);
+}
+
+TEST_CASE("circuit: give_up_after zero never gives up", "[unit][circuit]")
+{
+    auto s = settings();
+    s.give_up_after = 0ms;
+    Circuit c(s);
+    REQUIRE(fail(c, 10, 3, t0) == Verdict::outage);
+    REQUIRE(c.probe_due(t0 + 24h));
+    CHECK(c.failed(0, 0, "poison", t0 + 24h) == Verdict::probe);
+    CHECK_FALSE(c.settle_probe(t0 + 24h).counted);
+}
+
 TEST_CASE("circuit: disabled, every failure counts", "[unit][circuit]")
 {
     auto s = settings();

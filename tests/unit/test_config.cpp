@@ -116,6 +116,7 @@ TEST_CASE("circuit breaker settings: on by default, a bad value names its field"
         {"circuit_breaker.backoff", [](CircuitBreaker& b) { b.backoff = std::chrono::milliseconds(0); }},
         {"circuit_breaker.backoff_max", [](CircuitBreaker& b) { b.backoff_max = b.backoff / 2; }},
         {"circuit_breaker.probe_records", [](CircuitBreaker& b) { b.probe_records = 0; }},
+        {"circuit_breaker.give_up_after", [](CircuitBreaker& b) { b.give_up_after = std::chrono::milliseconds(-1); }},
     };
     for (const auto& [field, spoil] : bad) {
         auto c = valid();
@@ -127,6 +128,7 @@ TEST_CASE("circuit breaker settings: on by default, a bad value names its field"
     auto c = valid();
     c.circuit_breaker.failure_ratio = 1; // every attempt failed
     c.circuit_breaker.min_keys = 1;
+    c.circuit_breaker.give_up_after = std::chrono::milliseconds(0); // never
     CHECK(error_of(c).empty());
     c.circuit_breaker.enabled = false;
     CHECK(error_of(c).empty());

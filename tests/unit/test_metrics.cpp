@@ -179,6 +179,7 @@ TEST_CASE("circuit breaker metrics in the snapshot and the exposition", "[unit]"
     CHECK(s.circuit_open_seconds == 0);
     m.circuit_open.set(1);
     m.circuit_opened.add();
+    m.circuit_gave_up.add();
     m.circuit_open_ms.add(2500);
     s = m.snapshot();
     CHECK(s.circuit_open == 1);
@@ -189,6 +190,8 @@ TEST_CASE("circuit breaker metrics in the snapshot and the exposition", "[unit]"
     CHECK(has_line(text, R"(idemkafka_circuit_open{group="g"} 1)"));
     CHECK(has_line(text, "# TYPE idemkafka_circuit_opened_total counter"));
     CHECK(has_line(text, R"(idemkafka_circuit_opened_total{group="g"} 1)"));
+    CHECK(s.circuit_gave_up == 1);
+    CHECK(has_line(text, R"(idemkafka_circuit_gave_up_total{group="g"} 1)"));
     CHECK(has_line(text, "# TYPE idemkafka_circuit_open_seconds_total counter"));
     CHECK(has_line(text, R"(idemkafka_circuit_open_seconds_total{group="g"} 2.5)"));
 }
