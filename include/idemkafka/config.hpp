@@ -462,8 +462,9 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// outcome is unknown (rolled back, or a COMMIT in doubt that redelivery
     /// and the claims settle), the assignment pauses and the consumer
     /// reconnects with a backoff (db_timeouts counts it, an error says so).
-    /// A claim may wait lock_timeout longer for another batch's row locks.
-    /// A handler call is not bounded by it (its SQL on the library's
+    /// A claim may wait lock_timeout longer for another batch's row locks;
+    /// settling the tables at start-up (DDL, a migration) may take
+    /// db_timeout + lock_timeout, and at least 30 s. A handler call is not bounded by it (its SQL on the library's
     /// connection is the handler's own); a forced stop cuts it. Connecting
     /// is bounded by connect_timeout (see the README). Zero: no bound.
     std::chrono::milliseconds db_timeout{30000};

@@ -180,6 +180,20 @@ Holds ClaimTransaction::screen(Intake& intake, Worker& w, std::vector<Item>& ite
     return holds;
 }
 
+namespace {
+
+// The circuit breaker's identity of a record's key: the key within its
+// partition; a record without a key is a key of its own.
+std::uint64_t circuit_key(const Item& it)
+{
+    constexpr std::uint64_t mix = 0x9e3779b97f4a7c15ull;
+    const std::uint64_t own = it.record.key ? std::hash<std::string_view>{}(*it.record.key)
+                                            : static_cast<std::uint64_t>(it.record.offset) * mix + 1;
+    return own ^ (reinterpret_cast<std::uintptr_t>(it.part) * mix);
+}
+
+} // namespace
+
 void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_point deadline)
 {
     Batch b{items, deadline};
@@ -188,6 +202,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
         Failure failure{};
         const Outcome out = attempt(w, b, failure);
         s_.circuit.succeeded(w.calls_ok); // before the failure, if any: they ran before it
+        s_.circuit.succeeded_on(w.ok_keys);
         if (out == Outcome::committed) {
             s_.circuit.skipped(w.info.duplicates);
             return;
@@ -230,26 +245,13 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
     }
 }
 
-namespace {
-
-// The circuit breaker's identity of a record's key: the key within its
-// partition; a record without a key is a key of its own.
-std::uint64_t circuit_key(const Item& it)
-{
-    constexpr std::uint64_t mix = 0x9e3779b97f4a7c15ull;
-    const std::uint64_t own = it.record.key ? std::hash<std::string_view>{}(*it.record.key)
-                                            : static_cast<std::uint64_t>(it.record.offset) * mix + 1;
-    return own ^ (reinterpret_cast<std::uintptr_t>(it.part) * mix);
-}
-
-} // namespace
-
 void ClaimTransaction::handler_failed(Worker& w, Batch& b, const Failure& f)
 {
     auto& it = b.items[f.index];
     if (f.retryable && s_.circuit.enabled()) {
+        const bool last = s_.ledger.attempt_of(*it.part, it.record.offset) >= s_.cfg.max_attempts;
         const auto verdict =
-            s_.circuit.failed(reinterpret_cast<std::uintptr_t>(it.part), circuit_key(it), f.what, Clock::now());
+            s_.circuit.failed(reinterpret_cast<std::uintptr_t>(it.part), circuit_key(it), f.what, Clock::now(), last);
         if (verdict != Circuit::Verdict::counted) {
             not_counted(w, b, f, verdict);
             return;
@@ -518,6 +520,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     w.info = BatchInfo{};
     w.info.records = a.active;
     w.calls_ok = 0;
+    w.ok_keys.clear();
+    w.watch_keys = s_.circuit.blaming();
     if (a.ids.empty())
         return Outcome::committed;
     w.call_items.clear();
@@ -640,6 +644,8 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work&
         if (!ok || !left_usable(tx, w, i, failure))
             return Outcome::handler_failed;
         ++w.calls_ok;
+        if (w.watch_keys)
+            w.ok_keys.push_back(circuit_key(it));
         a.current = nobody;
     }
     return std::nullopt;
@@ -692,6 +698,9 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_gathered(pqxx::w
         return Outcome::split;
     }
     w.calls_ok += handled;
+    if (w.watch_keys)
+        for (const std::size_t i : w.call_items)
+            w.ok_keys.push_back(circuit_key(b.items[i]));
     return std::nullopt;
 }
 

@@ -6,6 +6,7 @@
 // dead-lettered) and the rest runs again without its partition's tail.
 // Private to the library.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -47,6 +48,17 @@ inline std::chrono::milliseconds locking_bound(const ConsumerConfig& cfg)
     return cfg.db_timeout.count() > 0 ? cfg.db_timeout + cfg.lock_timeout : std::chrono::milliseconds(0);
 }
 
+/// How long a consumer's first connection may take over settling the tables
+/// at start-up (the schema lock, DDL, a migration) before it is cut: the
+/// locking bound, and at least 30 s; db_timeout is meant for the records'
+/// transactions, not for DDL on a busy server (zero when db_timeout is: no
+/// bound).
+inline std::chrono::milliseconds schema_bound(const ConsumerConfig& cfg)
+{
+    const auto bound = locking_bound(cfg);
+    return bound.count() > 0 ? std::max(bound, std::chrono::milliseconds(30000)) : bound;
+}
+
 /// Runs `connect` (a consumer's first connections, at start-up) and throws
 /// what it threw as ConfigError or DatabaseError, with the secrets of the
 /// configuration masked.
@@ -86,6 +98,9 @@ struct Worker : pg::Session {
     std::vector<std::size_t> call_slots; // and their Stage slots
     std::vector<Context> call_contexts;
     std::size_t calls_ok = 0; // handler calls (records) of the last transaction that returned normally
+    // While the circuit breaker blames keys: those of the calls_ok calls.
+    bool watch_keys = false;
+    std::vector<std::uint64_t> ok_keys;
     std::exception_ptr error; // an unexpected exception, rethrown on the poll thread
     // offsets_in_database: the positions the final transaction stored, for
     // the poll thread to note in their states after the batch.

@@ -12,7 +12,7 @@ namespace idemkafka::detail {
 void Engine::Impl::connect(Worker& w, bool first)
 {
     w.connect(cfg.postgres); // connect_timeout bounds this
-    const pg::Watch::Armed armed(w.watch, cfg.db_timeout);
+    const pg::Watch::Armed armed(w.watch, first ? schema_bound(cfg) : cfg.db_timeout);
     if (first) {
         layout = claims.settle_schema(*w.db);
         intake.set_layout(layout);
@@ -210,8 +210,9 @@ void Engine::Impl::settle_probe(Clock::time_point now)
         batch_limit = room_limit;
         say(log, LogLevel::info, {},
             "circuit breaker closed after {} ms: {} handler call(s) of the probe succeeded ({} failed); the "
-            "assignment runs as before, and failures count toward max_attempts again",
-            p.open_for.count(), p.successes, p.failures);
+            "assignment runs as before, and failures count toward max_attempts again. The {} key(s) that failed "
+            "while it was open are no evidence of an outage until one of their records succeeds",
+            p.open_for.count(), p.successes, p.failures, p.blamed);
     } else if (p.outcome == Outcome::reopened) {
         circuit_hold();
         say(log, LogLevel::warning, error_field(p.last_error),

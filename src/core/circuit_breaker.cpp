@@ -30,7 +30,7 @@ void Circuit::succeeded(std::size_t calls)
 }
 
 Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std::string_view what,
-                                 Clock::time_point now)
+                                 Clock::time_point now, bool last_attempt)
 {
     if (!s_.enabled)
         return Verdict::counted;
@@ -62,12 +62,14 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
     window_.push_back({now, key});
     ++failures_;
     auto evidence = judge(now);
-    if (!evidence)
+    if (!evidence || (!last_attempt && blamed_.count(key) != 0))
         return Verdict::counted;
     state_ = State::open;
     opened_at_ = now;
     given_up_ = given_up_told_ = false;
-    suspects_.clear();
+    suspects_.swap(blamed_); // suspects again
+    blamed_.clear();
+    blaming_.store(false, std::memory_order_relaxed);
     end_round();
     for (const auto& streak : streaks_)
         suspects_.insert(streak.first);
@@ -75,6 +77,16 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
     probe_at_ = now + evidence->wait;
     opened_ = std::move(evidence);
     return Verdict::outage;
+}
+
+void Circuit::succeeded_on(const std::vector<std::uint64_t>& keys)
+{
+    if (keys.empty())
+        return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto key : keys)
+        blamed_.erase(key);
+    blaming_.store(!blamed_.empty(), std::memory_order_relaxed);
 }
 
 void Circuit::skipped(std::size_t records)
@@ -192,7 +204,12 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
         streaks_.clear();
         order_.clear();
         partitions_.clear();
+        blamed_.swap(suspects_);
         suspects_.clear();
+        if (blamed_.size() > max_failures_kept)
+            blamed_.clear(); // bounded; forgetting only makes them evidence again
+        p.blamed = blamed_.size();
+        blaming_.store(!blamed_.empty(), std::memory_order_relaxed);
         end_round();
         backoff_.reset();
     } else if (p.failures > 0 && p.new_keys == 0 &&

@@ -25,6 +25,17 @@
 // failures in the round (an outage over many keys is not probed at full
 // speed).
 //
+// When a probe's success closes the circuit, its suspects are blamed: the
+// handler works, so their records may fail on their own. Until one of their
+// records succeeds (succeeded_on()), a failure of theirs opens the circuit
+// only at a record's last attempt: poison that had waited out the circuit
+// comes back all at once and fails in a burst, before the successes of
+// records running beside it are reported (once per transaction), and would
+// otherwise open the circuit again, have its attempts forgiven, and never
+// be dead-lettered. By its last attempt the successes are in: the evidence
+// is judged as usual, and an outage that came back (nothing succeeding)
+// still opens it. Opening again makes them suspects again.
+//
 // When nothing but failing records is left to run, no probe can succeed:
 // after `give_up_after` open since it opened from closed, the circuit gives
 // up telling poison from an outage. The probes' failures count toward
@@ -44,6 +55,7 @@
 // min_attempts + partitions failing), per report of successes O(1).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +68,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "core/backoff.hpp"
 #include "idemkafka/config.hpp"
@@ -103,6 +116,7 @@ public:
         milliseconds open_for{0}; // closed: since the circuit opened; else gave_up: likewise
         bool counted = false;     // its failures counted toward max_attempts (the circuit gave up)
         bool gave_up = false;     // the first probe since the circuit gave up
+        std::size_t blamed = 0;   // closed: the suspects, blamed from now on
         std::string last_error;
     };
 
@@ -119,14 +133,23 @@ public:
     /// batch handler call). Reported once per transaction, not per record,
     /// before that transaction's failure, if any.
     void succeeded(std::size_t calls);
+    /// While blaming(): the keys (as failed() has them) of handler calls that
+    /// returned normally; they are no longer blamed.
+    void succeeded_on(const std::vector<std::uint64_t>& keys);
+    /// Whether some keys are blamed (see above): a hint, read without a lock,
+    /// for whether succeeded_on() is worth its work.
+    bool blaming() const noexcept { return blaming_.load(std::memory_order_relaxed); }
     /// `records` of a transaction were settled without a handler call
     /// (duplicates): a probe that had them tried more than its failures.
     void skipped(std::size_t records);
     /// A retryable handler failure at `now` of a record whose key (a record
     /// without one: the record itself) is `key` in `partition` (opaque ids;
-    /// `key` already tells partitions apart). May open the circuit. Probing
-    /// after give_up_after: counted (and still the probe's).
-    Verdict failed(std::uint64_t partition, std::uint64_t key, std::string_view what, Clock::time_point now);
+    /// `key` already tells partitions apart). May open the circuit; for a
+    /// blamed key only at the record's `last_attempt` (the one that would
+    /// dead-letter it). Probing after give_up_after: counted (and still the
+    /// probe's).
+    Verdict failed(std::uint64_t partition, std::uint64_t key, std::string_view what, Clock::time_point now,
+                   bool last_attempt = false);
 
     // ---- the poll thread ------------------------------------------------------
 
@@ -192,6 +215,8 @@ private:
     // round (since it last opened).
     std::unordered_set<std::uint64_t> suspects_;
     std::unordered_set<std::uint64_t> round_;
+    std::unordered_set<std::uint64_t> blamed_; // the suspects when it last closed, until they succeed
+    std::atomic<bool> blaming_{false};         // !blamed_.empty()
     std::size_t round_failures_ = 0;
     milliseconds round_wait_{0}; // the last backoff
     bool given_up_ = false;      // open past give_up_after: the probes' failures count

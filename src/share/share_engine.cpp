@@ -128,7 +128,7 @@ struct ShareEngine::Impl {
 void ShareEngine::Impl::connect(Member& m, bool first)
 {
     m.worker.connect(cfg.postgres); // connect_timeout bounds this
-    const pg::Watch::Armed armed(m.worker.watch, cfg.db_timeout);
+    const pg::Watch::Armed armed(m.worker.watch, first ? schema_bound(cfg) : cfg.db_timeout);
     if (first) {
         const auto layout = m.claims.settle_schema(*m.worker.db);
         for (auto& each : members)

@@ -1,6 +1,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "catch_compat.hpp"
 #include "core/circuit_breaker.hpp"
@@ -201,7 +202,10 @@ TEST_CASE("circuit: probes after the backoff; a failed probe doubles it, a succe
     CHECK(p.failures == 1);
     CHECK(p.open_for == 12000ms);
     CHECK(c.state() == Circuit::State::closed);
-    // A fresh start: the outage's failures are gone, and the backoff is short again.
+    // A fresh start: the outage's failures are gone, and the backoff is short
+    // again (once the blamed keys succeeded, their failures are evidence).
+    c.succeeded_on({0, 1, 2, 11, 12, 13, 14});
+    CHECK_FALSE(c.blaming());
     CHECK(fail(c, 9, 3, opened + 12100ms) == Verdict::counted);
     CHECK(c.failed(0, 1, "503", opened + 12200ms) == Verdict::outage);
     CHECK(c.take_opened()->wait == 1000ms);
@@ -259,9 +263,11 @@ TEST_CASE("circuit: a probe where only suspects fail goes on past them", "[unit]
     c.failed(0, 7, "503", opened + 7800ms);
     CHECK(c.settle_probe(opened + 7900ms).outcome == Outcome::passed);
 
-    // A success closes it; the suspects are forgotten with the rest.
+    // A success closes it; the suspects are forgotten with the rest once
+    // their records succeed.
     c.succeeded(1);
     REQUIRE(c.settle_probe(opened + 8000ms).outcome == Outcome::closed);
+    c.succeeded_on({0, 1, 2, 7});
     CHECK(fail(c, 10, 3, opened + 8100ms) == Verdict::outage);
     REQUIRE(c.probe_due(opened + 9200ms));
     c.failed(0, 7, "503", opened + 9300ms); // key 7 was a suspect of an earlier opening only
@@ -284,6 +290,59 @@ TEST_CASE("circuit: a round passes at most 10 x probe_records suspects, then ope
     }
     c.failed(0, 20, "503", t0 + 2s); // the 21st in the round
     CHECK(c.settle_probe(t0 + 2s).outcome == Outcome::reopened);
+}
+
+TEST_CASE("circuit: after a close the suspects are blamed: they open it only at a last attempt", "[unit][circuit]")
+{
+    Circuit c(settings());
+    const auto close = [&](Circuit::Clock::time_point at) {
+        REQUIRE(fail(c, 10, 3, at) == Verdict::outage); // keys 0, 1, 2
+        REQUIRE(c.probe_due(at + 1100ms));
+        c.failed(0, 5, "poison", at + 1100ms); // a suspect from the probe
+        c.succeeded(1);
+        const auto p = c.settle_probe(at + 1200ms);
+        REQUIRE(p.outcome == Outcome::closed);
+        CHECK(p.blamed == 4);
+        CHECK(c.blaming());
+    };
+    close(t0);
+    const std::vector<std::uint64_t> blamed{0, 1, 2, 5};
+    const auto burst = [&](Circuit::Clock::time_point at, int n, bool last) {
+        Verdict v = Verdict::counted;
+        for (int i = 0; i < n; ++i)
+            v = c.failed(0, blamed[static_cast<std::size_t>(i % 4)], "poison", at + i * 1ms, last);
+        return v;
+    };
+
+    // The poison that waited out the circuit fails again, all at once, before
+    // the successes beside it are reported: counted, the circuit stays closed.
+    CHECK(burst(t0 + 5s, 40, false) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+    // By its last attempts the successes are in: no evidence, dead-lettered.
+    c.succeeded(200);
+    CHECK(burst(t0 + 5300ms, 4, true) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+
+    // The outage came back instead: nothing succeeds, and at a last attempt
+    // the evidence opens it; the blamed keys are suspects again.
+    c.succeeded_on(blamed); // (a fresh start for the next opening)
+    CHECK_FALSE(c.blaming());
+    close(t0 + 1h);
+    CHECK(burst(t0 + 1h + 5s, 12, false) == Verdict::counted);
+    CHECK(c.failed(0, 0, "503", t0 + 1h + 5100ms, true) == Verdict::outage);
+    CHECK_FALSE(c.blaming());
+    REQUIRE(c.probe_due(t0 + 1h + 7s));
+    c.failed(0, 5, "503", t0 + 1h + 7s); // blamed before: a suspect, not a new key
+    const auto q = c.settle_probe(t0 + 1h + 7s);
+    CHECK(q.outcome == Outcome::passed);
+    CHECK(q.new_keys == 0);
+
+    // A key that succeeded is no longer blamed: its failures open it at once.
+    c.succeeded(1);
+    REQUIRE(c.settle_probe(t0 + 1h + 8s).outcome == Outcome::closed);
+    c.succeeded_on({0, 1, 2});
+    CHECK(c.blaming()); // 5 is left
+    CHECK(fail(c, 10, 3, t0 + 2h) == Verdict::outage);
 }
 
 TEST_CASE("circuit: nothing but suspects failing for give_up_after: their failures count", "[unit][circuit]")
@@ -326,6 +385,7 @@ TEST_CASE("circuit: nothing but suspects failing for give_up_after: their failur
     REQUIRE(c.probe_due(at + 1h));
     c.succeeded(1);
     REQUIRE(c.settle_probe(at + 1h).outcome == Outcome::closed);
+    c.succeeded_on({0, 1, 2, 9});
     const auto again = at + 2h;
     REQUIRE(fail(c, 10, 3, again) == Verdict::outage);
     REQUIRE(c.probe_due(again + 2s));
