@@ -211,7 +211,8 @@ void Engine::Impl::settle_probe(Clock::time_point now)
         say(log, LogLevel::info, {},
             "circuit breaker closed after {} ms: {} handler call(s) of the probe succeeded ({} failed); the "
             "assignment runs as before, and failures count toward max_attempts again. The {} key(s) that failed "
-            "while it was open are no evidence of an outage until one of their records succeeds",
+            "while it was open are blamed until one of their records succeeds: their failures open the circuit "
+            "again only at a record's last attempt",
             p.open_for.count(), p.successes, p.failures, p.blamed);
     } else if (p.outcome == Outcome::reopened) {
         circuit_hold();
