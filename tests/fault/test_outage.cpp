@@ -125,6 +125,44 @@ void outage_backlog(Ordering ordering)
     CHECK(read_topic(f.group + ".dlq", 1, 2s).empty());
 }
 
+// `n` records of keys poison-0, poison-1, ... (not flushed); their ids.
+std::set<EventId> publish_poison(Publisher& pub, const std::string& topic, int n)
+{
+    std::set<EventId> ids;
+    for (int k = 0; k < n; ++k) {
+        TestEvent e{new_event_id(), fmt::format("poison-{}", k), k};
+        ids.insert(e.id);
+        pub.publish_async(topic, e.entity, encode(e));
+    }
+    return ids;
+}
+
+// The handler: records of poison-* keys always fail (counted in `calls`),
+// the others insert their effect.
+auto poisoned_handler(Fixture& f, std::atomic<int>& calls)
+{
+    return [&f, &calls](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        if (e.entity.rfind("poison-", 0) == 0) {
+            ++calls;
+            throw std::runtime_error("card declined by a bug");
+        }
+        f.insert(tx, e, ctx);
+    };
+}
+
+// Exactly `poison` is on the dead-letter topic, each after `max_attempts` counted attempts.
+void check_dead_letters(const Fixture& f, const std::set<EventId>& poison, int max_attempts)
+{
+    const auto dlq = read_topic(f.group + ".dlq", poison.size(), 30s);
+    REQUIRE(dlq.size() == poison.size());
+    std::set<EventId> dead;
+    for (const auto& r : dlq) {
+        CHECK(r.header("idemkafka.attempts") == std::to_string(max_attempts));
+        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
+    }
+    CHECK(dead == poison);
+}
+
 // One key's records always fail among the healthy records of 50 other keys.
 void poison_key(Ordering ordering)
 {
@@ -166,14 +204,7 @@ void poison_key(Ordering ordering)
     CHECK(m.circuit_opened == 0);
     CHECK(m.circuit_open == 0);
     f.check_exact(static_cast<std::size_t>(good));
-    const auto dlq = read_topic(f.group + ".dlq", bad.size(), 30s);
-    REQUIRE(dlq.size() == bad.size());
-    std::set<EventId> dead;
-    for (const auto& r : dlq) {
-        CHECK(r.header("idemkafka.attempts") == std::to_string(cfg.max_attempts));
-        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
-    }
-    CHECK(dead == bad);
+    check_dead_letters(f, bad, cfg.max_attempts);
 }
 
 // Poison at the heads of the partitions, behind it records the group had
@@ -199,14 +230,10 @@ void poison_heads_before_duplicates(Ordering ordering)
                        [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
         run_until(first, [&] { return f.rows() == seen; });
     }
-    std::vector<TestEvent> poison;
+    std::set<EventId> poison;
     {
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
-        for (int k = 0; k < poison_keys; ++k) {
-            TestEvent e{new_event_id(), fmt::format("poison-{}", k), k};
-            poison.push_back(e);
-            pub.publish_async(f.topic, e.entity, encode(e));
-        }
+        poison = publish_poison(pub, f.topic, poison_keys);
         pub.flush();
         for (const auto& e : f.events)
             pub.publish_async(f.topic, e.entity, encode(e));
@@ -215,13 +242,7 @@ void poison_heads_before_duplicates(Ordering ordering)
     auto cfg = outage_config(f, ordering);
     cfg.max_attempts = 3;
     std::atomic<int> poison_calls{0};
-    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        if (e.entity.rfind("poison-", 0) == 0) {
-            ++poison_calls;
-            throw std::runtime_error("card declined by a bug");
-        }
-        f.insert(tx, e, ctx);
-    });
+    Consumer c(cfg, decode, event_id_of, poisoned_handler(f, poison_calls));
     Runner<Consumer> run(c);
     const bool opened = wait_until([&] { return c.metrics().snapshot().circuit_opened >= 1; }, 60s);
     // Live traffic, 20 records every 20 ms, until the poison is dead-lettered.
@@ -264,16 +285,7 @@ void poison_heads_before_duplicates(Ordering ordering)
     CHECK(m.circuit_open == 0);
     CHECK(poison_calls >= poison_keys * cfg.max_attempts);
     f.check_exact(static_cast<std::size_t>(healthy));
-    std::set<EventId> expected, dead;
-    for (const auto& e : poison)
-        expected.insert(e.id);
-    const auto dlq = read_topic(f.group + ".dlq", poison_keys, 30s);
-    REQUIRE(dlq.size() == poison_keys);
-    for (const auto& r : dlq) {
-        CHECK(r.header("idemkafka.attempts") == std::to_string(cfg.max_attempts));
-        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
-    }
-    CHECK(dead == expected);
+    check_dead_letters(f, poison, cfg.max_attempts);
 }
 
 // Poison alone at the tail of a quiet topic, at the head of every partition
@@ -291,24 +303,14 @@ void poison_alone_at_the_tail(Ordering ordering)
     auto cfg = outage_config(f, ordering);
     cfg.circuit_breaker.give_up_after = 4s;
     std::atomic<int> poison_calls{0};
-    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        if (e.entity.rfind("poison-", 0) == 0) {
-            ++poison_calls;
-            throw std::runtime_error("card declined by a bug");
-        }
-        f.insert(tx, e, ctx);
-    });
+    Consumer c(cfg, decode, event_id_of, poisoned_handler(f, poison_calls));
     Runner<Consumer> run(c);
     const bool drained = wait_until([&] { return f.committed_total(partitions) == healthy; }, 60s);
     // The topic is quiet; then the poison comes, and nothing after it.
     std::set<EventId> poison;
     if (drained) {
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
-        for (int k = 0; k < poison_keys; ++k) {
-            TestEvent e{new_event_id(), fmt::format("poison-{}", k), k};
-            poison.insert(e.id);
-            pub.publish_async(f.topic, e.entity, encode(e));
-        }
+        poison = publish_poison(pub, f.topic, poison_keys);
         pub.flush();
     }
     const auto total = healthy + poison_keys;
@@ -338,14 +340,7 @@ void poison_alone_at_the_tail(Ordering ordering)
     CHECK(m.dead_lettered_total() == poison_keys);
     CHECK(poison_calls > poison_keys * cfg.max_attempts); // the calls before the circuit opened were forgiven
     f.check_exact(static_cast<std::size_t>(healthy));
-    const auto dlq = read_topic(f.group + ".dlq", poison_keys, 30s);
-    REQUIRE(dlq.size() == poison_keys);
-    std::set<EventId> dead;
-    for (const auto& r : dlq) {
-        CHECK(r.header("idemkafka.attempts") == std::to_string(cfg.max_attempts));
-        dead.insert(EventId::parse(r.header("idemkafka.event_id")));
-    }
-    CHECK(dead == poison);
+    check_dead_letters(f, poison, cfg.max_attempts);
 }
 
 } // namespace
