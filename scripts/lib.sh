@@ -27,6 +27,7 @@ _ik_pg_dir=""
 _ik_pg_data=""
 _ik_broker_dir=""
 _ik_broker_pid=""
+_ik_kafka_dir=""
 _ik_watchdog_pid=""
 
 ik_log() { printf '==> %s\n' "$*"; }
@@ -136,7 +137,7 @@ ik_http_get() {
 # also watches the pid itself (--watch-pid); the server has no such option.
 _ik_start_watchdog() {
     [ -z "$_ik_watchdog_pid" ] || return 0
-    local script_pid=$$ pg_ctl_cmd=""
+    local script_pid=$$ pg_ctl_cmd="" kafka_dir="$_ik_kafka_dir"
     if [ -n "$_ik_pg_data" ]; then
         pg_ctl_cmd="$(ik_pg_bin)/pg_ctl" || exit 1
     fi
@@ -148,8 +149,13 @@ _ik_start_watchdog() {
         if [ -n "$pg_ctl_cmd" ] && [ -f "$_ik_pg_data/postmaster.pid" ]; then
             _ik_as_pg "$pg_ctl_cmd" -D "$_ik_pg_data" -m immediate -w -t 60 stop || true
         fi
+        if [ -n "$kafka_dir" ]; then
+            for pid_file in "$kafka_dir"/node-*/pid; do
+                [ -f "$pid_file" ] && kill -KILL "$(cat "$pid_file")" 2>/dev/null
+            done
+        fi
         sleep 2 # time for the broker to notice and exit
-        rm -rf "$_ik_pg_dir" "$_ik_broker_dir"
+        rm -rf "$_ik_pg_dir" "$_ik_broker_dir" "$kafka_dir"
     ) </dev/null >/dev/null 2>&1 &
     _ik_watchdog_pid=$!
 }
@@ -270,6 +276,242 @@ ik_start_broker() {
     ik_log "mock broker ready: $IDEMKAFKA_TEST_BROKERS (pid $_ik_broker_pid, control $control)"
 }
 
+# The real Apache Kafka broker (KRaft), from its release jars resolved through Maven
+# (scripts/kafka/pom.xml) into a cache outside the repository, keyed by version.
+IK_KAFKA_VERSION=4.3.1
+IK_KAFKA_CACHE="${IDEMKAFKA_KAFKA_CACHE:-$HOME/.cache/idemkafka-kafka}"
+
+# Prints the directory holding the broker's jars, resolving them with Maven when they are
+# missing or the pom changed. Progress goes to stderr.
+ik_kafka_libs() {
+    local pom="$IK_ROOT/scripts/kafka/pom.xml" dir="$IK_KAFKA_CACHE/kafka-$IK_KAFKA_VERSION"
+    local want
+    want="$(sha256sum "$pom" | cut -d' ' -f1)"
+    if [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$want" ]; then
+        printf '%s\n' "$dir/libs"
+        return 0
+    fi
+    command -v java >/dev/null 2>&1 || ik_ensure_deb_packages openjdk-17-jre-headless
+    command -v mvn >/dev/null 2>&1 || ik_ensure_deb_packages maven
+    ik_log "resolving Apache Kafka $IK_KAFKA_VERSION through Maven into $dir" >&2
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    if ! mvn -q -B -f "$pom" -Dkafka.version="$IK_KAFKA_VERSION" dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$dir/libs" >"$dir/maven.log" 2>&1; then
+        tail -n 30 "$dir/maven.log" >&2
+        ik_die "Maven could not resolve the Kafka $IK_KAFKA_VERSION broker (log: $dir/maven.log)"
+    fi
+    [ -f "$dir/libs/kafka_2.13-$IK_KAFKA_VERSION.jar" ] ||
+        ik_die "Maven resolved no kafka_2.13-$IK_KAFKA_VERSION.jar (log: $dir/maven.log)"
+    printf '%s\n' "$want" >"$dir/stamp"
+    printf '%s\n' "$dir/libs"
+}
+
+# Runs a class of the broker's jars in the foreground: _ik_kafka_java LIBS CLASS ARGS...
+_ik_kafka_java() {
+    local libs="$1"
+    shift
+    java -Xms128m -Xmx768m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+        ${IDEMKAFKA_KAFKA_JAVA_OPTS:-} -cp "$libs/*" "$@"
+}
+
+# Starts node ID of the cluster in DIR in the background and returns at once; its pid goes to
+# DIR/node-ID/pid. The node's log is DIR/node-ID/server.log (log4j) and stdout.
+_ik_kafka_node_launch() {
+    local dir="$1" id="$2" node libs
+    node="$dir/node-$id"
+    libs="$(cat "$dir/libs")"
+    # Marks where this start's log begins, so the wait below reads only this start.
+    if [ -f "$node/server.log" ]; then wc -l <"$node/server.log" >"$node/log-start"; else echo 0 >"$node/log-start"; fi
+    (
+        trap - EXIT INT TERM
+        exec java -Xms128m -Xmx768m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+            ${IDEMKAFKA_KAFKA_JAVA_OPTS:-} -Dlog4j2.configurationFile="$node/log4j2.properties" \
+            -Dkafka.logs.dir="$node" -cp "$libs/*" kafka.Kafka "$node/server.properties"
+    ) </dev/null >>"$node/stdout" 2>&1 &
+    printf '%s\n' "$!" >"$node/pid"
+}
+
+# Waits until node ID of the cluster in DIR has started (its log says so) and accepts
+# connections; fails, showing the log, when it exits or takes longer than 120 s.
+_ik_kafka_node_wait() {
+    local dir="$1" id="$2" node pid from port waited=0
+    node="$dir/node-$id"
+    pid="$(cat "$node/pid")"
+    from="$(($(cat "$node/log-start") + 1))"
+    port="$(sed -n 's/^listeners=PLAINTEXT:\/\/127.0.0.1:\([0-9]*\),.*/\1/p' "$node/server.properties")"
+    until tail -n "+$from" "$node/server.log" 2>/dev/null | grep -q 'Kafka Server started' &&
+        _ik_port_in_use "$port"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 40 "$node/server.log" "$node/stdout" >&2 2>/dev/null || true
+            ik_die "Kafka node $id exited during startup (logs in $node)"
+        fi
+        if [ "$waited" -ge 1200 ]; then
+            tail -n 40 "$node/server.log" >&2 2>/dev/null || true
+            ik_die "Kafka node $id did not start within 120 s (logs in $node)"
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+}
+
+# Creates a cluster of N combined broker+controller nodes (KRaft, static quorum) in DIR, on
+# free loopback ports, formats its storage and starts it; returns once every node serves.
+# Replication factors of the internal topics are min(N, 3), min.insync.replicas min(N, 2).
+# Writes DIR/bootstrap (the bootstrap servers).
+ik_kafka_create() {
+    local dir="$1" brokers="$2" libs cluster_id id voters="" bootstrap="" rf isr
+    [ "$brokers" -ge 1 ] 2>/dev/null || ik_die "the number of Kafka brokers must be 1 or more, not '$brokers'"
+    libs="$(ik_kafka_libs)"
+    mkdir -p "$dir"
+    printf '%s\n' "$libs" >"$dir/libs"
+    rf=$((brokers < 3 ? brokers : 3))
+    isr=$((brokers < 2 ? 1 : 2))
+    local -a ports=() controller_ports=()
+    for id in $(seq 1 "$brokers"); do
+        ports[id]="$(_ik_random_port)"
+        controller_ports[id]="$(_ik_random_port)"
+        voters="${voters:+$voters,}$id@127.0.0.1:${controller_ports[id]}"
+        bootstrap="${bootstrap:+$bootstrap,}127.0.0.1:${ports[id]}"
+    done
+    cluster_id="$(_ik_kafka_java "$libs" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)"
+    [ -n "$cluster_id" ] || ik_die "could not make a Kafka cluster id (java -cp $libs/* kafka.tools.StorageTool)"
+    for id in $(seq 1 "$brokers"); do
+        local node="$dir/node-$id"
+        mkdir -p "$node/data"
+        {
+            cat "$IK_ROOT/scripts/kafka/broker.properties"
+            cat <<EOF
+
+# Node $id of $brokers (scripts/lib.sh ik_kafka_create)
+process.roles=broker,controller
+node.id=$id
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:${ports[id]},CONTROLLER://127.0.0.1:${controller_ports[id]}
+advertised.listeners=PLAINTEXT://127.0.0.1:${ports[id]}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$node/data
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
+EOF
+        } >"$node/server.properties"
+        cat >"$node/log4j2.properties" <<EOF
+status = error
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = $node/server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+EOF
+        if ! _ik_kafka_java "$libs" kafka.tools.StorageTool format -t "$cluster_id" -c "$node/server.properties" \
+            >"$node/format.log" 2>&1; then
+            cat "$node/format.log" >&2
+            ik_die "could not format the storage of Kafka node $id"
+        fi
+    done
+    printf '%s\n' "$bootstrap" >"$dir/bootstrap"
+    for id in $(seq 1 "$brokers"); do
+        _ik_kafka_node_launch "$dir" "$id"
+    done
+    for id in $(seq 1 "$brokers"); do
+        _ik_kafka_node_wait "$dir" "$id"
+    done
+}
+
+# Fault control of one node of the cluster in DIR:
+#   ik_kafka_ctl DIR kill ID      SIGKILL (a crash; the node's storage stays)
+#   ik_kafka_ctl DIR stop ID      SIGSTOP (frozen: connections stay open, nothing answers)
+#   ik_kafka_ctl DIR cont ID      SIGCONT
+#   ik_kafka_ctl DIR start ID     start a killed node again and wait until it serves
+#   ik_kafka_ctl DIR term ID      SIGTERM and wait (a clean shutdown)
+ik_kafka_ctl() {
+    local dir="$1" what="$2" id="$3" pid_file
+    pid_file="$dir/node-$id/pid"
+    [ -f "$pid_file" ] || ik_die "no Kafka node $id in $dir"
+    case "$what" in
+        kill)
+            kill -KILL "$(cat "$pid_file")" 2>/dev/null || true
+            while kill -0 "$(cat "$pid_file")" 2>/dev/null; do sleep 0.05; done
+            ;;
+        stop) kill -STOP "$(cat "$pid_file")" ;;
+        cont) kill -CONT "$(cat "$pid_file")" ;;
+        term)
+            kill -TERM "$(cat "$pid_file")" 2>/dev/null || true
+            local tries=0
+            while kill -0 "$(cat "$pid_file")" 2>/dev/null; do
+                [ "$tries" -lt 600 ] || kill -KILL "$(cat "$pid_file")" 2>/dev/null || true
+                sleep 0.05
+                tries=$((tries + 1))
+            done
+            ;;
+        start)
+            kill -0 "$(cat "$pid_file")" 2>/dev/null && ik_die "Kafka node $id is running"
+            _ik_kafka_node_launch "$dir" "$id"
+            _ik_kafka_node_wait "$dir" "$id"
+            ;;
+        *) ik_die "unknown Kafka node command '$what' (kill, stop, cont, start, term)" ;;
+    esac
+}
+
+# Stops every node of the cluster in DIR (SIGCONT first: a frozen node cannot stop).
+ik_kafka_stop() {
+    local dir="$1" pid_file pid tries
+    for pid_file in "$dir"/node-*/pid; do
+        [ -f "$pid_file" ] || continue
+        pid="$(cat "$pid_file")"
+        kill -CONT "$pid" 2>/dev/null || true
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid_file in "$dir"/node-*/pid; do
+        [ -f "$pid_file" ] || continue
+        pid="$(cat "$pid_file")"
+        tries=0
+        while kill -0 "$pid" 2>/dev/null && [ "$tries" -lt 200 ]; do
+            sleep 0.1
+            tries=$((tries + 1))
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+
+# Starts a throwaway Apache Kafka cluster (default 1 node; --brokers N) in a temp dir and
+# exports IDEMKAFKA_TEST_BROKERS, IDEMKAFKA_KAFKA_DIR and IDEMKAFKA_KAFKA_CTL (a command taking
+# "kill|stop|cont|start|term NODE", for tests that fault the broker), unless
+# IDEMKAFKA_TEST_BROKERS already names a cluster. Stopped by ik_cleanup.
+ik_start_kafka() {
+    local brokers=1
+    if [ "${1:-}" = "--brokers" ]; then
+        brokers="${2:?--brokers needs a number}"
+    fi
+    if [ -n "${IDEMKAFKA_TEST_BROKERS:-}" ]; then
+        ik_log "using Kafka at '$IDEMKAFKA_TEST_BROKERS'"
+        return 0
+    fi
+    _ik_kafka_dir="$(mktemp -d "${TMPDIR:-/tmp}/idemkafka-kafka.XXXXXX")"
+    _ik_stop_watchdog
+    _ik_start_watchdog
+    ik_kafka_create "$_ik_kafka_dir" "$brokers"
+    IDEMKAFKA_TEST_BROKERS="$(cat "$_ik_kafka_dir/bootstrap")"
+    export IDEMKAFKA_TEST_BROKERS
+    export IDEMKAFKA_KAFKA_DIR="$_ik_kafka_dir"
+    export IDEMKAFKA_KAFKA_CTL="bash $IK_ROOT/scripts/kafka.sh ctl $_ik_kafka_dir"
+    unset IDEMKAFKA_MOCK_CONTROL
+    ik_log "Apache Kafka $IK_KAFKA_VERSION ready: $IDEMKAFKA_TEST_BROKERS ($brokers node(s), $_ik_kafka_dir)"
+}
+
 # Sends one command to the mock cluster's control FIFO and waits until it has been applied.
 # Prints the result; returns 0 on "ok", 1 on an error. One writer at a time: the
 # acknowledgement file only carries the latest result.
@@ -298,11 +540,16 @@ ik_mock_control() {
     ik_die "no answer from the mock broker to '$*' within 10 s"
 }
 
-# Stops what ik_start_postgres and ik_start_broker started and removes their temp dirs.
-# Safe to call more than once.
+# Stops what ik_start_postgres, ik_start_broker and ik_start_kafka started and removes their
+# temp dirs. Safe to call more than once.
 ik_cleanup() {
     local status=$?
     _ik_stop_watchdog
+    if [ -n "$_ik_kafka_dir" ]; then
+        ik_kafka_stop "$_ik_kafka_dir" || ik_warn "could not stop Kafka in $_ik_kafka_dir"
+        rm -rf "$_ik_kafka_dir"
+        _ik_kafka_dir=""
+    fi
     if [ -n "$_ik_broker_pid" ]; then
         if kill -TERM "$_ik_broker_pid" 2>/dev/null; then
             local tries=0
@@ -336,6 +583,14 @@ ik_cleanup() {
 
 # Prints the tail of the service logs, for a failed run.
 ik_show_logs() {
+    local node_log
+    if [ -n "$_ik_kafka_dir" ]; then
+        for node_log in "$_ik_kafka_dir"/node-*/server.log; do
+            [ -f "$node_log" ] || continue
+            printf -- '--- Kafka %s (last 40 lines) ---\n' "${node_log#"$_ik_kafka_dir"/}" >&2
+            tail -n 40 "$node_log" >&2
+        done
+    fi
     if [ -n "$_ik_broker_dir" ] && [ -f "$_ik_broker_dir/broker.log" ]; then
         printf -- '--- mock broker log (last 40 lines) ---\n' >&2
         tail -n 40 "$_ik_broker_dir/broker.log" >&2
