@@ -8,6 +8,12 @@
 #   scripts/test.sh --lane modern   against libpqxx 7.10.7 and librdkafka 2.15.0 built from
 #                                   ../shared/thirdparty by scripts/deps.sh (cached); the mock
 #                                   broker is then librdkafka 2.15's
+#   scripts/test.sh --lane modern --kafka real
+#                                   against Apache Kafka (scripts/kafka.sh: its jars through
+#                                   Maven, cached): one broker the tests share, a cluster of
+#                                   their own for those that kill or freeze it; the cases that
+#                                   need the mock's fault injection ([mock]) are listed and left
+#                                   out. --kafka mock (the default): librdkafka's mock cluster.
 #
 # Lanes: `debian` (default): Debian 12's libpqxx 6.4 and librdkafka 2.0.2, build dir
 # <repo>/build; `modern`: the versions most users run, build dir <repo>/build-modern.
@@ -19,10 +25,27 @@
 set -euo pipefail
 
 lane=debian
-if [ "${1:-}" = "--lane" ]; then
-    lane="${2:?--lane needs debian or modern}"
-    shift 2
-fi
+kafka=mock
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --lane)
+            lane="${2:?--lane needs debian or modern}"
+            shift 2
+            ;;
+        --kafka)
+            kafka="${2:?--kafka needs mock or real}"
+            shift 2
+            ;;
+        *) break ;;
+    esac
+done
+case "$kafka" in
+    mock | real) ;;
+    *)
+        printf 'error: unknown Kafka "%s" (mock or real)\n' "$kafka" >&2
+        exit 2
+        ;;
+esac
 case "$lane" in
     debian | modern) ;;
     *)
@@ -58,6 +81,7 @@ parts=(-DIDEMKAFKA_BUILD_TESTS=ON -DIDEMKAFKA_BUILD_DOCS=ON -DIDEMKAFKA_BUILD_EX
     -DIDEMKAFKA_BILLING_TESTS=ON)
 # shellcheck disable=SC2086 # IDEMKAFKA_CMAKE_ARGS is a list of arguments
 cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${parts[@]}" "${lane_args[@]}" \
+    -DIDEMKAFKA_TEST_KAFKA="$kafka" \
     ${IDEMKAFKA_CMAKE_ARGS:-}
 
 ik_log "building"
@@ -69,6 +93,19 @@ ik_log "lane $lane: ${versions:-versions unknown}"
 ik_log "starting PostgreSQL"
 ik_start_postgres
 
+if [ "$kafka" = real ]; then
+    ik_log "starting Apache Kafka (the broker the tests share)"
+    ik_start_kafka
+    # What runs where, in the log: the cases that need the mock's fault injection.
+    ik_log "left out on Apache Kafka, run on the mock lanes ([mock] test cases):"
+    for program in "$BUILD_DIR"/tests/idemkafka_*_tests "$BUILD_DIR"/tests/*/idemkafka_*_tests; do
+        [ -x "$program" ] || continue
+        "$program" --list-test-names-only "[mock]" 2>/dev/null | sed -n "s|^\(..*\)$|    ${program##*/}: \1|p"
+    done
+    printf '    idemkafka_share_probe: all of it (the mock cluster'"'"'s share-group settings)\n'
+
+fi
+
 # No lane-wide broker: each test that needs Kafka runs through tests/support/run_isolated.sh,
 # which starts a mock cluster of its own (its binary comes from CMake) and a database of its
 # own, so tests run side by side. IDEMKAFKA_TEST_BROKERS, when set, names a broker every test
@@ -77,7 +114,7 @@ ik_start_postgres
 # Most tests wait on timers, rebalances and the broker, so more of them run at once than
 # there are cores; the CPU-heavy ones (package, fuzz, bench) claim more slots (PROCESSORS).
 jobs="${IDEMKAFKA_TEST_JOBS:-6}"
-ik_log "running tests (lane $lane, $jobs at a time)"
+ik_log "running tests (lane $lane, Kafka $kafka, $jobs at a time)"
 log="$BUILD_DIR/ctest-$lane.log"
 status=0
 started=$(date +%s)

@@ -241,7 +241,7 @@ TEST_CASE("a record too large to dead-letter goes without its payload, once; the
 }
 
 TEST_CASE("a dead-letter topic that refuses a record: the partition waits with a growing backoff, then moves on",
-          "[fault][adversity]")
+          "[fault][adversity][mock]")
 {
     Fixture f(2);
     f.publish(20);

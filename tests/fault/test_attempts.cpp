@@ -149,7 +149,7 @@ TEST_CASE("a crash loop faster than max_attempts: the poison record is still dea
 // carries the count. The next member must not call the handler a further
 // time (the attempt count would pass max_attempts), only send the dead letter.
 TEST_CASE("a record that failed max_attempts times before a restart is dead-lettered without another handler call",
-          "[fault]")
+          "[fault][mock]")
 {
     Fixture f(1);
     f.publish(10);

@@ -98,7 +98,7 @@ TEST_CASE("non-retryable failures go to the dead letter on the first failure", "
     CHECK(ids == std::set<std::string>{by_type.to_string(), by_predicate.to_string()});
 }
 
-TEST_CASE("dead-letter topic unavailable: the offset does not move until the dead letter is acknowledged", "[fault]")
+TEST_CASE("dead-letter topic unavailable: the offset does not move until the dead letter is acknowledged", "[fault][mock]")
 {
     Fixture f(1);
     f.publish(5);
@@ -138,7 +138,7 @@ TEST_CASE("dead-letter topic unavailable: the offset does not move until the dea
     CHECK(dlq[0].header("idemkafka.original.offset") == "5");
 }
 
-TEST_CASE("a dead letter the broker acknowledges after dead_letter_timeout is written once", "[fault]")
+TEST_CASE("a dead letter the broker acknowledges after dead_letter_timeout is written once", "[fault][mock]")
 {
     Fixture f(1);
     f.publish(5);
@@ -170,7 +170,7 @@ TEST_CASE("a dead letter the broker acknowledges after dead_letter_timeout is wr
     f.check_exact(10);
 }
 
-TEST_CASE("offset commit failures are counted, never fatal, and lose or double nothing", "[fault]")
+TEST_CASE("offset commit failures are counted, never fatal, and lose or double nothing", "[fault][mock]")
 {
     Fixture f(2);
     f.publish(300);

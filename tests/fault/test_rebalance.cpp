@@ -20,7 +20,7 @@ using namespace idemkafka::test;
 using namespace std::chrono_literals;
 
 TEST_CASE("an assignment lost to a fenced membership commits nothing for it; the member rejoins, counts stay exact",
-          "[fault][rebalance]")
+          "[fault][rebalance][mock]")
 {
     Fixture f(2);
     f.publish(600);
@@ -56,7 +56,7 @@ TEST_CASE("an assignment lost to a fenced membership commits nothing for it; the
 
 TEST_CASE("the group coordinator unreachable: records are still processed, stop() is not held by the commit, "
           "a successor redelivers nothing twice",
-          "[fault][rebalance]")
+          "[fault][rebalance][mock]")
 {
     Fixture f(2);
     f.publish(300);

@@ -112,7 +112,7 @@ TEST_CASE("a partition fenced by an operator's epoch bump is taken over again an
 
 // Before: publish_all purged every undelivered record of the producer on its
 // timeout, including records of another thread's publish_all in flight.
-TEST_CASE("a publish_all that times out does not purge another call's records", "[fault]")
+TEST_CASE("a publish_all that times out does not purge another call's records", "[fault][mock]")
 {
     const auto topic = unique_name("shared_producer");
     create_topic(topic, 1);

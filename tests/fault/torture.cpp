@@ -589,9 +589,9 @@ const char* fault_name(Fault f)
 {
     switch (f) {
     case Fault::broker_down:
-        return "broker down";
+        return "broker outage";
     case Fault::commit_errors:
-        return "offset commit errors";
+        return "offset commit errors or a frozen broker";
     case Fault::pg_terminate:
         return "pg_terminate_backend";
     case Fault::pg_restart:
@@ -651,8 +651,13 @@ private:
         // with a confusing symptom.
         pg_ = test::pg();
         brokers_ = test::brokers();
-        control_ = required_env("IDEMKAFKA_MOCK_CONTROL",
-                                "the mock broker's control FIFO, to create topics and inject broker faults");
+        // Apache Kafka of the test's own (run_isolated.sh --own-kafka) is killed and frozen for
+        // real; the mock cluster gets its faults through its control FIFO.
+        if (const char* ctl = std::getenv("IDEMKAFKA_KAFKA_CTL"); ctl && *ctl)
+            kafka_ctl_ = ctl;
+        else
+            control_ = required_env("IDEMKAFKA_MOCK_CONTROL", "the mock broker's control FIFO, to create topics and "
+                                                              "inject broker faults (or IDEMKAFKA_KAFKA_CTL)");
         if (const char* r = std::getenv("IDEMKAFKA_TEST_PG_RESTART"); r && *r)
             pg_restart_cmd_ = r;
 
@@ -684,12 +689,16 @@ private:
         test::create_topic(topic_, opt_.partitions);
         test::create_topic(dlq_, 2);
         // A leftover error from an earlier test must not hit this one's consumers.
-        mock_control(control_, "clear-errors OffsetCommit");
         // Under the consumer protocol the broker owns the session timeout (the
-        // mock's default is 30 s): the same 6 s as the classic listeners ask for.
-        if (opt_.group_protocol == "consumer")
-            mock_control(control_, "group-consumer-timeouts 6000 500");
-        timeline.say("group protocol {}", opt_.group_protocol);
+        // mock's default is 30 s): the same 6 s as the classic listeners ask for
+        // (Apache Kafka's test brokers have it: scripts/kafka/broker.properties).
+        if (kafka_ctl_.empty()) {
+            mock_control(control_, "clear-errors OffsetCommit");
+            if (opt_.group_protocol == "consumer")
+                mock_control(control_, "group-consumer-timeouts 6000 500");
+        }
+        timeline.say("group protocol {}, {}", opt_.group_protocol,
+                     kafka_ctl_.empty() ? "mock cluster" : "Apache Kafka of its own");
 
         // The fault runs: early in the kill phase, while events surely still
         // stream in, so that a stalled recovery shows as no progress.
@@ -935,7 +944,19 @@ private:
         // there may be none (only a slow machine gets there).
         const bool traffic = !producer_->poll_exit();
         switch (fault) {
-        case Fault::broker_down: {
+        case Fault::broker_down:
+            if (!kafka_ctl_.empty()) {
+                // A crash: SIGKILL, then a restart on the same storage (it returns once the
+                // broker serves again, typically some seconds later).
+                const auto killed_at = Clock::now();
+                kafka_control("kill 1");
+                kafka_control("start 1");
+                ++broker_faults_;
+                note = fmt::format("broker killed (SIGKILL) and restarted in {} ms, ",
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at)
+                                       .count());
+                break;
+            } else {
             const auto down = uniform_ms(rng_, 1000, 2000);
             mock_control(control_, "broker-down 1");
             std::this_thread::sleep_for(down);
@@ -943,8 +964,19 @@ private:
             ++broker_faults_;
             note = fmt::format("broker 1 down for {} ms, ", down.count());
             break;
-        }
+            }
         case Fault::commit_errors:
+            if (!kafka_ctl_.empty()) {
+                // Frozen: connections stay open and nothing answers, so requests (commits among
+                // them) time out instead of failing at once.
+                const auto frozen = uniform_ms(rng_, 2000, 4000);
+                kafka_control("stop 1");
+                std::this_thread::sleep_for(frozen);
+                kafka_control("cont 1");
+                ++broker_faults_;
+                note = fmt::format("broker frozen (SIGSTOP) for {} ms, ", frozen.count());
+                break;
+            }
             // Cluster-wide: the next offset commits fail, whoever sends them;
             // the test runs serially (RUN_SERIAL) so they are this listener's.
             mock_control(control_, "push-errors OffsetCommit REBALANCE_IN_PROGRESS REQUEST_TIMED_OUT "
@@ -1057,7 +1089,8 @@ private:
     void final_run(Child& last)
     {
         auto* l = &last;
-        mock_control(control_, "clear-errors OffsetCommit");
+        if (kafka_ctl_.empty())
+            mock_control(control_, "clear-errors OffsetCommit");
         OffsetProbe probe(group_);
         const auto ends = probe.ends(topic_, opt_.partitions);
         timeline.say("final run: waiting for the listener's assignment and for the group's committed offsets to "
@@ -1463,7 +1496,15 @@ private:
 
     Options opt_;
     std::mt19937_64 rng_;
-    std::string pg_, brokers_, control_, pg_restart_cmd_;
+    // Runs IDEMKAFKA_KAFKA_CTL with `command` ("kill 1", "stop 1", ...); throws when it fails.
+    void kafka_control(const std::string& command)
+    {
+        const std::string line = kafka_ctl_ + " " + command;
+        if (std::system(line.c_str()) != 0)
+            throw std::runtime_error(fmt::format("the Kafka control command failed: {}", line));
+    }
+
+    std::string pg_, brokers_, control_, kafka_ctl_, pg_restart_cmd_;
     bool temp_log_dir_ = false;
     std::string group_, topic_, dlq_, charge_table_, claims_table_, app_name_, listener_pg_;
     std::map<int, Fault> fault_at_;

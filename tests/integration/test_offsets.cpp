@@ -87,7 +87,7 @@ void drain(Consumer& c, const std::function<bool()>& done)
 
 } // namespace
 
-TEST_CASE("offset commits failing for every batch: a restart resumes from the database position", "[offsets]")
+TEST_CASE("offset commits failing for every batch: a restart resumes from the database position", "[offsets][mock]")
 {
     OffsetsSetup s(2);
     s.publish(400);

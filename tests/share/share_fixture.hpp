@@ -22,10 +22,12 @@ namespace idemkafka::test::share {
 using Consumer = IdempotentShareConsumer<TestEvent>;
 
 /// A topic for a share group that starts at the beginning of its partitions
-/// (share groups start at the end unless told otherwise).
+/// (share groups start at the end unless told otherwise: on the mock cluster a
+/// setting of the cluster, on Apache Kafka one of the group, set by share_config).
 inline std::string share_topic(const std::string& prefix, int partitions)
 {
-    mock_control("share-group auto-offset-reset earliest");
+    if (on_mock_cluster())
+        mock_control("share-group auto-offset-reset earliest");
     auto topic = unique_name(prefix);
     create_topic(topic, partitions);
     return topic;
@@ -34,6 +36,8 @@ inline std::string share_topic(const std::string& prefix, int partitions)
 /// A share consumer's configuration for `group` on `topic`.
 inline ShareConsumerConfig share_config(const std::string& group, const std::string& topic)
 {
+    if (!on_mock_cluster())
+        set_group_config(group, "share.auto.offset.reset", "earliest");
     ShareConsumerConfig cfg;
     cfg.consumer.brokers = brokers();
     cfg.consumer.group_id = group;

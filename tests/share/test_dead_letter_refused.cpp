@@ -13,7 +13,7 @@ using namespace idemkafka::test;
 using namespace idemkafka::test::share;
 using namespace std::chrono_literals;
 
-TEST_CASE("a refused dead letter releases its record, which is dead-lettered once the topic accepts", "[share]")
+TEST_CASE("a refused dead letter releases its record, which is dead-lettered once the topic accepts", "[share][mock]")
 {
     constexpr int refusals = 2;
     mock_control("share-group delivery-limit 5");

@@ -152,12 +152,12 @@ void run_three_members(bool shared_partitions)
 
 } // namespace
 
-TEST_CASE("three share members on two partitions: every effect once, re-sends are duplicates", "[share]")
+TEST_CASE("three share members on two partitions: every effect once, re-sends are duplicates", "[share][mock]")
 {
     run_three_members(false);
 }
 
-TEST_CASE("three share members sharing both partitions: every effect once, re-sends are duplicates", "[share]")
+TEST_CASE("three share members sharing both partitions: every effect once, re-sends are duplicates", "[share][mock]")
 {
     run_three_members(true);
 }

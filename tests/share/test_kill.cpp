@@ -46,7 +46,7 @@ TEST_CASE("share kill child", "[.][share-kill-child]")
     c.run();
 }
 
-TEST_CASE("share members killed with SIGKILL while records flow: every effect once", "[share]")
+TEST_CASE("share members killed with SIGKILL while records flow: every effect once", "[share][mock]")
 {
     constexpr int unique = 5000;
     constexpr int kills = 6;

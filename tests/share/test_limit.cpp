@@ -15,7 +15,7 @@ using namespace idemkafka::test;
 using namespace idemkafka::test::share;
 using namespace std::chrono_literals;
 
-TEST_CASE("a record failing on every delivery is dead-lettered on its last one, not archived", "[share]")
+TEST_CASE("a record failing on every delivery is dead-lettered on its last one, not archived", "[share][mock]")
 {
     mock_control("share-group delivery-limit 3");
     const auto topic = share_topic("share_limit", 1);

@@ -13,7 +13,7 @@ using namespace idemkafka::test;
 using namespace idemkafka::test::share;
 using namespace std::chrono_literals;
 
-TEST_CASE("a handler slower than the lock: one effect, the lapsed lock counted", "[share]")
+TEST_CASE("a handler slower than the lock: one effect, the lapsed lock counted", "[share][mock]")
 {
     mock_control("share-group lock-duration-ms 2000");
     const auto topic = share_topic("share_slow", 1);

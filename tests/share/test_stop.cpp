@@ -60,7 +60,7 @@ struct StopGate {
 
 } // namespace
 
-TEST_CASE("stop() during a batch: what committed is accepted, the rest comes again to the next member", "[share]")
+TEST_CASE("stop() during a batch: what committed is accepted, the rest comes again to the next member", "[share][mock]")
 {
     constexpr int total = 40;
     constexpr int stop_at = 25;
@@ -138,7 +138,7 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     }
 }
 
-TEST_CASE("stop() during a batch keeps a record on its last delivery out of the abandoned transaction", "[share]")
+TEST_CASE("stop() during a batch keeps a record on its last delivery out of the abandoned transaction", "[share][mock]")
 {
     // Delivery limit 2: the record that fails once is on its last delivery
     // when it comes again, in one poll with fresh records (acquisition goes by

@@ -9,7 +9,13 @@
 #     server of its own (IDEMKAFKA_TEST_PG_RESTART then restarts that server only; a test on
 #     the shared server never gets IDEMKAFKA_TEST_PG_RESTART).
 #
-#   run_isolated.sh --name NAME --broker-bin PATH [--own-postgres] -- PROGRAM [ARG...]
+#   - with --real-kafka (the lane runs on Apache Kafka, scripts/test.sh --kafka real): the
+#     broker IDEMKAFKA_TEST_BROKERS names, shared by the tests; with --own-kafka N, or when none
+#     is named, a cluster of N Apache Kafka nodes of its own (scripts/kafka.sh), which the test
+#     may kill, freeze and restart through IDEMKAFKA_KAFKA_CTL.
+#
+#   run_isolated.sh --name NAME --broker-bin PATH [--own-postgres|--no-postgres]
+#                   [--real-kafka] [--own-kafka N] -- PROGRAM [ARG...]
 #
 # The program's exit status is this script's. On a failure the tails of the services' logs
 # follow the program's output. Environment: IDEMKAFKA_MOCK_BROKERS (mock cluster size,
@@ -20,6 +26,8 @@ name=""
 broker_bin=""
 own_postgres=0
 no_postgres=0
+real_kafka=0
+own_kafka=0
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --name)
@@ -37,6 +45,14 @@ while [ "$#" -gt 0 ]; do
         --no-postgres)
             no_postgres=1
             shift
+            ;;
+        --real-kafka)
+            real_kafka=1
+            shift
+            ;;
+        --own-kafka)
+            own_kafka="${2:?--own-kafka needs a number of nodes}"
+            shift 2
             ;;
         --)
             shift
@@ -106,8 +122,15 @@ on_exit() {
 }
 trap on_exit EXIT
 
-# Kafka: a mock cluster of our own, unless a broker is named.
-if [ -z "${IDEMKAFKA_TEST_BROKERS:-}" ]; then
+# Kafka: Apache Kafka (shared, or of our own), or a mock cluster of our own unless a broker is named.
+if [ "$real_kafka" -eq 1 ]; then
+    export IDEMKAFKA_TEST_KAFKA=real
+    unset IDEMKAFKA_MOCK_CONTROL
+    if [ "$own_kafka" -gt 0 ] || [ -z "${IDEMKAFKA_TEST_BROKERS:-}" ]; then
+        unset IDEMKAFKA_TEST_BROKERS IDEMKAFKA_KAFKA_CTL IDEMKAFKA_KAFKA_DIR
+        ik_start_kafka --brokers "$((own_kafka > 0 ? own_kafka : 1))" >/dev/null
+    fi
+elif [ -z "${IDEMKAFKA_TEST_BROKERS:-}" ]; then
     [ -n "$broker_bin" ] && export IDEMKAFKA_MOCK_BROKER_BIN="$broker_bin"
     unset IDEMKAFKA_MOCK_CONTROL
     ik_start_broker --brokers "${IDEMKAFKA_MOCK_BROKERS:-1}" >/dev/null

@@ -2,6 +2,7 @@
 
 #include "recent_log.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -69,6 +70,59 @@ void write_control(const std::string& fifo, const std::string& command)
 
 } // namespace
 
+bool on_mock_cluster()
+{
+    const char* control = std::getenv("IDEMKAFKA_MOCK_CONTROL");
+    return control && *control;
+}
+
+void set_group_config(const std::string& group, const std::string& name, const std::string& value)
+{
+#if RD_KAFKA_VERSION >= 0x020200ff
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
+        throw std::runtime_error(err);
+    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    if (!rk)
+        throw std::runtime_error(err);
+    rd_kafka_ConfigResource_t* res = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_GROUP, group.c_str());
+    std::string failure;
+    if (rd_kafka_error_t* e = rd_kafka_ConfigResource_add_incremental_config(
+            res, name.c_str(), RD_KAFKA_ALTER_CONFIG_OP_TYPE_SET, value.c_str())) {
+        failure = rd_kafka_error_string(e);
+        rd_kafka_error_destroy(e);
+    }
+    rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
+    if (failure.empty()) {
+        rd_kafka_IncrementalAlterConfigs(rk, &res, 1, nullptr, q);
+        if (rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 30000)) {
+            if (rd_kafka_event_error(ev)) {
+                failure = rd_kafka_event_error_string(ev);
+            } else {
+                size_t n = 0;
+                const rd_kafka_ConfigResource_t** out = rd_kafka_IncrementalAlterConfigs_result_resources(
+                    rd_kafka_event_IncrementalAlterConfigs_result(ev), &n);
+                for (size_t i = 0; i < n; ++i)
+                    if (rd_kafka_ConfigResource_error(out[i]))
+                        failure = rd_kafka_ConfigResource_error_string(out[i]);
+            }
+            rd_kafka_event_destroy(ev);
+        } else {
+            failure = "IncrementalAlterConfigs timed out after 30 s";
+        }
+    }
+    rd_kafka_ConfigResource_destroy(res);
+    rd_kafka_queue_destroy(q);
+    rd_kafka_destroy(rk);
+    if (!failure.empty())
+        throw std::runtime_error(fmt::format("setting {}={} on group {}: {}", name, value, group, failure));
+#else
+    throw std::runtime_error(fmt::format("setting {}={} on group {} needs librdkafka 2.2 or later", name, value,
+                                         group));
+#endif
+}
+
 void create_topic(const std::string& name, int partitions)
 {
     const char* control = std::getenv("IDEMKAFKA_MOCK_CONTROL");
@@ -80,7 +134,8 @@ void create_topic(const std::string& name, int partitions)
     if (!rk)
         throw std::runtime_error(err);
     std::string failure;
-    rd_kafka_NewTopic_t* nt = rd_kafka_NewTopic_new(name.c_str(), partitions, 1, err, sizeof err);
+    // -1: the broker's default.replication.factor (3 on a cluster of three test brokers).
+    rd_kafka_NewTopic_t* nt = rd_kafka_NewTopic_new(name.c_str(), partitions, -1, err, sizeof err);
     rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
     rd_kafka_event_t* ev = nullptr;
     if (control && *control) {
@@ -165,6 +220,107 @@ void mock_control(const std::string& command)
         throw std::runtime_error("mock broker did not acknowledge: " + command);
     if (text.find(" ok") == std::string::npos)
         throw std::runtime_error("mock broker refused \"" + command + "\": " + text);
+}
+
+namespace {
+
+// A producer handle for admin requests and metadata; destroyed with the object.
+struct AdminHandle {
+    rd_kafka_t* rk = nullptr;
+    AdminHandle()
+    {
+        char err[512];
+        rd_kafka_conf_t* conf = rd_kafka_conf_new();
+        if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
+            throw std::runtime_error(err);
+        rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+        if (!rk)
+            throw std::runtime_error(err);
+    }
+    ~AdminHandle() { rd_kafka_destroy(rk); }
+    AdminHandle(const AdminHandle&) = delete;
+    AdminHandle& operator=(const AdminHandle&) = delete;
+
+    // The partitions of `topic` in a fresh metadata answer: count and leaders (empty when the
+    // broker does not know the topic or did not answer).
+    std::vector<std::int32_t> leaders(const std::string& topic) const
+    {
+        std::vector<std::int32_t> out;
+        const rd_kafka_metadata_t* md = nullptr;
+        if (rd_kafka_metadata(rk, 1, nullptr, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR)
+            return out;
+        for (int t = 0; t < md->topic_cnt; ++t)
+            if (md->topics[t].topic == topic && md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                out.assign(static_cast<std::size_t>(md->topics[t].partition_cnt), -1);
+                for (int p = 0; p < md->topics[t].partition_cnt; ++p) {
+                    const auto& part = md->topics[t].partitions[p];
+                    if (part.id >= 0 && part.id < md->topics[t].partition_cnt)
+                        out[static_cast<std::size_t>(part.id)] = part.err ? -1 : part.leader;
+                }
+            }
+        rd_kafka_metadata_destroy(md);
+        return out;
+    }
+};
+
+} // namespace
+
+void add_partitions(const std::string& topic, int total)
+{
+    AdminHandle admin;
+    char err[512];
+    rd_kafka_NewPartitions_t* np = rd_kafka_NewPartitions_new(topic.c_str(), static_cast<size_t>(total), err, sizeof err);
+    if (!np)
+        throw std::runtime_error(err);
+    rd_kafka_queue_t* q = rd_kafka_queue_new(admin.rk);
+    rd_kafka_CreatePartitions(admin.rk, &np, 1, nullptr, q);
+    std::string failure;
+    if (rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 30000)) {
+        if (rd_kafka_event_error(ev)) {
+            failure = rd_kafka_event_error_string(ev);
+        } else {
+            size_t n = 0;
+            const rd_kafka_topic_result_t** res =
+                rd_kafka_CreatePartitions_result_topics(rd_kafka_event_CreatePartitions_result(ev), &n);
+            for (size_t i = 0; i < n; ++i)
+                if (rd_kafka_topic_result_error(res[i]))
+                    failure = rd_kafka_topic_result_error_string(res[i]);
+        }
+        rd_kafka_event_destroy(ev);
+    } else {
+        failure = "CreatePartitions timed out after 30 s";
+    }
+    rd_kafka_NewPartitions_destroy(np);
+    rd_kafka_queue_destroy(q);
+    if (!failure.empty())
+        throw std::runtime_error(fmt::format("adding partitions to {} (to {}): {}", topic, total, failure));
+    const bool shown = wait_until(
+        [&] {
+            const auto leaders = admin.leaders(topic);
+            return leaders.size() == static_cast<std::size_t>(total) &&
+                   std::find(leaders.begin(), leaders.end(), -1) == leaders.end();
+        },
+        std::chrono::seconds(30));
+    if (!shown)
+        throw std::runtime_error(fmt::format("{} did not show {} partitions with leaders within 30 s", topic, total));
+}
+
+std::int32_t partition_leader(const std::string& topic, std::int32_t partition)
+{
+    AdminHandle admin;
+    const auto leaders = admin.leaders(topic);
+    return partition >= 0 && static_cast<std::size_t>(partition) < leaders.size()
+               ? leaders[static_cast<std::size_t>(partition)]
+               : -1;
+}
+
+void kafka_control(const std::string& command)
+{
+    const std::string ctl = required_env("IDEMKAFKA_KAFKA_CTL", "an Apache Kafka cluster of the test's own "
+                                                                "(run_isolated.sh --own-kafka)");
+    const std::string line = ctl + " " + command;
+    if (std::system(line.c_str()) != 0)
+        throw std::runtime_error("the Kafka control command failed: " + line);
 }
 
 std::int64_t committed_offset(const std::string& group, const std::string& topic, std::int32_t partition)

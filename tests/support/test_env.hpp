@@ -34,6 +34,22 @@ void create_topic(const std::string& name, int partitions);
 /// command failed. E.g. "push-errors OffsetCommit REBALANCE_IN_PROGRESS".
 void mock_control(const std::string& command);
 
+/// True when the tests run against librdkafka's mock cluster (IDEMKAFKA_MOCK_CONTROL is set),
+/// false on Apache Kafka.
+bool on_mock_cluster();
+/// Sets one dynamic setting of a consumer or share group, as `kafka-configs --entity-type
+/// groups --alter` does (IncrementalAlterConfigs; Apache Kafka, librdkafka 2.2 or later);
+/// throws when the broker refuses it. E.g. ("billing", "share.auto.offset.reset", "earliest").
+void set_group_config(const std::string& group, const std::string& name, const std::string& value);
+/// Raises the partition count of `topic` to `total` (CreatePartitions) and waits until the
+/// metadata shows them all.
+void add_partitions(const std::string& topic, int total);
+/// The node id of the broker that leads topic/partition now (-1 when it has none).
+std::int32_t partition_leader(const std::string& topic, std::int32_t partition);
+/// Runs IDEMKAFKA_KAFKA_CTL with `command` ("kill 1", "stop 2", "cont 2", "start 1"): fault
+/// control of the Apache Kafka cluster of the test's own (run_isolated.sh --own-kafka); throws
+/// when there is none or the command fails.
+void kafka_control(const std::string& command);
 /// The offset committed in Kafka for `group` on topic/partition (-1001 when none).
 std::int64_t committed_offset(const std::string& group, const std::string& topic, std::int32_t partition);
 
