@@ -85,7 +85,7 @@ std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
     pg::require_own_session(db, s_.cfg.postgres); // before anything is left on the session
-    pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
+    pg::install_commit_guard(db);                 // before guard_session: it creates the session's guard objects
     {
         // Prepared in SQL, run with EXECUTE in a statement text of several
         // (claim()): libpqxx 6 would prepare a statement of its own only when
@@ -584,8 +584,8 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
     pqxx::work tx(*w.db);
     // One round trip for both: the transaction's settings come first.
-    a.claimed = pg::ClaimedIds(
-        pg::claimed_ids(claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version()) + "; ")));
+    a.claimed = pg::ClaimedIds(pg::claimed_ids(
+        claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version()) + "; ")));
     w.watch.arm(s_.cfg.db_timeout);
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.

@@ -67,9 +67,8 @@ public:
     {
         pqxx::connection db(pg());
         pqxx::work tx(db);
-        const auto row =
-            tx.exec("SELECT split_part(current_setting('unix_socket_directories'), ',', 1), "
-                    "current_setting('port'), current_database()")[0];
+        const auto row = tx.exec("SELECT split_part(current_setting('unix_socket_directories'), ',', 1), "
+                                 "current_setting('port'), current_database()")[0];
         const std::string socket_dir = row[0].c_str();
         database_ = row[2].c_str();
         std::string out;
@@ -151,9 +150,8 @@ TEST_CASE("behind PgBouncer in transaction pooling mode the consumer refuses to 
     cfg.workers = 2;
     std::string error;
     try {
-        Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-            f.insert(tx, e, ctx);
-        });
+        Consumer c(cfg, decode, event_id_of,
+                   [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { f.insert(tx, e, ctx); });
         Runner<Consumer> run(c);
         wait_until([&] { return run.finished() || f.committed_total(1) == 20; }, 30s);
         run.join();

@@ -92,8 +92,9 @@ std::string settings_of(pqxx::transaction_base& tx)
 // Each culprit runs its SET at the end of its first call only, in a transaction of its own
 // (max_batch 1), which commits it: the next transactions start with it on the session. The
 // statement_timeout of 1 ms alone stalled the consumer for good (every claim cancelled, no
-// record blamed); search_path made every later record fail; later claims ran as another role. Every later call must see the settings a fresh session has (synchronous_commit
-// at least local, idle_in_transaction_session_timeout the library's 0), and every record is
+// record blamed); search_path made every later record fail; later claims ran as another
+// role. Every later call must see the settings a fresh session has (synchronous_commit at
+// least local, idle_in_transaction_session_timeout the library's 0), and every record is
 // charged once, none dead-lettered, within a bound.
 TEST_CASE("a handler's session-level SET of a setting the library relies on stalls nothing and changes no later "
           "transaction",
