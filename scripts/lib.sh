@@ -20,7 +20,7 @@ case "$BUILD_DIR" in
     *) BUILD_DIR="$PWD/$BUILD_DIR" ;;
 esac
 
-IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev doxygen postgresql cmake g++ clang clang-format clang-tidy pkg-config make libclang-rt-dev nftables)
+IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev doxygen postgresql cmake g++ clang clang-format clang-tidy pkg-config make libclang-rt-dev nftables pgbouncer)
 
 # State for ik_cleanup.
 _ik_pg_dir=""

@@ -14,6 +14,7 @@
 #include "observe/trace.hpp"
 #include "pg/arrays.hpp"
 #include "pg/claims.hpp"
+#include "pg/connect.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 
@@ -83,7 +84,8 @@ std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
 
 void ClaimTransaction::prepare(pqxx::connection& db) const
 {
-    pg::install_commit_guard(db); // before guard_session: it creates the session's guard objects
+    pg::require_own_session(db, s_.cfg.postgres); // before anything is left on the session
+    pg::install_commit_guard(db);                 // before guard_session: it creates the session's guard objects
     {
         // Prepared in SQL, run with EXECUTE in a statement text of several
         // (claim()): libpqxx 6 would prepare a statement of its own only when
@@ -99,12 +101,15 @@ void ClaimTransaction::prepare(pqxx::connection& db) const
         db.prepare(fingerprints_statement, pg::stored_fingerprints_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
+    int pid = 0; // the server's: behind a pooler, libpq's backendpid() is the pooler's
     {
         pqxx::nontransaction tx(db);
-        pg::exec_params(tx, "SELECT pg_advisory_lock_shared($1, $2)", member_lock_space, member_key(s_.cfg.group_id));
+        pid = pg::exec_params(tx, "SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1, $2)", member_lock_space,
+                              member_key(s_.cfg.group_id))[0][0]
+                  .as<int>();
     }
     std::lock_guard<std::mutex> lock(own_pids_mu_);
-    own_pids_.push_back(db.backendpid());
+    own_pids_.push_back(pid);
 }
 
 // A claim that waited past lock_timeout may be waiting on a member frozen
@@ -579,8 +584,8 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
     pqxx::work tx(*w.db);
     // One round trip for both: the transaction's settings come first.
-    a.claimed = pg::ClaimedIds(
-        pg::claimed_ids(claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout) + "; ")));
+    a.claimed = pg::ClaimedIds(pg::claimed_ids(
+        claim(tx, a.ids, a.fingerprints, pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version()) + "; ")));
     w.watch.arm(s_.cfg.db_timeout);
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.

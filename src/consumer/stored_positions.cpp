@@ -94,6 +94,7 @@ std::optional<std::vector<OffsetStore::Stored>> StoredPositions::take_over(const
         if (!own_.db) {
             own_.connect(cfg_.postgres);
             const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
+            pg::require_own_session(*own_.db, cfg_.postgres);
             pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
             pg::guard_session(*own_.db);
         }

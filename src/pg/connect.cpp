@@ -6,6 +6,10 @@
 
 #include <libpq-fe.h>
 
+#include <fmt/format.h>
+
+#include "idemkafka/error.hpp"
+
 namespace idemkafka::detail::pg {
 namespace {
 
@@ -70,6 +74,41 @@ std::string with_connection_defaults(const std::string& conninfo)
 std::unique_ptr<pqxx::connection> connect(const std::string& conninfo)
 {
     return std::make_unique<pqxx::connection>(with_connection_defaults(conninfo));
+}
+
+namespace {
+
+int server_pid(pqxx::connection& conn)
+{
+    pqxx::nontransaction tx(conn);
+    return tx.exec("SELECT pg_backend_pid()")[0][0].as<int>();
+}
+
+} // namespace
+
+void require_own_session(pqxx::connection& conn, const std::string& conninfo)
+{
+    const int pid = server_pid(conn);
+    if (pid == conn.backendpid())
+        return; // the server's session itself: no pooler in between
+    // A pooler (PgBouncer gives its clients a cancel key, and so a pid, of its
+    // own). In session mode `conn` keeps server session `pid` until it closes;
+    // in transaction mode the session went back to the pool when that
+    // statement ended, and a new client's first statement gets it again
+    // (PgBouncer reuses the most recently released session first).
+    const auto probe = connect(conninfo);
+    const int other = server_pid(*probe);
+    const int again = server_pid(conn);
+    if (other != pid && again == pid)
+        return;
+    throw ConfigError(fmt::format(
+        "postgres: the connection goes through a pooler in transaction pooling mode (PgBouncer pool_mode = "
+        "transaction or statement): its PostgreSQL session (pid {}) went to another client between two statements. "
+        "idemkafka "
+        "keeps state on its sessions (prepared statements, the commit guard's temporary table, "
+        "default_transaction_read_only = on, lock_timeout, advisory locks) that would reach the pool's other "
+        "clients; connect to PostgreSQL directly or through a pool in session mode (pool_mode = session)",
+        pid));
 }
 
 } // namespace idemkafka::detail::pg

@@ -24,4 +24,16 @@ std::string with_connection_defaults(const std::string& conninfo);
 /// A connection to `conninfo` with_connection_defaults().
 std::unique_ptr<pqxx::connection> connect(const std::string& conninfo);
 
+/// Makes sure `conn` (opened from `conninfo`) has a PostgreSQL session of its
+/// own for as long as it is open, before the library leaves state on it
+/// (prepared statements, the commit guard's temporary table, session
+/// settings, advisory locks): a connection pooler in transaction or statement
+/// pooling mode (PgBouncer's pool_mode = transaction) hands the server session
+/// to other clients between transactions, and that state would reach them.
+/// A pooler shows as a backend pid libpq was told that is not the server's;
+/// then a second connection must not get the same server session, and `conn`
+/// must keep its own. Throws ConfigError naming the pooling mode when it does
+/// not; pqxx errors when PostgreSQL fails. One round trip without a pooler.
+void require_own_session(pqxx::connection& conn, const std::string& conninfo);
+
 } // namespace idemkafka::detail::pg

@@ -102,15 +102,38 @@ void guard_session(pqxx::connection& conn)
     set_session(conn, "default_transaction_read_only", "on");
 }
 
-std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout)
+namespace {
+
+// synchronous_commit = off (a database or role default, a handler's SET) lets COMMIT return
+// before its WAL is flushed: a server crash would then lose a transaction whose offset Kafka
+// already has. Raised to local for the transaction; a stronger level is kept.
+constexpr const char* durable_commit =
+    "CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', true) END";
+
+} // namespace
+
+std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version)
 {
-    return fmt::format("SET TRANSACTION READ WRITE; SET default_transaction_read_only = on; SET lock_timeout = {}",
-                       lock_timeout.count());
+    // What a handler's session-level SET committed goes back to the session's own defaults
+    // (its connection options, role and database settings): RESET is allowed to any user,
+    // ROLE and SESSION AUTHORIZATION included. session_replication_role only a superuser can
+    // set (or reset): set back only when a handler did, since its commit guard trigger does
+    // not fire under replica. idle_in_transaction_session_timeout is the library's: 0 (a
+    // server default shorter than a handler call would end the batch at every attempt; a
+    // frozen member's session is ended by the group, see end_frozen_members).
+    return fmt::format(
+        "SET TRANSACTION READ WRITE; RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; "
+        "RESET statement_timeout; {}RESET synchronous_commit; RESET default_transaction_isolation; "
+        "RESET idle_in_transaction_session_timeout; SET LOCAL idle_in_transaction_session_timeout = 0; "
+        "SET default_transaction_read_only = on; SET lock_timeout = {}; SELECT {}, CASE WHEN "
+        "current_setting('session_replication_role') = 'replica' THEN set_config('session_replication_role', "
+        "'origin', true) END",
+        server_version >= 170000 ? "RESET transaction_timeout; " : "", lock_timeout.count(), durable_commit);
 }
 
 void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout)
 {
-    tx.exec(open_for_writes_sql(lock_timeout));
+    tx.exec(open_for_writes_sql(lock_timeout, tx.conn().server_version()));
 }
 
 namespace {
@@ -147,9 +170,10 @@ CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE ON {table}
                         fmt::arg("setting", commit_setting), fmt::arg("ended", transaction_ended),
                         fmt::arg("table", guard_table)));
     tx.commit();
+    // synchronous_commit again: a handler may have set it off inside the transaction.
     conn.prepare(arm_statement,
-                 fmt::format("SELECT set_config('{}', 'on', true) FROM {} WHERE xid = txid_current_if_assigned()",
-                             commit_setting, guard_table));
+                 fmt::format("SELECT set_config('{}', 'on', true), {} FROM {} WHERE xid = txid_current_if_assigned()",
+                             commit_setting, durable_commit, guard_table));
 }
 
 std::string commit_guard_cte()

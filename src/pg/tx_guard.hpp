@@ -57,16 +57,22 @@ bool is_lock_timeout(const pqxx::sql_error& e);
 void guard_session(pqxx::connection& conn);
 
 /// Declares `tx` read-write, its first statement, and in the same round trip
-/// puts back the session settings of a library connection that a handler may
-/// have changed in an earlier transaction (a session-level SET, or RESET ALL,
-/// committed with it): read-only as the default of later transactions
-/// (guard_session) and lock_timeout. A session SET is
-/// transactional: rolled back with the transaction, kept when it commits.
+/// puts back what a handler may have left on the session in an earlier
+/// transaction (a session-level SET, or RESET ALL, committed with it): ROLE,
+/// SESSION AUTHORIZATION, search_path, statement_timeout, synchronous_commit,
+/// default_transaction_isolation (and transaction_timeout from PostgreSQL 17)
+/// go back to the session's defaults; read-only as the default of later
+/// transactions (guard_session) and lock_timeout are set again. For the
+/// transaction only: synchronous_commit at least local,
+/// idle_in_transaction_session_timeout 0, session_replication_role origin
+/// where it was replica. A session SET is transactional: rolled back with the
+/// transaction, kept when it commits.
 void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout);
 
-/// The statements open_for_writes() runs, for a text of several statements
-/// that must begin with them (no "; " at the end).
-std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout);
+/// The statements open_for_writes() runs on a server of `server_version`
+/// (PQserverVersion), for a text of several statements that must begin with
+/// them (no "; " at the end).
+std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version);
 
 /// The commit guard. The claims of a transaction are taken before its first
 /// handler call, so a COMMIT run by a handler (COMMIT, END, COMMIT AND CHAIN,
@@ -90,7 +96,8 @@ std::string commit_guard_cte();
 void guard_transaction(pqxx::dbtransaction& tx);
 
 /// Lets the library's own COMMIT of `tx` through the guard: run after the last
-/// handler call. False when `tx`'s transaction is not the one the claim
+/// handler call. Raises synchronous_commit to local for the COMMIT when a
+/// handler set it off. False when `tx`'s transaction is not the one the claim
 /// statement began (a handler ran ROLLBACK; BEGIN or ROLLBACK AND CHAIN): it
 /// must be rolled back, not committed.
 bool arm_commit(pqxx::dbtransaction& tx);

@@ -91,8 +91,10 @@ void MaintenanceRunner::Impl::run() noexcept
         detail::emit(log, level, std::move(line), "maintenance", std::move(fields));
     };
     try {
-        if (!conn.db)
+        if (!conn.db) {
             conn.connect(conninfo);
+            detail::pg::require_own_session(*conn.db, conninfo); // its lock is a session's
+        }
         MaintenanceReport report = maintenance.run_once(*conn.db);
         const bool changed =
             !report.partitions_created.empty() || !report.partitions_dropped.empty() || report.rows_purged > 0;
