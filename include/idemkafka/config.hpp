@@ -453,6 +453,12 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// else librdkafka's 300 s), after which a member that stopped polling
     /// has lost its partitions anyway.
     std::chrono::milliseconds frozen_member_timeout{0};
+    /// An assigned partition that the consumer has not paused and from which
+    /// no record has arrived for this long while its leader has records past
+    /// the consumer's position is reported: an error line naming it, and the
+    /// stalled_partitions gauge (a fetch that never started or stopped). At
+    /// least 1 s.
+    std::chrono::milliseconds fetch_stall_after{60000};
     /// Longest the consumer waits for PostgreSQL in one of its own steps
     /// (a statement, COMMIT, a stored-position read or write), on the
     /// client's side: a server that froze (a paused VM, a storage stall, a

@@ -186,6 +186,10 @@ struct IDEMKAFKA_API MetricsSnapshot {
     std::int64_t expired_partitions_kept = 0;
     /// 1 while the circuit breaker holds the assignment (open or probing), else 0.
     std::int64_t circuit_open = 0;
+    /// Assigned partitions, not paused by the consumer, from which no record
+    /// has arrived for ConsumerConfig::fetch_stall_after while their leader
+    /// has records past the consumer's position (each also an error line).
+    std::int64_t stalled_partitions = 0;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -260,6 +264,7 @@ public:
     Gauge oldest_claim_unix_ms{{-1}};
     Gauge expired_partitions_kept;
     Gauge circuit_open;
+    Gauge stalled_partitions;
     //@}
     /// Milliseconds the circuit was not closed (MetricsSnapshot::circuit_open_seconds).
     Counter circuit_open_ms;

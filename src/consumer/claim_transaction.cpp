@@ -51,18 +51,17 @@ RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
     return require_schema(db, spec).front().mode;
 }
 
-namespace {
-
 // Every library session of a consumer group holds a shared session-level
 // advisory lock on (member_lock_space, member_key(group)): it shows in
 // pg_locks which sessions are the group's members (shared locks never wait).
 // Non-negative int4 keys: pg_locks shows them as the same oids.
-constexpr int member_lock_space = 0x696b6d62; // "ikmb"
-
-int member_key(const std::string& group)
+std::pair<int, int> member_lock(const std::string& group)
 {
-    return static_cast<int>(fnv1a(group) & 0x7fffffffu);
+    constexpr int member_lock_space = 0x696b6d62; // "ikmb"
+    return {member_lock_space, static_cast<int>(fnv1a(group) & 0x7fffffffu)};
 }
+
+namespace {
 
 // How long a member's session may sit idle in a transaction before another
 // member of the group may end it: max.poll.interval.ms, after which a member
@@ -104,8 +103,8 @@ void ClaimTransaction::prepare(pqxx::connection& db) const
     int pid = 0; // the server's: behind a pooler, libpq's backendpid() is the pooler's
     {
         pqxx::nontransaction tx(db);
-        pid = pg::exec_params(tx, "SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1, $2)", member_lock_space,
-                              member_key(s_.cfg.group_id))[0][0]
+        const auto [space, key] = member_lock(s_.cfg.group_id);
+        pid = pg::exec_params(tx, "SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1, $2)", space, key)[0][0]
                   .as<int>();
     }
     std::lock_guard<std::mutex> lock(own_pids_mu_);
@@ -122,7 +121,7 @@ void ClaimTransaction::prepare(pqxx::connection& db) const
 // back, claims and effects together, and its records are processed by their
 // new owner. A long handler call of a live member that does no SQL that long
 // is ended too: its record is retried (counted, logged by that member).
-void ClaimTransaction::end_frozen_members(Worker& w)
+void ClaimTransaction::end_frozen_members(pg::Session& w)
 {
     if (!w.db)
         return;
@@ -143,7 +142,8 @@ void ClaimTransaction::end_frozen_members(Worker& w)
             "l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND a.pid <> ALL($3::int[]) AND a.state IN ('idle in transaction', 'idle in transaction (aborted)') "
             "AND a.state_change < now() - $4::bigint * interval '1 millisecond'",
-            member_lock_space, member_key(s_.cfg.group_id), own, static_cast<std::int64_t>(stale.count()));
+            member_lock(s_.cfg.group_id).first, member_lock(s_.cfg.group_id).second, own,
+            static_cast<std::int64_t>(stale.count()));
         for (const auto& row : ended) {
             const auto pid = row[0].as<int>();
             const auto idle_ms = row[1].as<std::int64_t>();

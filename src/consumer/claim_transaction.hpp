@@ -75,6 +75,10 @@ template <class Connect> void connect_at_start(const Redactor& secrets, Connect&
     }
 }
 
+/// The advisory lock (space, key) every library session of consumer group
+/// `group` holds shared: how pg_locks tells the group's member sessions.
+std::pair<int, int> member_lock(const std::string& group);
+
 /// Thrown inside a transaction when the offset table refused our epoch.
 struct Fenced {};
 
@@ -168,6 +172,12 @@ public:
     /// Partitions whose position write was refused since the last call.
     std::vector<TopicPartition> take_fenced();
 
+    /// After a lock timeout: ends the sessions of this group's members that
+    /// sit idle in a transaction past frozen_member_timeout (a member frozen
+    /// with row locks: claims, stored positions), on `w`'s connection;
+    /// counted and logged. Never throws.
+    void end_frozen_members(pg::Session& w);
+
 private:
     enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
     // A failure of record `index`; nobody when no record is to blame (a
@@ -242,7 +252,6 @@ private:
                                                     std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
     Outcome db_error(Worker& w, const std::string& what);
     void lost_connection(Worker& w, const char* why);
-    void end_frozen_members(Worker& w);
 
     Setup s_;
     std::mutex fenced_mu_;

@@ -110,6 +110,7 @@ void Engine::Impl::housekeeping()
     const bool tick = now >= next_lag_update;
     if (tick) {
         update_lag(ledger, *kafka, metrics);
+        watch_fetch_stalls(ledger, *kafka, metrics, log, cfg.fetch_stall_after);
         if (maintenance)
             metrics.expired_partitions_kept.set(static_cast<std::int64_t>(maintenance->expired_partitions_kept()));
         next_lag_update = now + milliseconds(200);

@@ -27,6 +27,12 @@ bool Engine::Impl::assigned(std::vector<std::pair<TopicPartition, std::int64_t>>
                 if (auto t = target->find(tp); t != target->end())
                     offset = t->second;
         } else {
+            // Paused until verified; meanwhile a placeholder start that asks
+            // nothing of the group coordinator (librdkafka's own fetch of the
+            // committed offset, refused once, leaves a partition never
+            // fetched): verify() seeks each to its start.
+            for (auto& [tp, offset] : start)
+                offset = kafka::offset_end;
             for (const auto& tp : tps)
                 if (auto* ps = ledger.find(tp.topic, tp.partition))
                     ps->position_verified = false;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "observe/metrics_access.hpp"
 
 namespace idemkafka::detail {
@@ -74,6 +76,58 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
     });
     metrics.lag.set(known ? total : -1);
     set_partitions(metrics, std::move(rows));
+}
+
+namespace {
+
+// True when `ps` has records waiting past its position (asked of the leader);
+// the error line the first time.
+bool stalled_now(PartitionState& ps, kafka::GroupMember& consumer, const LogSink& log, std::chrono::milliseconds bound)
+{
+    const auto marks = consumer.query_watermarks(ps.tp, std::chrono::milliseconds(1000));
+    if (!marks)
+        return false; // the leader did not answer: asked again after another bound
+    const std::int64_t pos = ps.processed_next >= 0                   ? ps.processed_next
+                             : ps.start_known && ps.start_offset >= 0 ? ps.start_offset
+                                                                      : marks->first;
+    if (marks->second <= std::max(pos, marks->first))
+        return false;
+    emit(log, LogLevel::error,
+         fmt::format("{}/{} is assigned and not paused, but no record of it has arrived for {} ms although the "
+                     "partition has {} record(s) past this member's position {}: its fetch never started or "
+                     "stopped (stalled_partitions counts it until a record arrives)",
+                     ps.tp.topic, ps.tp.partition, bound.count(), marks->second - std::max(pos, marks->first), pos),
+         "consumer",
+         {{log_field::topic, ps.tp.topic},
+          {log_field::partition, std::to_string(ps.tp.partition)},
+          {"position", std::to_string(pos)},
+          {"high_watermark", std::to_string(marks->second)}});
+    return true;
+}
+
+} // namespace
+
+void watch_fetch_stalls(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& metrics, const LogSink& log,
+                        std::chrono::milliseconds bound)
+{
+    const auto now = Clock::now();
+    std::int64_t stalled = 0;
+    for (auto& [tp, ps] : ledger) {
+        if (consumer.held_back(tp) || ps.unit != 0 || !ps.in_flight.empty() || !ps.parked.empty())
+            ps.fetched_at = now; // not expected to fetch now
+        if (now - ps.fetched_at < bound) {
+            ps.stalled = false;
+            continue;
+        }
+        if (!ps.stalled) {
+            ps.stalled = stalled_now(ps, consumer, log, bound);
+            if (!ps.stalled)
+                ps.fetched_at = now; // nothing to fetch: looked at again after another bound
+        }
+        if (ps.stalled)
+            ++stalled;
+    }
+    metrics.stalled_partitions.set(stalled);
 }
 
 } // namespace idemkafka::detail

@@ -4,6 +4,7 @@
 #include "core/ledger.hpp"
 #include "idemkafka/metrics.hpp"
 #include "kafka/group_member.hpp"
+#include "observe/log_context.hpp"
 
 namespace idemkafka::detail {
 
@@ -16,5 +17,13 @@ namespace idemkafka::detail {
 /// offset minus committed offset) once a statistics event of this assignment
 /// has it; the watermarks fill in until then.
 void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& metrics);
+
+/// The fetch-stall guard: an assigned partition that is not paused, deferred
+/// or busy, from which no record arrived for `bound` although its leader has
+/// records past the consumer's position (asked of it once per `bound`), is
+/// an error line and counts in the stalled_partitions gauge until a record
+/// arrives. Nothing the consumer owns goes unfetched in silence.
+void watch_fetch_stalls(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& metrics, const LogSink& log,
+                        std::chrono::milliseconds bound);
 
 } // namespace idemkafka::detail

@@ -42,6 +42,8 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
         return std::nullopt;
     const auto committed = committed_offsets(consumer, tps, known);
     std::map<TopicPartition, std::int64_t> target;
+    reported_.clear();
+    std::size_t unknown = 0;
     for (const auto& st : *stored) {
         auto* ps = ledger_.find(st.topic, st.partition);
         std::optional<std::int64_t> next = st.next_offset;
@@ -59,12 +61,30 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
             ps->position_verified = true;
             ps->stored_next = next.value_or(-1);
         }
-        if (!next)
-            continue; // never stored: Kafka's committed offset decides
+        const TopicPartition tp{st.topic, st.partition};
         std::int64_t kafka_offset = offset_invalid;
-        for (const auto& [tp, offset] : committed)
-            if (tp.topic == st.topic && tp.partition == st.partition && offset != kafka::offset_unknown)
+        bool kafka_known = false;
+        for (const auto& [c, offset] : committed)
+            if (c == tp && offset != kafka::offset_unknown) {
                 kafka_offset = offset;
+                kafka_known = true;
+            }
+        if (!next) {
+            // Never stored: where Kafka says, as an offset of our own. Left
+            // to librdkafka's own fetch of the committed offset at the
+            // assignment, a refused fetch (a stale coordinator) leaves the
+            // partition assigned and never fetched, without a word.
+            const auto start = kafka_known ? start_without_position(consumer, tp, kafka_offset) : std::nullopt;
+            if (!start) {
+                ++unknown;
+                if (ps)
+                    ps->position_verified = false;
+                continue;
+            }
+            target[tp] = *start;
+            continue;
+        }
+        target[tp] = *next;
         if (*next == kafka_offset)
             continue;
         // The database decides, also when it is behind Kafka: every kind of
@@ -72,49 +92,117 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
         // commits PostgreSQL lost (a failover to a standby without them, a
         // restored backup) or an offset reset in Kafka. The records in
         // between come again; those whose claims survived are duplicates.
-        target[{st.topic, st.partition}] = *next;
         if (ps) {
             ps->start_offset = *next; // for the lag gauge
             ps->start_known = true;
         }
+        reported_.insert(tp);
         report_start(st.topic, st.partition, *next, kafka_offset);
+    }
+    if (unknown > 0) {
+        emit(log_, LogLevel::warning,
+             fmt::format("{} partition(s) without a stored position wait: Kafka's committed offsets (or their "
+                         "watermarks) could not be read; asked again after a backoff",
+                         unknown),
+             "consumer", {{"partitions", std::to_string(unknown)}});
+        return std::nullopt;
     }
     return target;
 }
 
+// Where a partition without a stored position starts: Kafka's committed
+// offset, or without one the end auto.offset.reset names, asked of the
+// partition's leader; nullopt when that did not answer.
+std::optional<std::int64_t> StoredPositions::start_without_position(kafka::GroupMember& consumer,
+                                                                    const TopicPartition& tp, std::int64_t kafka_offset)
+{
+    std::optional<std::int64_t> start;
+    if (kafka_offset >= 0) {
+        start = kafka_offset;
+    } else if (const auto marks = consumer.query_watermarks(tp, std::chrono::milliseconds(5000))) {
+        start = consumer.reset_to_latest() ? marks->second : marks->first;
+    }
+    if (!start)
+        return std::nullopt;
+    if (auto* ps = ledger_.find(tp.topic, tp.partition)) {
+        ps->start_offset = *start; // for the lag gauge
+        ps->start_known = true;
+    }
+    emit(log_, LogLevel::info,
+         fmt::format("{}/{} has no stored position: starts at {} ({})", tp.topic, tp.partition, *start,
+                     kafka_offset >= 0 ? "Kafka's committed offset"
+                                       : (consumer.reset_to_latest() ? "no committed offset: the end, auto.offset.reset"
+                                                                     : "no committed offset: the beginning, "
+                                                                       "auto.offset.reset")),
+         "consumer", coordinates(tp.topic, tp.partition, *start));
+    return start;
+}
+
 // The offset table's part of acquire(), on the poll thread's own connection:
-// new epochs and the stored positions; nullopt when PostgreSQL failed.
+// new epochs and the stored positions; nullopt when PostgreSQL failed. A
+// lock timeout may be a member frozen in a transaction that wrote positions
+// (its row locks stay for as long as it lives): its session is ended once it
+// has been idle past frozen_member_timeout, and the takeover tried again.
 std::optional<std::vector<OffsetStore::Stored>> StoredPositions::take_over(const std::vector<TopicPartition>& tps)
 {
     std::vector<std::pair<std::string, std::int32_t>> wanted;
     wanted.reserve(tps.size());
     for (const auto& tp : tps)
         wanted.emplace_back(tp.topic, tp.partition);
-    try {
-        if (!own_.db) {
-            own_.connect(cfg_.postgres);
-            const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
-            pg::require_own_session(*own_.db, cfg_.postgres);
-            pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
-            pg::guard_session(*own_.db);
+    for (int attempt = 1;; ++attempt) {
+        bool lock_timeout = false;
+        try {
+            return take_over_once(wanted);
+        } catch (const pqxx::sql_error& e) {
+            lock_timeout = pg::is_lock_timeout(e);
+            take_over_failed(e, lock_timeout);
+        } catch (const std::exception& e) {
+            take_over_failed(e, false);
         }
-        // On the poll thread: a frozen server must not stop the polling.
-        const pg::Watch::Armed armed(own_.watch, locking_bound(cfg_));
-        pqxx::work tx(*own_.db);
-        pg::open_for_writes(tx, cfg_.lock_timeout);
-        std::optional<std::vector<OffsetStore::Stored>> stored = store_.acquire(tx, cfg_.group_id, wanted);
-        tx.commit();
-        return stored;
-    } catch (const std::exception& e) {
-        emit(log_, LogLevel::warning,
-             fmt::format("cannot read stored positions, partitions wait for PostgreSQL: {}", e.what()), "consumer",
-             {{log_field::error, e.what()}});
-        if (own_.watch.take_fired())
-            metrics_.db_timeouts.add();
-        if (own_.db && !own_.db->is_open())
-            own_.disconnect();
-        return std::nullopt;
+        if (!lock_timeout || attempt == 2 || !own_.db)
+            return std::nullopt;
+        const auto ended = metrics_.frozen_members_ended.get();
+        claims_.end_frozen_members(own_);
+        if (metrics_.frozen_members_ended.get() == ended)
+            return std::nullopt; // nobody ended: the next attempt comes after a backoff
     }
+}
+
+std::vector<OffsetStore::Stored>
+StoredPositions::take_over_once(const std::vector<std::pair<std::string, std::int32_t>>& wanted)
+{
+    if (!own_.db) {
+        own_.connect(cfg_.postgres);
+        const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
+        pg::require_own_session(*own_.db, cfg_.postgres);
+        pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
+        pg::guard_session(*own_.db);
+    }
+    // On the poll thread: a frozen server must not stop the polling.
+    const pg::Watch::Armed armed(own_.watch, locking_bound(cfg_));
+    pqxx::work tx(*own_.db);
+    pg::open_for_writes(tx, cfg_.lock_timeout);
+    std::vector<OffsetStore::Stored> stored = store_.acquire(tx, cfg_.group_id, wanted);
+    tx.commit();
+    return stored;
+}
+
+// Counts and logs a failed takeover; a lost connection is closed.
+void StoredPositions::take_over_failed(const std::exception& e, bool lock_timeout)
+{
+    if (lock_timeout)
+        metrics_.lock_timeouts.add();
+    emit(log_, LogLevel::warning,
+         fmt::format("cannot read stored positions, partitions wait for PostgreSQL{}: {}",
+                     lock_timeout ? " (a lock timeout on the offset table: another member's transaction holds its "
+                                    "rows; a frozen member's session is ended past frozen_member_timeout)"
+                                  : "",
+                     e.what()),
+         "consumer", {{log_field::error, e.what()}});
+    if (own_.watch.take_fired())
+        metrics_.db_timeouts.add();
+    if (own_.db && !own_.db->is_open())
+        own_.disconnect();
 }
 
 // Counts and warns of a partition that acquire() found without any stored
@@ -175,14 +263,15 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::GroupMemb
     const auto target = acquire(consumer, unverified);
     if (!target)
         return rewinds;
+    // Every partition goes to its start unless it is there: one assigned
+    // while PostgreSQL was away was given a placeholder (see
+    // Engine::Impl::assigned()).
     for (const auto& tp : unverified) {
         auto* ps = ledger_.find(tp.topic, tp.partition);
-        if (!ps)
+        auto t = target->find(tp);
+        if (!ps || t == target->end() || ps->position() == t->second)
             continue;
-        if (auto t = target->find(tp); t != target->end()) {
-            if (ps->position() != t->second)
-                rewinds[ps] = t->second;
-        } else if (ps->stored_next >= 0 && ps->position() > ps->stored_next) {
+        if (ps->position() > t->second && !reported_.count(tp)) {
             // Level with Kafka's committed offset but behind what this member
             // processed: PostgreSQL lost commits whose offsets had not reached
             // Kafka yet (acquire() tells only positions behind Kafka's).
@@ -190,14 +279,14 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::GroupMemb
                  fmt::format("{}/{}: the stored position {} is behind this member's position {}: PostgreSQL lost "
                              "commits (a failover to a standby without them); the {} records in between are "
                              "processed again (those whose claims survived are skipped as duplicates)",
-                             tp.topic, tp.partition, ps->stored_next, ps->position(), ps->position() - ps->stored_next),
+                             tp.topic, tp.partition, t->second, ps->position(), ps->position() - t->second),
                  "consumer",
                  {{log_field::topic, tp.topic},
                   {log_field::partition, std::to_string(tp.partition)},
-                  {"stored", std::to_string(ps->stored_next)},
+                  {"stored", std::to_string(t->second)},
                   {"position", std::to_string(ps->position())}});
-            rewinds[ps] = ps->stored_next;
         }
+        rewinds[ps] = t->second;
     }
     return rewinds;
 }

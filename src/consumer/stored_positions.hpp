@@ -31,10 +31,13 @@ public:
     }
 
     /// Takes `tps` over in the offset table (a new epoch for each, recorded
-    /// in the ledger, which marks them verified) and returns the stored
-    /// positions that differ from Kafka's committed offsets: where each must
-    /// start (a position behind Kafka's is counted and logged: lost commits).
-    /// Nothing when PostgreSQL is unavailable. On a connection of its own
+    /// in the ledger, which marks them verified) and returns where each must
+    /// start, as an offset of its own: the stored position (one behind
+    /// Kafka's is counted and logged: lost commits), else Kafka's committed
+    /// offset, else the end auto.offset.reset names; never left to
+    /// librdkafka's own fetch of the committed offset. Nothing when
+    /// PostgreSQL is unavailable, or Kafka's committed offsets of a partition
+    /// without a stored position cannot be read. On a connection of its own
     /// (opened when first needed): at an assignment the workers' connections
     /// may be busy with a running batch. `committed`: Kafka's committed
     /// offsets of `tps` when the caller has read them already, else read here.
@@ -59,6 +62,10 @@ public:
 
 private:
     std::optional<std::vector<OffsetStore::Stored>> take_over(const std::vector<TopicPartition>& tps);
+    std::vector<OffsetStore::Stored> take_over_once(const std::vector<std::pair<std::string, std::int32_t>>& wanted);
+    void take_over_failed(const std::exception& e, bool lock_timeout);
+    std::optional<std::int64_t> start_without_position(kafka::GroupMember& consumer, const TopicPartition& tp,
+                                                       std::int64_t kafka_offset);
     void report_start(const std::string& topic, std::int32_t partition, std::int64_t stored, std::int64_t kafka_offset);
     void lost_every_position(const PartitionState& ps);
 
@@ -68,7 +75,8 @@ private:
     ClaimTransaction& claims_;
     Metrics& metrics_;
     LogSink log_;
-    pg::Session own_; // for acquire()
+    pg::Session own_;                   // for acquire()
+    std::set<TopicPartition> reported_; // the last acquire()'s starts logged as differing from Kafka's
 };
 
 } // namespace idemkafka::detail

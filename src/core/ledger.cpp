@@ -141,6 +141,7 @@ Admission PartitionLedger::admit(PartitionState* ps, std::int64_t offset) noexce
     }
     if (ps->began_at < 0 || offset < ps->began_at)
         ps->began_at = offset;
+    ps->fetched_at = Clock::now();
     return Admission::take;
 }
 

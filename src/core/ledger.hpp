@@ -97,6 +97,11 @@ struct PartitionState {
     std::int64_t start_offset = -1;   // committed offset at assignment (for the lag gauge)
     bool start_known = false;
     Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
+    // The fetch-stall guard: when a record last arrived (or the partition was
+    // last paused, busy, or found with nothing to fetch), and whether it is
+    // reported as stalled now.
+    Clock::time_point fetched_at = assigned_at;
+    bool stalled = false;
     // The engine's, with Ordering::partition: 1 + the worker whose unit of
     // work holds records of this partition (one unit at a time), 0 when none.
     std::size_t unit = 0;

@@ -356,8 +356,7 @@ bool GroupMember::commits_held() const noexcept
     const auto now = Clock::now().time_since_epoch().count();
     const auto until = commits_held_until_.load();
     const auto sent = async_commit_sent_at_.load();
-    return (until != 0 && now < until) ||
-           (sent != 0 && now < sent + Clock::duration(session_timeout_).count());
+    return (until != 0 && now < until) || (sent != 0 && now < sent + Clock::duration(session_timeout_).count());
 }
 
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
@@ -498,6 +497,12 @@ void GroupMember::drop_held(Queue& l)
 void GroupMember::set_paused(std::string_view topic, std::int32_t partition, bool paused)
 {
     queue_of(topic, partition).paused = paused;
+}
+
+bool GroupMember::held_back(const TopicPartition& tp)
+{
+    const auto& q = queue_of(tp.topic, tp.partition);
+    return q.paused || q.deferred;
 }
 
 void GroupMember::defer(const TopicPartition& tp, bool defer)
@@ -715,6 +720,16 @@ std::pair<std::int64_t, std::int64_t> GroupMember::watermarks(const TopicPartiti
     std::int64_t lo = -1, hi = -1;
     rd_kafka_get_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &lo, &hi);
     return {lo, hi};
+}
+
+std::optional<std::pair<std::int64_t, std::int64_t>> GroupMember::query_watermarks(const TopicPartition& tp,
+                                                                                   milliseconds timeout)
+{
+    std::int64_t lo = -1, hi = -1;
+    if (rd_kafka_query_watermark_offsets(rk_.get(), tp.topic.c_str(), tp.partition, &lo, &hi,
+                                         static_cast<int>(timeout.count())) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return std::nullopt;
+    return std::make_pair(lo, hi);
 }
 
 std::map<TopicPartition, StatsEntry> GroupMember::statistics()

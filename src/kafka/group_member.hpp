@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -40,6 +41,8 @@ namespace idemkafka::detail::kafka {
 
 /// No offset (librdkafka's RD_KAFKA_OFFSET_INVALID): no commit yet.
 inline constexpr std::int64_t offset_invalid = RD_KAFKA_OFFSET_INVALID;
+/// The logical offset "the end of the partition" (RD_KAFKA_OFFSET_END).
+inline constexpr std::int64_t offset_end = RD_KAFKA_OFFSET_END;
 /// A committed offset the broker reported an error for.
 inline constexpr std::int64_t offset_unknown = INT64_MIN;
 
@@ -135,8 +138,14 @@ public:
     bool committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, std::chrono::milliseconds timeout);
     /// The same, with each committed offset's metadata.
     bool committed(std::vector<OffsetCommit>& tps, std::chrono::milliseconds timeout);
+    /// True while the partition is paused or deferred by its owner.
+    bool held_back(const TopicPartition& tp);
     /// The client's cached low and high watermarks (-1 when unknown).
     std::pair<std::int64_t, std::int64_t> watermarks(const TopicPartition& tp);
+    /// The partition's low and high watermarks asked of its leader (not the
+    /// group coordinator); nullopt when it did not answer within `timeout`.
+    std::optional<std::pair<std::int64_t, std::int64_t>> query_watermarks(const TopicPartition& tp,
+                                                                          std::chrono::milliseconds timeout);
     /// The latest statistics per partition (empty without statistics.interval.ms).
     std::map<TopicPartition, StatsEntry> statistics();
 

@@ -151,6 +151,9 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "expired_partitions_kept",
                  "Expired claim partitions the latest maintenance run could not drop (lock_timeout).", label,
                  expired_partitions_kept);
+    render_gauge(out, "stalled_partitions",
+                 "Assigned partitions not paused that have fetched nothing for fetch_stall_after though records wait.",
+                 label, stalled_partitions);
     render_gauge(out, "circuit_open", "1 while the circuit breaker holds the assignment (open or probing).", label,
                  circuit_open);
     out += fmt::format("# HELP idemkafka_circuit_open_seconds_total Seconds the circuit breaker was open or probing.\n"
@@ -250,6 +253,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.parked_keys = parked_keys.get();
     s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();
     s.expired_partitions_kept = expired_partitions_kept.get();
+    s.stalled_partitions = stalled_partitions.get();
     s.circuit_open = circuit_open.get();
     if (s.oldest_claim_unix_ms >= 0) {
         const auto now_ms =

@@ -15,6 +15,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "consumer/claim_transaction.hpp"
 #include "pg/exec.hpp"
 #include "test_env.hpp"
 
@@ -480,4 +481,111 @@ TEST_CASE("idemkafka-admin offsets lists stored positions with Kafka's and sets 
     auto unreachable = admin("offsets --postgres 'host=/nonexistent port=1 user=u password=hunter2'");
     CHECK(unreachable.rc == 1);
     CHECK(unreachable.output.find("hunter2") == std::string::npos);
+}
+
+// A member killed between its takeover and its first stored position leaves
+// rows with an epoch and no position. Its successor starts those partitions
+// where Kafka's committed offset (or auto.offset.reset) says, on an offset of
+// its own: left to librdkafka's own offset fetch at assignment, a refused
+// fetch (a stale group coordinator) leaves a partition assigned and never
+// fetched, without a word.
+TEST_CASE("stored rows without a position, Kafka's offset fetch refused at assignment: every partition is "
+          "consumed from where Kafka says",
+          "[offsets]")
+{
+    OffsetsSetup s(2);
+    s.publish(200);
+    {
+        pqxx::connection db(pg());
+        pqxx::work tx(db);
+        OffsetStore("public", "consumer_offset").ensure_schema(tx);
+        tx.commit();
+    }
+    for (int p = 0; p < s.partitions; ++p)
+        exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
+                         "VALUES ('{}', '{}', {}, NULL, 9)",
+                         s.group, s.topic, p));
+    // Enough refusals for every offset fetch before the assignment and the one at it.
+    mock_control("push-errors OffsetFetch NOT_COORDINATOR NOT_COORDINATOR NOT_COORDINATOR NOT_COORDINATOR");
+    std::atomic<int> calls{0};
+    Consumer c(s.config(), decode, event_id_of, s.handler(calls));
+    Runner<Consumer> run(c);
+    const bool all = wait_until([&] { return s.rows() == 200; }, 30s);
+    run.join();
+    mock_control("clear-errors OffsetFetch");
+    REQUIRE_FALSE(run.error());
+    CHECK(all);
+    CHECK(calls == 200);
+    CHECK(s.rows() == 200);
+    CHECK(c.metrics().snapshot().stalled_partitions == 0);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM consumer_offset WHERE consumer_group = '{}' AND next_offset IS "
+                             "NULL",
+                             s.group)) == 0);
+}
+
+// A member frozen (SIGSTOP, a paused VM) inside a transaction that wrote
+// stored positions keeps their row locks for as long as it lives. Its
+// successor's takeover waits on them: the frozen session is ended once it has
+// sat idle past frozen_member_timeout, as at a claim, and the takeover goes on.
+TEST_CASE("a frozen member holding a stored-position row lock does not stall its successor's takeover", "[offsets]")
+{
+    OffsetsSetup s(2);
+    s.publish(200);
+    {
+        pqxx::connection db(pg());
+        pqxx::work tx(db);
+        OffsetStore("public", "consumer_offset").ensure_schema(tx);
+        tx.commit();
+    }
+    for (int p = 0; p < s.partitions; ++p)
+        exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
+                         "VALUES ('{}', '{}', {}, 0, 3)",
+                         s.group, s.topic, p));
+    // The frozen member: a session marked as one of the group's, idle in a
+    // transaction that wrote a position.
+    pqxx::connection frozen(pg());
+    {
+        const auto [space, key] = detail::member_lock(s.group);
+        pqxx::nontransaction tx(frozen);
+        detail::pg::exec_params(tx, "SELECT pg_advisory_lock_shared($1, $2)", space, key);
+    }
+    pqxx::work held(frozen);
+    held.exec(fmt::format("UPDATE consumer_offset SET next_offset = 0 WHERE consumer_group = '{}' AND partition = 0",
+                          s.group));
+
+    auto cfg = s.config();
+    cfg.lock_timeout = 500ms;
+    cfg.frozen_member_timeout = 1500ms;
+    std::atomic<int> calls{0};
+    Consumer c(cfg, decode, event_id_of, s.handler(calls));
+    Runner<Consumer> run(c);
+    const bool all = wait_until([&] { return s.rows() == 200; }, 30s);
+    run.join();
+    REQUIRE_FALSE(run.error());
+    CHECK(all);
+    CHECK(calls == 200);
+    CHECK(c.metrics().snapshot().frozen_members_ended == 1);
+    CHECK(s.stored_total() == 200);
+}
+
+// The guard behind it, shown where librdkafka still fetches the committed
+// offset itself (Kafka's offsets, its read refused before and at the
+// assignment): a partition owned and never fetched is an error and a gauge.
+TEST_CASE("a partition assigned and never fetched is reported: stalled_partitions and an error line", "[offsets]")
+{
+    OffsetsSetup s(1);
+    s.publish(20);
+    mock_control("push-errors OffsetFetch NOT_COORDINATOR NOT_COORDINATOR NOT_COORDINATOR NOT_COORDINATOR");
+    auto cfg = s.config();
+    cfg.offsets_in_database = false;
+    cfg.fetch_stall_after = 1s;
+    std::atomic<int> calls{0};
+    Consumer c(cfg, decode, event_id_of, s.handler(calls));
+    Runner<Consumer> run(c);
+    const bool reported = wait_until([&] { return c.metrics().snapshot().stalled_partitions == 1; }, 20s);
+    run.join();
+    mock_control("clear-errors OffsetFetch");
+    REQUIRE_FALSE(run.error());
+    CHECK(reported);
+    CHECK(calls == 0);
 }
