@@ -491,7 +491,7 @@ TEST_CASE("idemkafka-admin offsets lists stored positions with Kafka's and sets 
 // fetched, without a word.
 TEST_CASE("stored rows without a position, Kafka's offset fetch refused at assignment: every partition is "
           "consumed from where Kafka says",
-          "[offsets]")
+          "[offsets][mock]")
 {
     OffsetsSetup s(2);
     s.publish(200);
@@ -571,7 +571,7 @@ TEST_CASE("a frozen member holding a stored-position row lock does not stall its
 // The guard behind it, shown where librdkafka still fetches the committed
 // offset itself (Kafka's offsets, its read refused before and at the
 // assignment): a partition owned and never fetched is an error and a gauge.
-TEST_CASE("a partition assigned and never fetched is reported: stalled_partitions and an error line", "[offsets]")
+TEST_CASE("a partition assigned and never fetched is reported: stalled_partitions and an error line", "[offsets][mock]")
 {
     OffsetsSetup s(1);
     s.publish(20);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include <spawn.h>
 #include <unistd.h>
@@ -335,7 +336,16 @@ std::int64_t committed_offset(const std::string& group, const std::string& topic
         throw std::runtime_error(err);
     rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(list, topic.c_str(), partition);
-    const auto e = rd_kafka_committed(rk, list, 10000);
+    // Apache Kafka answers NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS while the group's
+    // coordinator moves or loads (librdkafka 2.0 hands them back): asked again for up to 30 s.
+    rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
+    for (int attempt = 0; attempt < 60; ++attempt) {
+        e = rd_kafka_committed(rk, list, 10000);
+        if (e != RD_KAFKA_RESP_ERR_NOT_COORDINATOR && e != RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS &&
+            e != RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE)
+            break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
     const std::int64_t offset = list->elems[0].offset;
     rd_kafka_topic_partition_list_destroy(list);
     rd_kafka_destroy(rk);
