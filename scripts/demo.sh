@@ -7,7 +7,22 @@
 #
 #   scripts/demo.sh            10,000 events, 20% re-sent
 #   DEMO_EVENTS=50000 DEMO_DUPLICATES=0.3 scripts/demo.sh
+#   scripts/demo.sh --kafka real   against Apache Kafka (scripts/kafka.sh) instead of the mock;
+#                                  with IDEMKAFKA_TEST_BROKERS set, against that broker
 set -euo pipefail
+
+kafka=mock
+if [ "${1:-}" = "--kafka" ]; then
+    kafka="${2:?--kafka needs mock or real}"
+    shift 2
+fi
+case "$kafka" in
+    mock | real) ;;
+    *)
+        printf 'error: unknown Kafka "%s" (mock or real)\n' "$kafka" >&2
+        exit 2
+        ;;
+esac
 
 IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/lib.sh
@@ -26,8 +41,14 @@ cmake --build "$BUILD_DIR" -j2 --target billing-producer billing-listener idemka
 
 ik_log "starting PostgreSQL"
 ik_start_postgres
-ik_log "starting the mock Kafka cluster"
-ik_start_broker --topic "$topic:$partitions"
+if [ "$kafka" = real ]; then
+    ik_log "starting Apache Kafka"
+    ik_start_kafka
+    ik_kafka_create_topic "$IDEMKAFKA_TEST_BROKERS" "$topic" "$partitions"
+else
+    ik_log "starting the mock Kafka cluster"
+    ik_start_broker --topic "$topic:$partitions"
+fi
 
 bin="$BUILD_DIR/examples/billing"
 ik_log "publishing $events order.confirmed events ($duplicates of them re-sent duplicates)"

@@ -10,6 +10,8 @@
 #   scripts/kafka.sh ctl DIR kill|stop|cont|start|term NODE
 #                                          fault control of one node of a cluster (the tests
 #                                          reach it through IDEMKAFKA_KAFKA_CTL)
+#   scripts/kafka.sh topic BOOTSTRAP NAME PARTITIONS
+#                                          create a topic (Kafka's kafka-topics; kept if it exists)
 #   scripts/kafka.sh version               print the pinned Kafka version
 #
 # For example, the demo against it:
@@ -24,7 +26,7 @@ IK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 command="${1:-}"
 [ "$#" -gt 0 ] && shift
 case "$command" in
-    ctl | jars | version) IK_NO_TRAP=1 ;; # no services of this process to clean up
+    ctl | jars | topic | version) IK_NO_TRAP=1 ;; # no services of this process to clean up
 esac
 # shellcheck source=scripts/lib.sh
 source "$IK_ROOT/scripts/lib.sh"
@@ -46,9 +48,13 @@ case "$command" in
         [ "$#" -eq 3 ] || ik_die "usage: scripts/kafka.sh ctl DIR kill|stop|cont|start|term NODE"
         ik_kafka_ctl "$1" "$2" "$3"
         ;;
+    topic)
+        [ "$#" -eq 3 ] || ik_die "usage: scripts/kafka.sh topic BOOTSTRAP NAME PARTITIONS"
+        ik_kafka_create_topic "$1" "$2" "$3"
+        ;;
     version) printf '%s\n' "$IK_KAFKA_VERSION" ;;
     *)
-        sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac

@@ -466,6 +466,17 @@ ik_kafka_ctl() {
     esac
 }
 
+# Creates TOPIC with PARTITIONS partitions on the Apache Kafka cluster at BOOTSTRAP (Kafka's own
+# kafka-topics; an existing topic is left as it is).
+#   ik_kafka_create_topic 127.0.0.1:9092 orders 4
+ik_kafka_create_topic() {
+    local bootstrap="$1" topic="$2" partitions="$3" libs
+    libs="$(ik_kafka_libs)"
+    _ik_kafka_java "$libs" -Dlog4j2.level=WARN org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
+        --create --if-not-exists --topic "$topic" --partitions "$partitions" >/dev/null ||
+        ik_die "could not create topic $topic ($partitions partitions) on $bootstrap"
+}
+
 # Stops every node of the cluster in DIR (SIGCONT first: a frozen node cannot stop).
 ik_kafka_stop() {
     local dir="$1" pid_file pid tries
