@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,27 @@ inline std::string share_topic(const std::string& prefix, int partitions)
     auto topic = unique_name(prefix);
     create_topic(topic, partitions);
     return topic;
+}
+
+/// Sets a share-group setting a test needs, before the group's members start: on the mock
+/// cluster a setting of the whole cluster (its `share-group SETTING VALUE` control command), on
+/// Apache Kafka the group's own dynamic setting (share.delivery.count.limit, ...).
+inline void share_setting(const std::string& group, const std::string& setting, const std::string& value)
+{
+    if (on_mock_cluster()) {
+        mock_control("share-group " + setting + " " + value);
+        return;
+    }
+    static const std::map<std::string, std::string> names{
+        {"delivery-limit", "share.delivery.count.limit"},
+        {"lock-duration-ms", "share.record.lock.duration.ms"},
+        {"session-timeout-ms", "share.session.timeout.ms"},
+        {"heartbeat-interval-ms", "share.heartbeat.interval.ms"},
+        {"auto-offset-reset", "share.auto.offset.reset"}};
+    const auto it = names.find(setting);
+    if (it == names.end())
+        throw std::invalid_argument("no Apache Kafka group setting for the mock's share-group " + setting);
+    set_group_config(group, it->second, value);
 }
 
 /// A share consumer's configuration for `group` on `topic`.

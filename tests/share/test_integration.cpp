@@ -152,7 +152,7 @@ void run_three_members(bool shared_partitions)
 
 } // namespace
 
-TEST_CASE("three share members on two partitions: every effect once, re-sends are duplicates", "[share][mock]")
+TEST_CASE("three share members on two partitions: every effect once, re-sends are duplicates", "[share]")
 {
     run_three_members(false);
 }

@@ -46,15 +46,15 @@ TEST_CASE("share kill child", "[.][share-kill-child]")
     c.run();
 }
 
-TEST_CASE("share members killed with SIGKILL while records flow: every effect once", "[share][mock]")
+TEST_CASE("share members killed with SIGKILL while records flow: every effect once", "[share]")
 {
     constexpr int unique = 5000;
     constexpr int kills = 6;
-    mock_control("share-group session-timeout-ms 3000"); // a dead member's records come again after 3 s
-    mock_control("share-group heartbeat-interval-ms 500");
-    mock_control("share-group delivery-limit " + std::to_string(delivery_limit));
     const auto topic = share_topic("share_kill", 2);
     const auto group = unique_name("share_kill_g");
+    share_setting(group, "session-timeout-ms", "3000"); // a dead member's records come again after 3 s
+    share_setting(group, "heartbeat-interval-ms", "500");
+    share_setting(group, "delivery-limit", std::to_string(delivery_limit));
     const auto table = make_effect_table(unique_name("share_effects"));
     auto events = new_events("kill", unique);
     auto stream = events;

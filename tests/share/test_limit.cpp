@@ -15,11 +15,11 @@ using namespace idemkafka::test;
 using namespace idemkafka::test::share;
 using namespace std::chrono_literals;
 
-TEST_CASE("a record failing on every delivery is dead-lettered on its last one, not archived", "[share][mock]")
+TEST_CASE("a record failing on every delivery is dead-lettered on its last one, not archived", "[share]")
 {
-    mock_control("share-group delivery-limit 3");
     const auto topic = share_topic("share_limit", 1);
     const auto group = unique_name("share_limit_g");
+    share_setting(group, "delivery-limit", "3");
     const auto table = make_effect_table(unique_name("share_effects"));
     auto events = new_events("ok", 5);
     const TestEvent bad{new_event_id(), "bad", 0};

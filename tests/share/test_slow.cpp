@@ -13,11 +13,11 @@ using namespace idemkafka::test;
 using namespace idemkafka::test::share;
 using namespace std::chrono_literals;
 
-TEST_CASE("a handler slower than the lock: one effect, the lapsed lock counted", "[share][mock]")
+TEST_CASE("a handler slower than the lock: one effect, the lapsed lock counted", "[share]")
 {
-    mock_control("share-group lock-duration-ms 2000");
     const auto topic = share_topic("share_slow", 1);
     const auto group = unique_name("share_slow_g");
+    share_setting(group, "lock-duration-ms", "2000");
     const auto table = make_effect_table(unique_name("share_effects"));
     const auto events = new_events("slow", 5);
     publish(topic, events);

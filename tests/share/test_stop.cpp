@@ -60,13 +60,13 @@ struct StopGate {
 
 } // namespace
 
-TEST_CASE("stop() during a batch: what committed is accepted, the rest comes again to the next member", "[share][mock]")
+TEST_CASE("stop() during a batch: what committed is accepted, the rest comes again to the next member", "[share]")
 {
     constexpr int total = 40;
     constexpr int stop_at = 25;
-    mock_control("share-group delivery-limit 5");
     const auto topic = share_topic("share_stop", 1);
     const auto group = unique_name("share_stop_g");
+    share_setting(group, "delivery-limit", "5");
     const auto table = make_effect_table(unique_name("share_effects"));
     publish(topic, new_events("stop", total));
     const std::string blocking = fmt::format("stop-{}", stop_at);
@@ -138,7 +138,7 @@ TEST_CASE("stop() during a batch: what committed is accepted, the rest comes aga
     }
 }
 
-TEST_CASE("stop() during a batch keeps a record on its last delivery out of the abandoned transaction", "[share][mock]")
+TEST_CASE("stop() during a batch keeps a record on its last delivery out of the abandoned transaction", "[share]")
 {
     // Delivery limit 2: the record that fails once is on its last delivery
     // when it comes again, in one poll with fresh records (acquisition goes by
@@ -146,9 +146,9 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     // own, which commits before the fresh records' transaction is abandoned:
     // accepted, not dead-lettered.
     constexpr int total = 20;
-    mock_control("share-group delivery-limit 2");
     const auto topic = share_topic("share_stop_last", 1);
     const auto group = unique_name("share_stop_last_g");
+    share_setting(group, "delivery-limit", "2");
     const auto table = make_effect_table(unique_name("share_effects"));
     publish(topic, new_events("stop", total));
     const std::string failing = "stop-3";
