@@ -148,6 +148,23 @@ services and runs this; by hand, point it at your own:
   --share-batch N        max_batch of idemkafka_share_handler5ms (default 50): a
                          member works through its batch one call after the
                          other, under the records' locks; 50 x 5 ms = 250 ms
+  --spring-jar JAR       the Spring Kafka peer (bench/peers/spring, built by
+                         scripts/spring-peer.sh): adds spring_per_record (a
+                         @KafkaListener with @Transactional, one transaction per
+                         record, AckMode.MANUAL_IMMEDIATE), spring_per_record_manual
+                         (the same with AckMode.MANUAL) and spring_batch (a batch
+                         listener, one transaction per poll) to the default modes,
+                         each a child JVM on the run's topic and tables; they need
+                         a real Kafka broker (skipped on the mock cluster)
+  --spring-java-opts S   JVM options of the peer (default "-Xms256m -Xmx512m
+                         -XX:+UseG1GC")
+  --spring-concurrency N listener containers of the peer (default: the topic's
+                         partitions)
+  --spring-kill N        kill -9 run: spring_per_record_kill9 and
+                         spring_batch_kill9, the peer SIGKILLed N times at random
+                         moments and restarted, then run until idle; reports
+                         doubled and missing charges (not a failure: what the
+                         pattern gives)
   --out PATH             JSON report (default bench/results/latest.json)
   --keep                 keep the bench schema in PostgreSQL afterwards
   --verbose              library and librdkafka info logs on stderr
@@ -188,6 +205,10 @@ struct Options {
     /// Paced runs at every --dups share; --quick: at the first only (the
     /// drains already check each mode's re-send handling).
     bool paced_every_dup = true;
+    std::string spring_jar;
+    std::string spring_java_opts = "-Xms256m -Xmx512m -XX:+UseG1GC";
+    int spring_concurrency = 0;
+    int spring_kills = 0;
 };
 
 [[noreturn]] void fail_usage(const std::string& why)
@@ -313,6 +334,14 @@ Options parse_options(int argc, char** argv)
             o.mixed_workers = parse_list<int>(arg, value()).front();
             if (o.mixed_workers < 1)
                 fail_usage("--mixed-workers: at least 1");
+        } else if (arg == "--spring-jar") {
+            o.spring_jar = value();
+        } else if (arg == "--spring-java-opts") {
+            o.spring_java_opts = value();
+        } else if (arg == "--spring-concurrency") {
+            o.spring_concurrency = parse_list<int>(arg, value()).front();
+        } else if (arg == "--spring-kill") {
+            o.spring_kills = parse_list<int>(arg, value()).front();
         } else if (arg == "--out") {
             o.out = value();
         } else if (arg == "--plot-data") {
@@ -358,7 +387,26 @@ struct ModeSpec {
     bool plain = false;       // claims in a plain table (RetentionMode::purge)
     bool prefilled = false;   // claims into the --prefill table
     bool fetch_order = false; // floors: records in the order a consumer receives them
+    std::string spring_mode{}; // spring: the peer's listener
+    std::string spring_ack{};  // spring: the container's AckMode
+    bool kill9 = false;       // spring: the kill -9 run (--spring-kill)
 };
+
+// Whether the Spring peer can run: it needs its jar and a real broker. Says
+// why not, once per mode, when it was asked for by name.
+bool spring_runs_here(const Options& o, const ModeSpec& m)
+{
+    std::string why;
+    if (o.spring_jar.empty())
+        why = "no Spring peer (--spring-jar; scripts/bench.sh builds it when Java 17 and Maven are there)";
+    else if (!o.services.mock_control.empty())
+        why = "the Spring peer needs a real Kafka broker (scripts/bench.sh --kafka real)";
+    if (why.empty())
+        return true;
+    if (o.modes.count(m.name) > 0)
+        std::fprintf(stderr, "note: %s skipped: %s\n", m.name.c_str(), why.c_str());
+    return false;
+}
 
 // The modes a run without --modes has; the rest run when named, with --mixed
 // or --full (the prefilled ones with --prefill).
@@ -384,12 +432,31 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     // a time, in runs of a producer batch, where pg_floor_batch claims in
     // production order (ids ascending, always at the right edge of the index).
     all[3].fetch_order = true;
-    ModeSpec per_event_prefilled = all.back();
+    auto spring_mode = [&](std::string name, bool slow, const char* listener, const char* ack) {
+        ModeSpec m{std::move(name), Kind::spring, slow, 0, 0, false};
+        m.spring_mode = listener;
+        m.spring_ack = ack;
+        return m;
+    };
+    // The Spring peer next to the library's mode it is compared with, so the
+    // two meet the same load on a shared machine.
+    const ModeSpec spring_per_record = spring_mode("spring_per_record", true, "per_record", "MANUAL_IMMEDIATE");
+    all.push_back(spring_per_record);
+    all.push_back(spring_mode("spring_per_record_manual", true, "per_record", "MANUAL"));
+    ModeSpec per_event_prefilled = all[5];
     per_event_prefilled.name = "idemkafka_per_event_prefilled";
     per_event_prefilled.prefilled = true;
     all.push_back(per_event_prefilled);
     const ModeSpec library_batch{"idemkafka_batch", Kind::idemkafka, false, batch, 0, true};
     all.push_back(library_batch);
+    const ModeSpec spring_batch = spring_mode("spring_batch", false, "batch", "MANUAL");
+    all.push_back(spring_batch);
+    for (ModeSpec killed : {spring_per_record, spring_batch}) {
+        killed.name += "_kill9";
+        killed.kill9 = true;
+        killed.slow = false;
+        all.push_back(killed);
+    }
     ModeSpec batch_prefilled = library_batch;
     batch_prefilled.name = "idemkafka_batch_prefilled";
     batch_prefilled.prefilled = true;
@@ -444,8 +511,12 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
             wanted = o.modes.count(m.name) > 0;
         else if (m.prefilled)
             wanted = o.prefill > 0;
+        else if (m.kill9)
+            wanted = o.spring_kills > 0;
         else
             wanted = o.full || in_default_set(m);
+        if (wanted && m.kind == Kind::spring && !spring_runs_here(o, m))
+            wanted = false;
         if (wanted)
             out.push_back(m);
     }
@@ -510,6 +581,19 @@ void set_mode(Job& job, const ModeSpec& s)
     job.slow_for = std::chrono::milliseconds(s.slow_ms);
     job.plain_claims = s.plain;
     job.prefilled = s.prefilled;
+    job.spring_mode = s.spring_mode;
+    job.spring_ack_mode = s.spring_ack;
+}
+
+// The Spring peer's run: its containers (default: one per partition of the
+// topic) and, for a kill -9 mode, the kills.
+void set_spring(Job& job, const ModeSpec& s, const Options& o, int partitions)
+{
+    if (s.kind != Kind::spring)
+        return;
+    job.spring_concurrency = o.spring_concurrency > 0 ? o.spring_concurrency : partitions;
+    job.spring_kills = s.kill9 ? o.spring_kills : 0;
+    job.spring_kill_seed = static_cast<std::uint64_t>(job.serial) * 7919 + 17;
 }
 
 // A mode that needs the run's topic: the Kafka modes, and the floor that
@@ -517,7 +601,41 @@ void set_mode(Job& job, const ModeSpec& s)
 bool needs_topic(const ModeSpec& s)
 {
     return s.fetch_order || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka || s.kind == Kind::idemkafka_share ||
-           s.kind == Kind::naive_listener;
+           s.kind == Kind::naive_listener || s.kind == Kind::spring;
+}
+
+// The peer's JVM, its JDBC URL (the same server, over TCP: JDBC has no Unix
+// sockets) and its working directory; stated in the report's meta.
+SpringPeer spring_peer(const Options& o, Report& report)
+{
+    SpringPeer p;
+    p.jar = o.spring_jar;
+    p.java_opts = o.spring_java_opts;
+    pqxx::connection c(o.services.postgres);
+    std::string host = c.hostname() ? c.hostname() : "";
+    if (host.empty() || host.front() == '/')
+        host = "127.0.0.1";
+    p.jdbc_url = fmt::format("jdbc:postgresql://{}:{}/{}?user={}&reWriteBatchedInserts=true", host, c.port(),
+                             c.dbname(), c.username());
+    p.work_dir = (std::filesystem::temp_directory_path() / fmt::format("ikbench-spring-{}", getpid())).string();
+    std::filesystem::create_directories(p.work_dir);
+    std::string java = "unknown";
+    if (FILE* f = popen("java -version 2>&1 | head -n 1", "r")) {
+        char buf[256] = {};
+        if (std::fgets(buf, sizeof buf, f))
+            java = buf;
+        pclose(f);
+        while (!java.empty() && (java.back() == '\n' || java.back() == '\r'))
+            java.pop_back();
+    }
+    report.meta["spring_peer"] = {{"jar", p.jar},
+                                  {"java", java},
+                                  {"java_opts", p.java_opts},
+                                  {"jdbc_url", p.jdbc_url},
+                                  {"concurrency", o.spring_concurrency > 0 ? fmt::format("{}", o.spring_concurrency)
+                                                                           : std::string("partitions of the topic")},
+                                  {"kills", o.spring_kills}};
+    return p;
 }
 
 std::string iso_now()
@@ -577,7 +695,9 @@ int run(const Options& o)
         tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
     }
     const Meter meter(backend_pid, o.services.mock_control);
-    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, {}, {}};
+    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, {}, {}, {}};
+    if (!o.spring_jar.empty())
+        env.spring = spring_peer(o, report);
 
     utsname un{};
     uname(&un);
@@ -645,7 +765,7 @@ int run(const Options& o)
     bool any_kafka = false;
     for (const auto& s : specs)
         any_kafka = any_kafka || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
-                    s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener;
+                    s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener || s.kind == Kind::spring;
     std::set<std::size_t> sizes;
     for (auto e : o.events)
         for (const auto& s : specs)
@@ -711,6 +831,7 @@ int run(const Options& o)
                             continue; // its production failed, already reported
                         job.topic = t->second;
                     }
+                    set_spring(job, s, o, partitions_for(n, o.partitions));
                     if (s.fetch_order) {
                         auto& order = fetch_orders[job.topic];
                         if (order.empty()) {
@@ -767,6 +888,7 @@ int run(const Options& o)
                 OnReady on_ready = no_op;
                 if (needs_topic(s)) {
                     job.topic = fmt::format("ikbench-{}-paced-{}-d{}", run_tag, s.name, data.dup_percent());
+                    set_spring(job, s, o, 8);
                     try {
                         create_topic(o.services, job.topic, 8);
                     } catch (const std::exception& e) {

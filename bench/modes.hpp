@@ -49,6 +49,7 @@ enum class Kind {
     idemkafka,
     idemkafka_share, ///< IdempotentShareConsumer (only with the share consumer)
     naive_listener,
+    spring, ///< the Spring Kafka peer, a child JVM (bench/peers/spring)
 };
 
 struct Job {
@@ -84,6 +85,15 @@ struct Job {
     /// Claims into the prefilled table (RunEnv::prefill_table).
     bool prefilled = false;
     int serial = 0; ///< unique per run: names groups and statements
+    /// spring: the peer's listener ("per_record" or "batch"), its container's
+    /// AckMode ("MANUAL_IMMEDIATE" or "MANUAL") and its container concurrency.
+    std::string spring_mode;
+    std::string spring_ack_mode;
+    int spring_concurrency = 1;
+    /// spring: SIGKILL the peer this many times at random moments, restarting
+    /// it each time, then run it until idle (the kill -9 run); 0: one clean run.
+    int spring_kills = 0;
+    std::uint64_t spring_kill_seed = 1;
 };
 
 struct Result {
@@ -122,6 +132,14 @@ struct Result {
     bool ok() const { return errors.empty(); }
 };
 
+/// How to start the Spring Kafka peer (--spring-jar).
+struct SpringPeer {
+    std::string jar;       ///< runnable jar (scripts/spring-peer.sh); empty: no Spring modes
+    std::string java_opts; ///< JVM options, space-separated
+    std::string jdbc_url;  ///< the bench's PostgreSQL as a JDBC URL
+    std::string work_dir;  ///< where the peer's logs and latency files go
+};
+
 struct RunEnv {
     Services services;
     std::string schema; ///< PostgreSQL schema of the bench tables
@@ -135,6 +153,7 @@ struct RunEnv {
     /// --prefill: the prefilled claims table, and the lowest id a run claims in it.
     std::string prefill_table;
     EventId prefill_run_ids_from;
+    SpringPeer spring;
 };
 
 /// Called once the consumer can receive records (assigned, or at once for the
@@ -157,6 +176,7 @@ void run_naive_listener(const RunEnv& env, const Job& job, RunState& st);
 void run_pg_floor(const RunEnv& env, const Job& job, RunState& st);
 void run_idemkafka(const RunEnv& env, const Job& job, RunState& st);
 void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st);
+void run_spring(const RunEnv& env, const Job& job, RunState& st);
 
 /// What a mode hands back to run_job; shared so the modes stay short.
 struct RunState {
@@ -170,6 +190,12 @@ struct RunState {
     std::int64_t first_taken_us = -1; ///< steady_us() of the first record
     std::int64_t last_commit_us = -1; ///< steady_us() of the last commit
     std::size_t effects_reported = 0; ///< effects the mode itself counted as committed
+    /// A mode run in a child process (spring): its CPU seconds from the first
+    /// record taken to the last commit, over its whole life, and its peak RSS.
+    /// -1: not a child process.
+    double child_cpu_seconds_run = -1;
+    double child_cpu_seconds_total = -1;
+    double child_rss_peak_mb = -1;
     /// Records processed so far (any thread may read it): paces the warm-up.
     std::shared_ptr<std::atomic<std::size_t>> processed = std::make_shared<std::atomic<std::size_t>>(0);
 

@@ -312,6 +312,13 @@ ordered_json summarise(const Report& report)
                                {"idemkafka_batch", "idemkafka_batch_rowwise", std::nullopt},
                                {"idemkafka_per_event", "pg_floor_per_event", 0.90},
                                {"idemkafka_batch", "naive_listener", 20.0},
+                               // The Spring Kafka peer (bench/peers/spring), the same
+                               // pattern as its users write it.
+                               {"idemkafka_batch", "spring_batch", 1.5},
+                               {"idemkafka_batch", "spring_per_record", 20.0},
+                               {"idemkafka_per_event", "spring_per_record", 1.0},
+                               {"idemkafka_per_event", "spring_per_record_manual", std::nullopt},
+                               {"spring_per_record_manual", "spring_per_record", std::nullopt},
                                {"pg_floor_batch_rowwise", "pg_floor_batch", std::nullopt},
                                {"idemkafka_batch", "kafka_raw", std::nullopt},
                                {"idemkafka_batch_fingerprint", "idemkafka_batch", std::nullopt},
@@ -617,7 +624,8 @@ void write_plot_data(std::ostream& out, const std::string& json_path)
         static const std::vector<std::string> order = {
             "kafka_raw",          "pg_floor_batch",         "idemkafka_batch",
             "idemkafka_batch_w",  "pg_floor_batch_rowwise", "idemkafka_batch_rowwise",
-            "pg_floor_per_event", "idemkafka_per_event",    "naive_listener"};
+            "pg_floor_per_event", "idemkafka_per_event",    "spring_batch",
+            "spring_per_record",  "spring_per_record_manual", "naive_listener"};
         for (std::size_t i = 0; i < order.size(); ++i)
             if (m.rfind(order[i], 0) == 0 && (m == order[i] || order[i].back() == 'w'))
                 return i;
