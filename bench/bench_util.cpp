@@ -659,6 +659,36 @@ Watermarks watermarks(const Services& s, const std::string& topic)
     return w;
 }
 
+std::int64_t committed_sum(const Services& s, const std::string& topic, const std::string& group)
+{
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    if (rd_kafka_conf_set(conf, "bootstrap.servers", s.brokers.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK ||
+        rd_kafka_conf_set(conf, "group.id", group.c_str(), err, sizeof err) != RD_KAFKA_CONF_OK ||
+        rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err) != RD_KAFKA_CONF_OK) {
+        rd_kafka_conf_destroy(conf);
+        throw std::runtime_error(err);
+    }
+    RkPtr rk(rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err));
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        throw std::runtime_error(fmt::format("cannot create Kafka consumer: {}", err));
+    }
+    const int partitions = partition_count(rk.get(), topic);
+    rd_kafka_topic_partition_list_t* list = rd_kafka_topic_partition_list_new(partitions);
+    for (int p = 0; p < partitions; ++p)
+        rd_kafka_topic_partition_list_add(list, topic.c_str(), p);
+    const auto e = rd_kafka_committed(rk.get(), list, 10000);
+    std::int64_t sum = 0;
+    for (int i = 0; i < list->cnt; ++i)
+        sum += std::max<std::int64_t>(0, list->elems[i].offset);
+    rd_kafka_topic_partition_list_destroy(list);
+    rd_kafka_consumer_close(rk.get());
+    if (e)
+        throw std::runtime_error(fmt::format("committed offsets of {} on {}: {}", group, topic, rd_kafka_err2str(e)));
+    return sum;
+}
+
 namespace {
 
 PublisherConfig publisher_config(const Services& s, std::map<std::string, std::string> props)

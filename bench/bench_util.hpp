@@ -276,6 +276,9 @@ struct Watermarks {
     int partitions = 0;
 };
 Watermarks watermarks(const Services& s, const std::string& topic);
+/// Sum over the partitions of `topic` of `group`'s committed offsets (0 where
+/// it has none).
+std::int64_t committed_sum(const Services& s, const std::string& topic, const std::string& group);
 
 /// Publishes records [0, count) of `data` to `topic` as fast as the producer
 /// goes, and waits for every acknowledgement.

@@ -160,8 +160,9 @@ services and runs this; by hand, point it at your own:
                          -XX:+UseG1GC")
   --spring-concurrency N listener containers of the peer (default: the topic's
                          partitions)
-  --spring-kill N        kill -9 run: spring_per_record_kill9 and
-                         spring_batch_kill9, the peer SIGKILLed N times at random
+  --spring-kill N        kill -9 run: spring_per_record_kill9,
+                         spring_per_record_manual_kill9 and spring_batch_kill9
+                         (joining the default modes), the peer SIGKILLed N times at random
                          moments and restarted, then run until idle; reports
                          doubled and missing charges (not a failure: what the
                          pattern gives)
@@ -384,12 +385,12 @@ struct ModeSpec {
     bool fingerprint = false; // idemkafka: ConsumerConfig::payload_fingerprint
     int slow_every = 0;
     int slow_ms = 0;
-    bool plain = false;       // claims in a plain table (RetentionMode::purge)
-    bool prefilled = false;   // claims into the --prefill table
-    bool fetch_order = false; // floors: records in the order a consumer receives them
+    bool plain = false;        // claims in a plain table (RetentionMode::purge)
+    bool prefilled = false;    // claims into the --prefill table
+    bool fetch_order = false;  // floors: records in the order a consumer receives them
     std::string spring_mode{}; // spring: the peer's listener
     std::string spring_ack{};  // spring: the container's AckMode
-    bool kill9 = false;       // spring: the kill -9 run (--spring-kill)
+    bool kill9 = false;        // spring: the kill -9 run (--spring-kill)
 };
 
 // Whether the Spring peer can run: it needs its jar and a real broker. Says
@@ -442,7 +443,8 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     // two meet the same load on a shared machine.
     const ModeSpec spring_per_record = spring_mode("spring_per_record", true, "per_record", "MANUAL_IMMEDIATE");
     all.push_back(spring_per_record);
-    all.push_back(spring_mode("spring_per_record_manual", true, "per_record", "MANUAL"));
+    const ModeSpec spring_per_record_manual = spring_mode("spring_per_record_manual", true, "per_record", "MANUAL");
+    all.push_back(spring_per_record_manual);
     ModeSpec per_event_prefilled = all[5];
     per_event_prefilled.name = "idemkafka_per_event_prefilled";
     per_event_prefilled.prefilled = true;
@@ -451,7 +453,7 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     all.push_back(library_batch);
     const ModeSpec spring_batch = spring_mode("spring_batch", false, "batch", "MANUAL");
     all.push_back(spring_batch);
-    for (ModeSpec killed : {spring_per_record, spring_batch}) {
+    for (ModeSpec killed : {spring_per_record, spring_per_record_manual, spring_batch}) {
         killed.name += "_kill9";
         killed.kill9 = true;
         killed.slow = false;

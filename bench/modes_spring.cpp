@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -180,10 +181,11 @@ std::string tail_of(const std::string& path, std::size_t lines)
 }
 
 std::vector<std::string> peer_props(const RunEnv& env, const Job& job, const RunState& st, const std::string& group,
-                                    const std::string& latency_out)
+                                    const std::string& latency_out, std::chrono::milliseconds idle_exit = {})
 {
     const auto& peer = env.spring;
-    return {"--peer.mode=" + job.spring_mode,
+    return {fmt::format("--peer.idle-exit-ms={}", idle_exit.count()),
+            "--peer.mode=" + job.spring_mode,
             "--peer.ack-mode=" + job.spring_ack_mode,
             "--peer.topic=" + job.topic,
             "--peer.group=" + group,
@@ -210,8 +212,75 @@ void read_latency(const std::string& path, RunState& st)
 
 } // namespace
 
+// One incarnation of the kill -9 run: started, SIGKILLed `after` once it has
+// committed something (or, when `after` is zero, run until idle). Returns the
+// distinct records it reported.
+std::size_t incarnation(const RunEnv& env, const Job& job, RunState& st, const std::string& group,
+                        std::chrono::milliseconds after, const std::string& log)
+{
+    const bool last = after.count() == 0;
+    Child child =
+        spawn_peer(env.spring, peer_props(env, job, st, group, "", std::chrono::milliseconds(last ? 8000 : 0)), log);
+    LineReader reader(child.out);
+    const auto started = SteadyClock::now();
+    std::optional<SteadyClock::time_point> kill_at;
+    std::string line;
+    bool timed_out = false;
+    std::size_t seen = 0;
+    while (reader.next(line, std::chrono::milliseconds(50), timed_out) || timed_out) {
+        if (!timed_out && line.rfind("PROGRESS ", 0) == 0)
+            seen = static_cast<std::size_t>(std::stoull(line.substr(9)));
+        const auto now = SteadyClock::now();
+        // Killed `after` its first commit, or after a minute when nothing comes.
+        if (!last && !kill_at && (seen > 0 || now - started > std::chrono::seconds(60)))
+            kill_at = now + after;
+        if ((kill_at && now >= *kill_at) || now - started > std::chrono::seconds(300)) {
+            kill(child.pid, SIGKILL);
+            break;
+        }
+    }
+    close(child.out);
+    reap(child.pid);
+    return seen;
+}
+
+// The kill -9 run: the peer SIGKILLed job.spring_kills times, each at a random
+// moment (0.1 to 2.5 s after its first commit), and restarted; then run until
+// idle. What it doubled or lost is verified afterwards like every run's.
+void run_spring_kill9(const RunEnv& env, const Job& job, RunState& st)
+{
+    const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    const std::string log = fmt::format("{}/{}-{}.log", env.spring.work_dir, job.mode, job.serial);
+    std::mt19937_64 rng(job.spring_kill_seed);
+    std::uniform_int_distribution<int> delay_ms(100, 2500);
+    st.first_taken_us = steady_us();
+    st.ready();
+    for (int k = 0; k < job.spring_kills; ++k)
+        incarnation(env, job, st, group, std::chrono::milliseconds(delay_ms(rng)), log);
+    // Until idle with every record's offset committed: a run that went idle in
+    // a rebalance goes again, so what is missing was acknowledged, not unread.
+    const auto high = watermarks(env.services, job.topic).high_sum;
+    std::int64_t unread = 0;
+    for (int tries = 0; tries < 3; ++tries) {
+        incarnation(env, job, st, group, std::chrono::milliseconds(0), log);
+        unread = high - committed_sum(env.services, job.topic, group);
+        if (unread <= 0)
+            break;
+    }
+    st.last_commit_us = steady_us();
+    if (unread > 0)
+        throw std::runtime_error(
+            fmt::format("the peer left {} records of {} uncommitted (log {})", unread, job.topic, log));
+    st.result.notes.push_back(fmt::format(
+        "{} SIGKILLs of the peer, then runs until idle with every offset committed; log {}", job.spring_kills, log));
+}
+
 void run_spring(const RunEnv& env, const Job& job, RunState& st)
 {
+    if (job.spring_kills > 0) {
+        run_spring_kill9(env, job, st);
+        return;
+    }
     if (env.spring.jar.empty())
         throw std::runtime_error("no Spring peer jar (--spring-jar; scripts/bench.sh builds it)");
     const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);

@@ -23,6 +23,20 @@
 #                                         partitions next to a consumer group on the same 2
 #                                         (--lane, when given, comes first)
 #
+#   scripts/bench.sh --kafka real --events 20000 --dups 0,30 --partitions 4 \
+#       --modes idemkafka_per_event,spring_per_record,spring_per_record_manual,idemkafka_batch,spring_batch
+#                                         the library beside the Spring Kafka peer (bench/peers/spring)
+#                                         on a real Apache Kafka broker (scripts/kafka.sh)
+#   scripts/bench.sh --kafka real --events 20000 --dups 30 --partitions 4 --spring-kill 8 \
+#       --modes spring_per_record_kill9,spring_batch_kill9 --latency-seconds 0
+#                                         the peer SIGKILLed 8 times at random moments, restarted
+#
+# --kafka real|mock (default mock): the broker. real starts Apache Kafka 4.3.1 (KRaft) from
+# Maven-resolved jars; the Spring modes need it. With a real broker and Java 17 + Maven, the
+# peer is built (scripts/spring-peer.sh, cached by a hash of its sources) and its modes join
+# the default ones; without them they are skipped with one line saying why. When the peer runs,
+# every mode reaches a PostgreSQL this script started over TCP (127.0.0.1), as JDBC must.
+#
 # Claims tables are partitioned, as the consumer's default configuration creates them;
 # idemkafka_batch_plain runs idemkafka_batch on a plain table (RetentionMode::purge), so
 # the report's `idemkafka_batch / idemkafka_batch_plain` is what partitioning costs.
@@ -53,6 +67,30 @@ esac
 BUILD_DIR="${BUILD_DIR:-$default_build}"
 # shellcheck source=scripts/lib.sh
 source "$IK_ROOT/scripts/lib.sh"
+
+# --kafka real|mock is this script's; the rest goes to the binary.
+kafka=mock
+args=()
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --kafka)
+            kafka="${2:?--kafka needs real or mock}"
+            shift 2
+            ;;
+        *)
+            args+=("$1")
+            shift
+            ;;
+    esac
+done
+case "$kafka" in
+    real | mock) ;;
+    *)
+        printf 'error: --kafka takes real or mock, not "%s"\n' "$kafka" >&2
+        exit 2
+        ;;
+esac
+set -- "${args[@]}"
 
 results="${RESULTS_DIR:-$IK_ROOT/bench/results}"
 case "$results" in
@@ -100,10 +138,35 @@ ik_log "building Release ($BUILD_DIR, lane $lane)"
 cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DIDEMKAFKA_BUILD_BENCH=ON "${lane_args[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j2 --target idemkafka-bench idemkafka-mock-broker
 
+pg_ours=0
+[ -n "${IDEMKAFKA_TEST_PG:-}" ] || pg_ours=1
 ik_log "starting PostgreSQL"
 ik_start_postgres
-ik_log "starting the mock Kafka cluster"
-ik_start_broker --brokers 1
+if [ "$kafka" = real ]; then
+    ik_log "starting Apache Kafka (real broker)"
+    ik_start_kafka
+else
+    ik_log "starting the mock Kafka cluster"
+    ik_start_broker --brokers 1
+fi
+
+# The Spring peer: a real broker (started here, or IDEMKAFKA_TEST_BROKERS without the mock's
+# control FIFO), Java 17 and Maven.
+spring_args=()
+if [ -n "${IDEMKAFKA_MOCK_CONTROL:-}" ]; then
+    ik_log "Spring modes skipped: they need a real Kafka broker (--kafka real)"
+elif ! why="$(bash "$IK_ROOT/scripts/spring-peer.sh" --check)"; then
+    ik_log "Spring modes skipped: $why"
+else
+    spring_jar="$(bash "$IK_ROOT/scripts/spring-peer.sh")" || ik_die "the Spring peer did not build"
+    spring_args=(--spring-jar "$spring_jar")
+    if [ "$pg_ours" -eq 1 ]; then
+        # JDBC has no Unix sockets: every mode goes over TCP, so all pay the same transport.
+        IDEMKAFKA_TEST_PG="$(printf '%s\n' "$IDEMKAFKA_TEST_PG" | sed 's/host=[^ ]*/host=127.0.0.1/')"
+        export IDEMKAFKA_TEST_PG
+    fi
+    ik_log "Spring peer: $spring_jar (PostgreSQL over TCP for every mode: $IDEMKAFKA_TEST_PG)"
+fi
 
 mkdir -p "$results"
 bench="$BUILD_DIR/bench/idemkafka-bench"
@@ -111,7 +174,7 @@ ik_log "running the benchmark"
 status=0
 if [ -n "${IDEMKAFKA_BENCH_PERF:-}" ]; then
     command -v perf >/dev/null 2>&1 || ik_die "IDEMKAFKA_BENCH_PERF needs perf (apt-get install linux-perf)"
-    perf record -F 1999 -o "$results/perf.data" -- "$bench" --out "$results/latest.json" "$@" || status=$?
+    perf record -F 1999 -o "$results/perf.data" -- "$bench" --out "$results/latest.json" "${spring_args[@]}" "$@" || status=$?
     # ik-run is the thread running IdempotentConsumer::run(), rdk:* are librdkafka's, and
     # idemkafka-bench is the main thread (producing the data, the PostgreSQL floors).
     # Percentages are of all samples; perf's --comm filter is unreliable when comm is not
@@ -126,7 +189,7 @@ if [ -n "${IDEMKAFKA_BENCH_PERF:-}" ]; then
     } >"$results/perf.txt"
     ik_log "profile: $results/perf.txt"
 else
-    "$bench" --out "$results/latest.json" "$@" || status=$?
+    "$bench" --out "$results/latest.json" "${spring_args[@]}" "$@" || status=$?
 fi
 if [ "$status" -eq 2 ]; then
     exit 2 # usage error: nothing ran
