@@ -64,6 +64,8 @@ services and runs this; by hand, point it at your own:
                          pg_floor_batch_rowwise, idemkafka_per_event,
                          idemkafka_batch, idemkafka_batch_plain,
                          idemkafka_batch_rowwise, idemkafka_batch_wN,
+                         idemkafka_per_event_wN (only when named: one record per
+                         transaction on N workers, max_batch = N),
                          naive_listener; and, only when named (or with --mixed,
                          --full, --prefill): idemkafka_batch_fingerprint
                          (idemkafka_batch with ConsumerConfig::payload_fingerprint;
@@ -391,6 +393,7 @@ struct ModeSpec {
     std::string spring_mode{}; // spring: the peer's listener
     std::string spring_ack{};  // spring: the container's AckMode
     bool kill9 = false;        // spring: the kill -9 run (--spring-kill)
+    bool named_only = false;   // runs only when named in --modes
 };
 
 // Whether the Spring peer can run: it needs its jar and a real broker. Says
@@ -413,7 +416,7 @@ bool spring_runs_here(const Options& o, const ModeSpec& m)
 // or --full (the prefilled ones with --prefill).
 bool in_default_set(const ModeSpec& s)
 {
-    return !s.mixed && !s.fingerprint && !s.prefilled;
+    return !s.mixed && !s.fingerprint && !s.prefilled && !s.named_only;
 }
 
 // `batch`: the library's default max_batch, which the batch floors use too.
@@ -477,6 +480,21 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         for (int w : o.workers)
             if (w > 0)
                 all.push_back({fmt::format("idemkafka_batch_w{}", w), Kind::idemkafka, false, batch, w, true});
+        // One record per transaction on w workers at once (max_batch = workers:
+        // a worker's unit is one record), the library's peer of spring_per_record
+        // at concurrency w.
+        for (int w : o.workers) {
+            if (w <= 1)
+                continue;
+            ModeSpec m{fmt::format("idemkafka_per_event_w{}", w),
+                       Kind::idemkafka,
+                       true,
+                       static_cast<std::size_t>(w),
+                       w,
+                       false};
+            m.named_only = true;
+            all.push_back(m);
+        }
     }
     all.push_back({"naive_listener", Kind::naive_listener, true, 1, 0, false});
     // Handler-time workloads: they measure how much handler time the workers

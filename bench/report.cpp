@@ -332,6 +332,15 @@ ordered_json summarise(const Report& report)
             pairs.push_back({m, "pg_floor_batch", std::nullopt});
             pairs.push_back({m, "idemkafka_batch", std::nullopt});
         }
+        // The same parallelism as the Spring peer's containers (--workers N
+        // --spring-concurrency N, or N partitions).
+        if (m.rfind("idemkafka_batch_w", 0) == 0)
+            pairs.push_back({m, "spring_batch", 1.5});
+        if (m.rfind("idemkafka_per_event_w", 0) == 0) {
+            pairs.push_back({m, "spring_per_record", 1.0});
+            pairs.push_back({m, "spring_per_record_manual", std::nullopt});
+            pairs.push_back({m, "idemkafka_per_event", std::nullopt});
+        }
     }
 
     ordered_json headline = ordered_json::array();
