@@ -940,6 +940,10 @@ int run(const Options& o)
         }
     }
 
+    if (!env.spring.work_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::remove(env.spring.work_dir, ec); // only when empty: logs of failed runs stay
+    }
     const auto summary = summarise(report);
     print_tables(std::cout, report, summary);
     auto json = to_json(report);

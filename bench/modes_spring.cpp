@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -268,11 +269,15 @@ void run_spring_kill9(const RunEnv& env, const Job& job, RunState& st)
             break;
     }
     st.last_commit_us = steady_us();
+    std::error_code ec;
+    const bool quiet = std::filesystem::file_size(log, ec) == 0 && !ec;
+    if (quiet)
+        std::filesystem::remove(log, ec);
     if (unread > 0)
         throw std::runtime_error(
             fmt::format("the peer left {} records of {} uncommitted (log {})", unread, job.topic, log));
-    st.result.notes.push_back(fmt::format(
-        "{} SIGKILLs of the peer, then runs until idle with every offset committed; log {}", job.spring_kills, log));
+    st.result.notes.push_back(fmt::format("{} SIGKILLs of the peer, then runs until idle with every offset committed{}",
+                                          job.spring_kills, quiet ? "" : "; log " + log));
 }
 
 void run_spring(const RunEnv& env, const Job& job, RunState& st)

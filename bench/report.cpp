@@ -631,10 +631,10 @@ void write_plot_data(std::ostream& out, const std::string& json_path)
     // Ceiling first, then the batch modes and their floors, then the per-record ones.
     auto rank = [](const std::string& m) {
         static const std::vector<std::string> order = {
-            "kafka_raw",          "pg_floor_batch",           "idemkafka_batch",
-            "idemkafka_batch_w",  "pg_floor_batch_rowwise",   "idemkafka_batch_rowwise",
-            "pg_floor_per_event", "idemkafka_per_event",      "spring_batch",
-            "spring_per_record",  "spring_per_record_manual", "naive_listener"};
+            "kafka_raw",           "pg_floor_batch",         "idemkafka_batch",         "idemkafka_batch_w",
+            "spring_batch",        "pg_floor_batch_rowwise", "idemkafka_batch_rowwise", "pg_floor_per_event",
+            "idemkafka_per_event", "idemkafka_per_event_w",  "spring_per_record",       "spring_per_record_manual",
+            "naive_listener"};
         for (std::size_t i = 0; i < order.size(); ++i)
             if (m.rfind(order[i], 0) == 0 && (m == order[i] || order[i].back() == 'w'))
                 return i;
