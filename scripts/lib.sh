@@ -113,7 +113,8 @@ _ik_port_in_use() {
 _ik_random_port() {
     local port
     while :; do
-        port=$((20000 + RANDOM % 30000))
+        # Below Linux's ephemeral range (32768-60999), so no client connection holds it.
+        port=$((20000 + RANDOM % 12000))
         _ik_port_in_use "$port" || break
     done
     printf '%s\n' "$port"
