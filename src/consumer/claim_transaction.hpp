@@ -101,7 +101,8 @@ struct Worker : pg::Session {
     std::vector<std::size_t> call_items; // batch handler: the records of the call
     std::vector<std::size_t> call_slots; // and their Stage slots
     std::vector<Context> call_contexts;
-    std::size_t calls_ok = 0; // handler calls (records) of the last transaction that returned normally
+    std::size_t calls_ok = 0;        // handler calls (records) of the last transaction that returned normally
+    std::size_t calls_recovered = 0; // of them, those of records that had failed before
     // While the circuit breaker blames keys: those of the calls_ok calls.
     bool watch_keys = false;
     std::vector<std::uint64_t> ok_keys;

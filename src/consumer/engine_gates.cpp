@@ -193,12 +193,16 @@ void Engine::Impl::circuit_opened(const Circuit::Evidence& e, Clock::time_point 
     circuit_counted = circuit_since = now;
     ledger.forgive_failures(); // the failures that showed the outage were not the records' either
     circuit_hold();
+    const auto flapping = e.recovered == 0 ? std::string()
+                                           : fmt::format(", and {} records that had failed succeeded at a later "
+                                                         "attempt (a flapping downstream)",
+                                                         e.recovered);
     say(log, LogLevel::warning, error_field(e.last_error),
         "circuit breaker open: {} of {} handler attempts failed within {} ms, on {} or more keys in {} or more "
-        "partitions: taken for an outage, not the records' fault. The assignment is paused and rewound for {} "
+        "partitions{}: taken for an outage, not the records' fault. The assignment is paused and rewound for {} "
         "ms, then a probe batch runs; failures meanwhile do not count toward max_attempts (nor do those so "
         "far). Last error: {}",
-        e.failures, e.attempts, e.span.count(), e.keys, e.partitions, e.wait.count(), e.last_error);
+        e.failures, e.attempts, e.span.count(), e.keys, e.partitions, flapping, e.wait.count(), e.last_error);
 }
 
 void Engine::Impl::settle_probe(Clock::time_point now)
@@ -212,8 +216,9 @@ void Engine::Impl::settle_probe(Clock::time_point now)
             "circuit breaker closed after {} ms: {} handler call(s) of the probe succeeded ({} failed); the "
             "assignment runs as before, and failures count toward max_attempts again. The {} key(s) that failed "
             "while it was open are blamed until one of their records succeeds: their failures open the circuit "
-            "again only at a record's last attempt",
-            p.open_for.count(), p.successes, p.failures, p.blamed);
+            "again only at a record's last attempt; those of {} of them (which opened it again so, and the "
+            "handler has worked since) do not open it at all, they are dead-lettered after max_attempts",
+            p.open_for.count(), p.successes, p.failures, p.blamed, p.convicted);
     } else if (p.outcome == Outcome::reopened) {
         circuit_hold();
         say(log, LogLevel::warning, error_field(p.last_error),
