@@ -638,6 +638,7 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work&
         const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
         const bool ok = call_handler(i, failure, [&] {
             const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+            const CallScope running(w.call, it);
             const Context ctx(it.record, it.id, attempt, it.key_window_open);
             const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
             if (batched)
@@ -687,6 +688,7 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_gathered(pqxx::w
     a.current = w.call_items.front();
     bool ok = call_handler(a.current, failure, [&] {
         const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+        const CallScope running(w.call, b.items[a.current], handled);
         // One record: what the handler publishes carries its trace; several: each passes its own.
         const TraceScope trace(handled == 1 ? &b.items[a.current].record : nullptr);
         s_.stage.handle_batch(tx, w.call_slots.data(), w.call_contexts.data(), handled);
@@ -922,6 +924,7 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
         pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
         {
             const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the hook's time is its own
+            const CallScope running(w.call, it);
             outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
         }
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)

@@ -107,6 +107,7 @@ void Engine::Impl::flush_commits()
 void Engine::Impl::housekeeping()
 {
     const auto now = Clock::now();
+    watch_calls(now);
     const bool tick = now >= next_lag_update;
     if (tick) {
         update_lag(ledger, *kafka, metrics);
