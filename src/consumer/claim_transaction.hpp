@@ -209,11 +209,12 @@ public:
     /// and (libpqxx 6) read-only by default.
     void prepare(pqxx::connection& db) const;
 
-    /// Before a decoded batch goes to the workers (none of them running): each
-    /// record is screened by `intake`, the reconcile hook runs on `db` for
-    /// those that need it, and poison records go to the dead letter. Returns
-    /// the holds every worker starts from (records to retry later, dead
-    /// letters not acknowledged).
+    /// Before a decoded unit's transactions, on the worker that runs them
+    /// (the consumer) or the caller's thread: each record is screened by
+    /// `intake`, the reconcile hook runs on the worker's connection for
+    /// those that need it, and poison records go to the dead letter (waiting
+    /// for the broker's acknowledgement). Returns the holds the worker starts
+    /// from (records to retry later, dead letters not acknowledged).
     Holds screen(Intake& intake, Worker& w, std::vector<Item>& items);
 
     /// Runs the worker's transactions over its records of `items` (decoded)

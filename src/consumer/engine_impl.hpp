@@ -285,8 +285,9 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // Hands each free worker its next unit: the waiting records whose lane is
     // in no busy unit, in poll order, up to unit_cap; they are decoded into
-    // Stage slots (if they were not decoded while waiting) and screened (the
-    // reconcile hook runs on the worker's idle connection). True when a unit
+    // Stage slots (if they were not decoded while waiting) and, on the
+    // worker, screened (the reconcile hook runs on its idle connection, dead
+    // letters are published), never on the poll thread. True when a unit
     // was handed out.
     bool dispatch();
     // Records wait for a free worker, and a unit is worth handing out now:
