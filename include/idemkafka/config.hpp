@@ -278,6 +278,11 @@ struct CircuitBreaker {
     /// key began failing, at least this share (above 0, at most 1) of all
     /// handler attempts failed. A key that keeps failing while the handler
     /// works for other records is its own problem, not evidence ...
+    /// Also, at a record's last attempt: when, since the oldest failure in the
+    /// window, at least min_keys records that had failed succeeded at a later
+    /// attempt, as many as failure_ratio / 2 of all successes, calls fail at
+    /// random well above normal (a flapping downstream): an outage, and the
+    /// record is not dead-lettered.
     double failure_ratio = 0.5;
     /// ... and at least this many such keys (a record without a key is a key
     /// of its own; the same key in two partitions is two keys). With
@@ -304,7 +309,10 @@ struct CircuitBreaker {
     /// yet opens the circuit again for the backoff), and a success closes it.
     /// An outage longer than this dead-letters what its probes meet: about
     /// probe_records records per backoff_max. Zero: never give up (such
-    /// records wait until a record succeeds).
+    /// records wait until a record succeeds). Keys whose records kept failing
+    /// while the handler worked for others (they opened the circuit again at
+    /// a last attempt, and a probe's success closed it once more) do not wait
+    /// for this: from then on their failures count, and they are dead-lettered.
     std::chrono::milliseconds give_up_after{600000};
 };
 

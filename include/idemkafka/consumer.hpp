@@ -77,8 +77,19 @@ public:
     void run() { engine_.run(); }
 
     /// Asks run() to finish the current batch, commit, leave the group and
-    /// return. A second call abandons the current batch (rolled back, offsets
-    /// not committed). Async-signal-safe: only sets an atomic flag.
+    /// return. A second call, or the first one once it is older than
+    /// shutdown_timeout, abandons the current batch (rolled back, offsets not
+    /// committed): its workers' PostgreSQL connections are cut, so a handler
+    /// call blocked on PostgreSQL returns. run() still waits for every handler
+    /// call (and reconcile hook call) running to return, as no call can be
+    /// interrupted: a call that never returns (blocked outside PostgreSQL
+    /// with no timeout of its own) keeps run() from returning, and its
+    /// partitions with this member. Meanwhile the member stays in the group,
+    /// MetricsSnapshot::oldest_call_seconds grows, and past
+    /// max.poll.interval.ms an error line names the call's record, again
+    /// every max.poll.interval.ms (MetricsSnapshot::stuck_calls). Give the
+    /// handler's own blocking calls timeouts. Async-signal-safe: only sets an
+    /// atomic flag.
     void stop() noexcept { engine_.stop(); }
 
     /// Live counters; safe to read from any thread.

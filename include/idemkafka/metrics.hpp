@@ -105,6 +105,12 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// max.poll.interval.ms, at most 10 s): the assignment was paused and
     /// polled meanwhile, so the member stayed in the group.
     std::uint64_t long_call_waits = 0;
+    /// Handler calls (or reconcile hook calls) still running past
+    /// max.poll.interval.ms: counted once per call, logged as an error naming
+    /// the record and again every max.poll.interval.ms while it runs. Such a
+    /// call cannot be interrupted; its partitions stay with this member and
+    /// stop() waits for it (see oldest_call_seconds).
+    std::uint64_t stuck_calls = 0;
     /// Running transactions abandoned (rolled back when their handler call
     /// returned) because a rebalance took their partitions while the call ran
     /// past the revoke wait.
@@ -190,6 +196,10 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// has arrived for ConsumerConfig::fetch_stall_after while their leader
     /// has records past the consumer's position (each also an error line).
     std::int64_t stalled_partitions = 0;
+    /// Seconds the oldest handler call (or reconcile hook call) running now
+    /// has run, 0 when none runs (at most about 200 ms old). A call that never
+    /// returns shows here growing without end.
+    double oldest_call_seconds = 0;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -226,7 +236,7 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures, db_commits, db_failures,
         db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
         batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka, positions_lost,
-        frozen_members_ended, db_timeouts, lock_timeouts, handler_aborted_transactions, long_call_waits,
+        frozen_members_ended, db_timeouts, lock_timeouts, handler_aborted_transactions, long_call_waits, stuck_calls,
         revoke_abandons, parked, parking_overflows, circuit_opened, circuit_gave_up, beyond_dedup_horizon,
         horizon_processed, key_window_closed, outbox_published, outbox_failures;
     //@}
@@ -265,6 +275,7 @@ public:
     Gauge expired_partitions_kept;
     Gauge circuit_open;
     Gauge stalled_partitions;
+    Gauge oldest_call_ms; ///< MetricsSnapshot::oldest_call_seconds, in milliseconds
     //@}
     /// Milliseconds the circuit was not closed (MetricsSnapshot::circuit_open_seconds).
     Counter circuit_open_ms;

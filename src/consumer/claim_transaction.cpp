@@ -206,7 +206,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
     for (;;) {
         Failure failure{};
         const Outcome out = attempt(w, b, failure);
-        s_.circuit.succeeded(w.calls_ok); // before the failure, if any: they ran before it
+        s_.circuit.succeeded(w.calls_ok, w.calls_recovered); // before the failure, if any: they ran before it
         s_.circuit.succeeded_on(w.ok_keys);
         if (out == Outcome::committed) {
             s_.circuit.skipped(w.info.duplicates);
@@ -524,7 +524,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     Attempt a = collect(w, b);
     w.info = BatchInfo{};
     w.info.records = a.active;
-    w.calls_ok = 0;
+    w.calls_ok = w.calls_recovered = 0;
     w.ok_keys.clear();
     w.watch_keys = s_.circuit.blaming();
     if (a.ids.empty())
@@ -635,9 +635,11 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work&
         }
         a.current = i;
         ++handled;
+        const int attempt = s_.ledger.attempt_of(*it.part, it.record.offset);
         const bool ok = call_handler(i, failure, [&] {
             const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
-            const Context ctx(it.record, it.id, s_.ledger.attempt_of(*it.part, it.record.offset), it.key_window_open);
+            const CallScope running(w.call, it);
+            const Context ctx(it.record, it.id, attempt, it.key_window_open);
             const TraceScope trace(&it.record); // what the handler publishes carries the record's trace
             if (batched)
                 s_.stage.handle_batch(tx, &it.slot, &ctx, 1);
@@ -649,6 +651,7 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work&
         if (!ok || !left_usable(tx, w, i, failure))
             return Outcome::handler_failed;
         ++w.calls_ok;
+        w.calls_recovered += attempt > 1 ? 1 : 0;
         if (w.watch_keys)
             w.ok_keys.push_back(circuit_key(it));
         a.current = nobody;
@@ -685,6 +688,7 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_gathered(pqxx::w
     a.current = w.call_items.front();
     bool ok = call_handler(a.current, failure, [&] {
         const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the call's time is the handler's
+        const CallScope running(w.call, b.items[a.current], handled);
         // One record: what the handler publishes carries its trace; several: each passes its own.
         const TraceScope trace(handled == 1 ? &b.items[a.current].record : nullptr);
         s_.stage.handle_batch(tx, w.call_slots.data(), w.call_contexts.data(), handled);
@@ -703,6 +707,8 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_gathered(pqxx::w
         return Outcome::split;
     }
     w.calls_ok += handled;
+    for (const auto& ctx : w.call_contexts)
+        w.calls_recovered += ctx.attempt() > 1 ? 1 : 0;
     if (w.watch_keys)
         for (const std::size_t i : w.call_items)
             w.ok_keys.push_back(circuit_key(b.items[i]));
@@ -918,6 +924,7 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
         pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
         {
             const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the hook's time is its own
+            const CallScope running(w.call, it);
             outcome = s_.cfg.retention.reconcile(tx, Context(it.record, it.id, attempt, it.key_window_open));
         }
         if (const auto state = pg::state_of(tx); state != pg::TxState::open)

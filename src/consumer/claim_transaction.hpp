@@ -82,6 +82,65 @@ std::pair<int, int> member_lock(const std::string& group);
 /// Thrown inside a transaction when the offset table refused our epoch.
 struct Fenced {};
 
+/// The handler call a worker runs now, for the poll thread's watch over
+/// calls that do not return (a call cannot be interrupted: only seen). The
+/// worker marks each call's start and end (an uncontended lock); the poll
+/// thread reads it now and then.
+class RunningCall {
+public:
+    /// What runs: since when, and its (first) record.
+    struct Seen {
+        Clock::time_point since;
+        std::string where;       // topic/partition@offset
+        LogFields fields;        // its log fields
+        std::size_t records = 1; // a batch handler call's records
+    };
+
+    /// `first` (of `records` in one call) runs from now; it must stay alive until end().
+    void begin(const Item& first, std::size_t records = 1) noexcept
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        item_ = &first;
+        records_ = records;
+        since_ = Clock::now();
+    }
+    /// The call returned (or threw).
+    void end() noexcept
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        item_ = nullptr;
+    }
+    /// The call running now, if any.
+    std::optional<Seen> seen() const
+    {
+        std::lock_guard<std::mutex> lock(mu_); // the item lives until end()
+        if (!item_)
+            return std::nullopt;
+        return Seen{since_, item_->where(), item_->log_fields(), records_};
+    }
+
+private:
+    mutable std::mutex mu_;
+    const Item* item_ = nullptr;
+    std::size_t records_ = 0;
+    Clock::time_point since_{};
+};
+
+/// Marks a handler call in a RunningCall for its scope.
+class CallScope {
+public:
+    CallScope(RunningCall& call, const Item& first, std::size_t records = 1) noexcept : call_(call)
+    {
+        call_.begin(first, records);
+    }
+    ~CallScope() { call_.end(); }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+
+private:
+    RunningCall& call_;
+};
+
 /// A worker: one PostgreSQL connection (its calls bounded by
 /// ConsumerConfig::db_timeout through the session's watch) and, per batch,
 /// its share of the records.
@@ -101,10 +160,12 @@ struct Worker : pg::Session {
     std::vector<std::size_t> call_items; // batch handler: the records of the call
     std::vector<std::size_t> call_slots; // and their Stage slots
     std::vector<Context> call_contexts;
-    std::size_t calls_ok = 0; // handler calls (records) of the last transaction that returned normally
+    std::size_t calls_ok = 0;        // handler calls (records) of the last transaction that returned normally
+    std::size_t calls_recovered = 0; // of them, those of records that had failed before
     // While the circuit breaker blames keys: those of the calls_ok calls.
     bool watch_keys = false;
     std::vector<std::uint64_t> ok_keys;
+    RunningCall call;         // the handler call running now
     std::exception_ptr error; // an unexpected exception, rethrown on the poll thread
     // offsets_in_database: the positions the final transaction stored, for
     // the poll thread to note in their states after the batch.
@@ -148,11 +209,12 @@ public:
     /// and (libpqxx 6) read-only by default.
     void prepare(pqxx::connection& db) const;
 
-    /// Before a decoded batch goes to the workers (none of them running): each
-    /// record is screened by `intake`, the reconcile hook runs on `db` for
-    /// those that need it, and poison records go to the dead letter. Returns
-    /// the holds every worker starts from (records to retry later, dead
-    /// letters not acknowledged).
+    /// Before a decoded unit's transactions, on the worker that runs them
+    /// (the consumer) or the caller's thread: each record is screened by
+    /// `intake`, the reconcile hook runs on the worker's connection for
+    /// those that need it, and poison records go to the dead letter (waiting
+    /// for the broker's acknowledgement). Returns the holds the worker starts
+    /// from (records to retry later, dead letters not acknowledged).
     Holds screen(Intake& intake, Worker& w, std::vector<Item>& items);
 
     /// Runs the worker's transactions over its records of `items` (decoded)

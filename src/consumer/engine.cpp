@@ -10,10 +10,10 @@
 //     lane (their partition; with Ordering::key, their key in it) is in no
 //     busy unit, in poll order, up to unit_cap. Records behind a busy lane
 //     wait, so a lane's records run in order, one unit at a time.
-//  3. submit(): Intake::decode() into the worker's Stage slots, then
-//     ClaimTransaction::screen(): Intake::screen() (settled dead letters,
-//     the dedup-horizon guard) and the reconcile hook on the worker's idle
-//     connection; poison records go to the DeadLetterer.
+//  3. submit(): Intake::decode() into the worker's Stage slots; then, on
+//     the worker, ClaimTransaction::screen(): Intake::screen() (settled
+//     dead letters, the dedup-horizon guard) and the reconcile hook on the
+//     worker's idle connection; poison records go to the DeadLetterer.
 //  4. ClaimTransaction::run() on the worker: claim, handler calls, stored
 //     positions, COMMIT; a failing record is held (retried) or dead-lettered.
 //  5. merge_unit(), as soon as the unit ends (others still run): its holds
@@ -107,6 +107,7 @@ void Engine::Impl::flush_commits()
 void Engine::Impl::housekeeping()
 {
     const auto now = Clock::now();
+    watch_calls(now);
     const bool tick = now >= next_lag_update;
     if (tick) {
         update_lag(ledger, *kafka, metrics);

@@ -168,23 +168,23 @@ void Engine::Impl::submit(std::size_t n)
     auto& w = workers[n];
     metrics.consumed.add(unit.size());
     unit_deadlines[n] = Clock::now() + batch_budget;
-    const Holds holds = claims.screen(intake, w, unit);
-    w.reset(holds);
-    for (std::size_t i = 0; i < unit.size(); ++i)
-        if (unit[i].state == ItemState::pending)
-            w.items.push_back(i);
+    w.reset(Holds{});
     busy[n] = true;
     ++busy_units;
-    if (w.items.empty()) {
-        merge_unit(n); // nothing for a transaction: settled by the screening
-        return;
-    }
-    // Always on the pool, also with one worker and no pipeline: the poll
-    // thread stays free to keep the membership during a long handler call.
+    // Always on the pool, also with one worker and no pipeline, the
+    // screening too: the poll thread stays free to keep the membership
+    // during a long handler call, a reconcile hook call, or dead-letter
+    // publishes that wait for the broker (up to their timeout each).
     pool->submit(n, [this, n] {
         auto& worker = workers[n];
+        auto& items = units[n];
         try {
-            claims.run(worker, units[n], unit_deadlines[n]);
+            worker.holds = claims.screen(intake, worker, items); // held before the transactions
+            for (std::size_t i = 0; i < items.size(); ++i)
+                if (items[i].state == ItemState::pending)
+                    worker.items.push_back(i);
+            if (!worker.items.empty()) // else settled by the screening
+                claims.run(worker, items, unit_deadlines[n]);
         } catch (...) {
             worker.failed = true;
             worker.error = std::current_exception();

@@ -127,6 +127,7 @@ void Engine::Impl::await_unit()
         }
         auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
         last_polled = Clock::now();
+        watch_calls(last_polled);
         if (m && m->err) {
             kafka->consumer_error(*m);
         } else if (m) {
@@ -141,6 +142,39 @@ void Engine::Impl::await_unit()
         set_db_pause(false); // resumes all but partitions waiting out a retry backoff
     say(log, LogLevel::info, {}, "a unit of work ended after {} ms of polling; the assignment is resumed",
         std::chrono::duration_cast<milliseconds>(Clock::now() - since).count());
+}
+
+void Engine::Impl::watch_calls(Clock::time_point now)
+{
+    if (now < next_call_watch)
+        return;
+    next_call_watch = now + milliseconds(200);
+    stuck.resize(workers.size());
+    const auto bound = kafka->max_poll_interval();
+    milliseconds oldest{0};
+    for (std::size_t n = 0; n < workers.size(); ++n) {
+        const auto call = busy[n] ? workers[n].call.seen() : std::nullopt;
+        if (!call)
+            continue;
+        const auto ran = std::chrono::duration_cast<milliseconds>(now - call->since);
+        oldest = std::max(oldest, ran);
+        auto& told = stuck[n];
+        const bool again = told.since == call->since;
+        if (ran < bound || (again && now - told.told < bound))
+            continue;
+        if (!again)
+            metrics.stuck_calls.add();
+        told = {call->since, now};
+        auto fields = call->fields;
+        fields.push_back({"running_ms", std::to_string(ran.count())});
+        say(log, LogLevel::error, std::move(fields),
+            "handler call on {}{} has run for {} s and not returned (worker {}; max.poll.interval.ms {} ms): it "
+            "cannot be interrupted; the member stays in the group, keeping its partitions until a rebalance "
+            "takes them, and stop() waits for it. Said again every {} s while it runs",
+            call->where, call->records > 1 ? fmt::format(" and {} more records", call->records - 1) : "",
+            ran.count() / 1000, n, bound.count(), bound.count() / 1000);
+    }
+    metrics.oldest_call_ms.set(oldest.count());
 }
 
 void Engine::Impl::cut_for_stop()
@@ -193,12 +227,16 @@ void Engine::Impl::circuit_opened(const Circuit::Evidence& e, Clock::time_point 
     circuit_counted = circuit_since = now;
     ledger.forgive_failures(); // the failures that showed the outage were not the records' either
     circuit_hold();
+    const auto flapping = e.recovered == 0 ? std::string()
+                                           : fmt::format(", and {} records that had failed succeeded at a later "
+                                                         "attempt (a flapping downstream)",
+                                                         e.recovered);
     say(log, LogLevel::warning, error_field(e.last_error),
         "circuit breaker open: {} of {} handler attempts failed within {} ms, on {} or more keys in {} or more "
-        "partitions: taken for an outage, not the records' fault. The assignment is paused and rewound for {} "
+        "partitions{}: taken for an outage, not the records' fault. The assignment is paused and rewound for {} "
         "ms, then a probe batch runs; failures meanwhile do not count toward max_attempts (nor do those so "
         "far). Last error: {}",
-        e.failures, e.attempts, e.span.count(), e.keys, e.partitions, e.wait.count(), e.last_error);
+        e.failures, e.attempts, e.span.count(), e.keys, e.partitions, flapping, e.wait.count(), e.last_error);
 }
 
 void Engine::Impl::settle_probe(Clock::time_point now)
@@ -212,8 +250,9 @@ void Engine::Impl::settle_probe(Clock::time_point now)
             "circuit breaker closed after {} ms: {} handler call(s) of the probe succeeded ({} failed); the "
             "assignment runs as before, and failures count toward max_attempts again. The {} key(s) that failed "
             "while it was open are blamed until one of their records succeeds: their failures open the circuit "
-            "again only at a record's last attempt",
-            p.open_for.count(), p.successes, p.failures, p.blamed);
+            "again only at a record's last attempt; those of {} of them (which opened it again so, and the "
+            "handler has worked since) do not open it at all, they are dead-lettered after max_attempts",
+            p.open_for.count(), p.successes, p.failures, p.blamed, p.convicted);
     } else if (p.outcome == Outcome::reopened) {
         circuit_hold();
         say(log, LogLevel::warning, error_field(p.last_error),

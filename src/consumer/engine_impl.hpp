@@ -141,6 +141,14 @@ struct Engine::Impl final : kafka::GroupEvents {
     milliseconds keepalive_after{10000};
     milliseconds revoke_wait{10000};
     bool keepalive_paused = false;
+    // The handler calls watched by watch_calls(): per worker, the start of
+    // the call it last said was stuck and when it said so.
+    struct StuckCall {
+        Clock::time_point since{};
+        Clock::time_point told{};
+    };
+    std::vector<StuckCall> stuck;
+    Clock::time_point next_call_watch{};
 
     Impl(ConsumerConfig c, Stage& s);
 
@@ -277,8 +285,9 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // Hands each free worker its next unit: the waiting records whose lane is
     // in no busy unit, in poll order, up to unit_cap; they are decoded into
-    // Stage slots (if they were not decoded while waiting) and screened (the
-    // reconcile hook runs on the worker's idle connection). True when a unit
+    // Stage slots (if they were not decoded while waiting) and, on the
+    // worker, screened (the reconcile hook runs on its idle connection, dead
+    // letters are published), never on the poll thread. True when a unit
     // was handed out.
     bool dispatch();
     // Records wait for a free worker, and a unit is worth handing out now:
@@ -308,6 +317,12 @@ struct Engine::Impl final : kafka::GroupEvents {
     // assignment (librdkafka treats it as lost). A stop that becomes forced
     // abandons the running units (rolled back when their calls return).
     void await_unit();
+
+    // A handler call cannot be interrupted, but one that does not return
+    // must be seen: the gauge of the oldest call running (every 200 ms at
+    // most), and a call running past max.poll.interval.ms is an error line
+    // naming its record, again every max.poll.interval.ms while it runs.
+    void watch_calls(Clock::time_point now);
 
     // A forced stop during a call that does not return: the workers'
     // connections are cut, so a call blocked on PostgreSQL (a frozen server,

@@ -127,14 +127,14 @@ void Intake::apply_horizon(Item& it)
 // which setting decided it and what to change.
 void Intake::explain_default_once(DeadLetterReason reason)
 {
-    if (reason == DeadLetterReason::non_v7_event_id && !std::exchange(non_v7_explained_, true))
+    if (reason == DeadLetterReason::non_v7_event_id && !non_v7_explained_.exchange(true))
         emit(log_, LogLevel::error,
              "event ids that are not UUIDv7 are dead-lettered: retention.non_v7 is dead_letter (the default with the "
              "partitioned claims table, whose partitions expire by the id's time). Producers that send UUIDv4 or "
              "other ids need retention.non_v7 = NonV7Policy::process or retention.mode = RetentionMode::purge "
              "(README, \"Event ids\"). Logged once; every such record is dead-lettered with reason non_v7_event_id",
              "consumer");
-    if (reason == DeadLetterReason::beyond_dedup_horizon && !std::exchange(horizon_explained_, true))
+    if (reason == DeadLetterReason::beyond_dedup_horizon && !horizon_explained_.exchange(true))
         emit(log_, LogLevel::error,
              fmt::format("events older than the dedup horizon ({} h) are dead-lettered: retention.beyond_horizon is "
                          "dead_letter (the default), as their claims may already be purged. To handle them set "

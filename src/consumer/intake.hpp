@@ -5,6 +5,7 @@
 // letters settled earlier in the assignment, and the dedup-horizon guard.
 // Private to the library.
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -36,7 +37,7 @@ public:
     /// Decodes one record into its Stage slot (Item::slot).
     void decode(Item& it);
 
-    /// Before the record runs (on the poll thread): a record
+    /// Before the record runs (on the worker that runs it; thread-safe): a record
     /// whose dead letter was written in this assignment is done; one whose
     /// dead letter was refused goes to the dead letter again, as it was (its
     /// handler does not run again); a poison record is counted; the others
@@ -63,8 +64,8 @@ private:
     LogSink log_;
     std::optional<HorizonGuard> guard_;
     bool failures_are_handlers_ = true;
-    bool non_v7_explained_ = false;
-    bool horizon_explained_ = false;
+    std::atomic<bool> non_v7_explained_{false};
+    std::atomic<bool> horizon_explained_{false};
 };
 
 } // namespace idemkafka::detail

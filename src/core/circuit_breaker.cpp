@@ -17,15 +17,17 @@ Circuit::Circuit(const CircuitBreaker& settings)
 {
 }
 
-void Circuit::succeeded(std::size_t calls)
+void Circuit::succeeded(std::size_t calls, std::size_t recovered)
 {
     if (!s_.enabled || calls == 0)
         return;
     std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::probing)
+    if (state_ == State::probing) {
         probe_successes_ += calls;
-    else if (state_ == State::closed)
+    } else if (state_ == State::closed) {
         successes_ += calls;
+        recovered_ += std::min(recovered, calls);
+    }
     // open: a batch that began before the circuit opened, no news
 }
 
@@ -38,19 +40,51 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
     if (state_ == State::open)
         return Verdict::outage;
     last_error_.assign(what.data(), what.size());
-    if (state_ == State::probing) {
-        ++probe_failures_;
-        ++round_failures_;
-        probe_new_keys_ += suspects_.insert(key).second ? 1 : 0;
-        probe_repeats_ += round_.insert(key).second ? 0 : 1; // already failed in this round
-        if (s_.give_up_after.count() > 0 && now - opened_at_ >= s_.give_up_after)
-            given_up_ = true;
-        return given_up_ ? Verdict::counted : Verdict::probe;
-    }
+    if (state_ == State::probing)
+        return probe_failed(key, now);
     if (!window_.empty())
         now = std::max(now, window_.back().at); // workers report out of order by a little
     while (!window_.empty() && (window_.front().at < now - s_.window || window_.size() >= max_failures_kept))
         forget_oldest();
+    const bool blamed = blamed_.count(key) != 0;
+    std::optional<Evidence> evidence;
+    if (blamed && convicted_.count(key) != 0) {
+        // Its failures are its own, not evidence; at its last attempt only
+        // a flapping downstream keeps it from the dead-letter topic.
+        if (last_attempt)
+            evidence = flapping(now);
+    } else {
+        track(partition, key, now);
+        evidence = judge(now);
+        if (!evidence && last_attempt)
+            evidence = flapping(now);
+    }
+    if (!evidence || (!last_attempt && blamed))
+        return Verdict::counted;
+    if (blamed && convicted_.count(key) == 0) {
+        // Blamed keys opened it again at a last attempt: if the handler
+        // works once more before they do, they are poison.
+        for (const auto& streak : streaks_)
+            if (blamed_.count(streak.first) != 0 && convicted_.size() < max_failures_kept)
+                convicted_.insert(streak.first);
+    }
+    open(std::move(*evidence), now);
+    return Verdict::outage;
+}
+
+Circuit::Verdict Circuit::probe_failed(std::uint64_t key, Clock::time_point now)
+{
+    ++probe_failures_;
+    ++round_failures_;
+    probe_new_keys_ += suspects_.insert(key).second ? 1 : 0;
+    probe_repeats_ += round_.insert(key).second ? 0 : 1; // already failed in this round
+    if (s_.give_up_after.count() > 0 && now - opened_at_ >= s_.give_up_after)
+        given_up_ = true;
+    return given_up_ ? Verdict::counted : Verdict::probe;
+}
+
+void Circuit::track(std::uint64_t partition, std::uint64_t key, Clock::time_point now)
+{
     auto [st, fresh] = streaks_.try_emplace(key);
     if (fresh) {
         const double r = s_.failure_ratio;
@@ -59,24 +93,47 @@ Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std
             partition, failures_, successes_, now, 0, order_.emplace(place, key), partitions_[partition].insert(place)};
     }
     ++st->second.in_window;
-    window_.push_back({now, key});
+    window_.push_back({now, key, failures_, successes_, recovered_});
     ++failures_;
-    auto evidence = judge(now);
-    if (!evidence || (!last_attempt && blamed_.count(key) != 0))
-        return Verdict::counted;
+}
+
+void Circuit::open(Evidence evidence, Clock::time_point now)
+{
     state_ = State::open;
     opened_at_ = now;
     given_up_ = given_up_told_ = false;
     suspects_.swap(blamed_); // suspects again
     blamed_.clear();
-    blaming_.store(false, std::memory_order_relaxed);
     end_round();
     for (const auto& streak : streaks_)
         suspects_.insert(streak.first);
-    evidence->wait = round_wait_ = backoff_.next();
-    probe_at_ = now + evidence->wait;
+    blaming_.store(!convicted_.empty(), std::memory_order_relaxed);
+    evidence.wait = round_wait_ = backoff_.next();
+    probe_at_ = now + evidence.wait;
     opened_ = std::move(evidence);
-    return Verdict::outage;
+}
+
+std::optional<Circuit::Evidence> Circuit::flapping(Clock::time_point now) const
+{
+    if (window_.empty() || streaks_.size() < s_.min_keys || partitions_.size() < s_.min_partitions)
+        return std::nullopt;
+    const Failure& oldest = window_.front();
+    const auto recovered = recovered_ - oldest.recovered_before;
+    const auto successes = successes_ - oldest.successes_before;
+    // Of the calls that succeeded since, the share that had failed before:
+    // about the chance that a call fails, for records that are not poison.
+    if (recovered < s_.min_keys ||
+        static_cast<double>(recovered) < s_.failure_ratio / 2 * static_cast<double>(successes))
+        return std::nullopt;
+    Evidence e;
+    e.failures = failures_ - oldest.failures_before;
+    e.attempts = e.failures + successes;
+    e.keys = streaks_.size();
+    e.partitions = partitions_.size();
+    e.recovered = recovered;
+    e.span = std::chrono::duration_cast<milliseconds>(now - oldest.at);
+    e.last_error = last_error_;
+    return e;
 }
 
 void Circuit::succeeded_on(const std::vector<std::uint64_t>& keys)
@@ -84,9 +141,11 @@ void Circuit::succeeded_on(const std::vector<std::uint64_t>& keys)
     if (keys.empty())
         return;
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto key : keys)
+    for (const auto key : keys) {
         blamed_.erase(key);
-    blaming_.store(!blamed_.empty(), std::memory_order_relaxed);
+        convicted_.erase(key);
+    }
+    blaming_.store(!blamed_.empty() || !convicted_.empty(), std::memory_order_relaxed);
 }
 
 void Circuit::skipped(std::size_t records)
@@ -209,7 +268,9 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
         if (blamed_.size() > max_failures_kept)
             blamed_.clear(); // bounded; forgetting only makes them evidence again
         p.blamed = blamed_.size();
-        blaming_.store(!blamed_.empty(), std::memory_order_relaxed);
+        for (const auto key : blamed_)
+            p.convicted += convicted_.count(key);
+        blaming_.store(!blamed_.empty() || !convicted_.empty(), std::memory_order_relaxed);
         end_round();
         backoff_.reset();
     } else if (p.failures > 0 && p.new_keys == 0 &&

@@ -34,7 +34,24 @@
 // otherwise open the circuit again, have its attempts forgiven, and never
 // be dead-lettered. By its last attempt the successes are in: the evidence
 // is judged as usual, and an outage that came back (nothing succeeding)
-// still opens it. Opening again makes them suspects again.
+// still opens it. Opening again makes them suspects again, and convicts
+// them (and the blamed keys failing beside them): when a probe's success
+// closes the circuit once more before one of their records succeeded, the
+// handler has worked twice while they failed, so their failures are no
+// evidence any more, only their own (counted, dead-lettered after
+// max_attempts). Without this, poison among healthy records that trickle in
+// (its retries outnumbering their successes) would open the circuit at each
+// last attempt, be forgiven, and never be dead-lettered.
+//
+// A flapping downstream (a share of all calls failing at random) fails
+// records of many keys, and with enough of them one fails at all its
+// attempts by chance. At a record's last attempt the circuit also opens when
+// the window shows it: at least min_keys keys failing in min_partitions
+// partitions, and since the oldest failure in the window at least min_keys
+// records that had failed succeeded, as many as failure_ratio / 2 of all
+// successes (about the chance a call fails, for records that are not
+// poison; poison never succeeds, and a healthy handler rarely needs a
+// retry).
 //
 // When nothing but failing records is left to run, no probe can succeed:
 // after `give_up_after` open since it opened from closed, the circuit gives
@@ -97,6 +114,9 @@ public:
         std::size_t partitions = 0; // likewise
         milliseconds span{0};       // from the oldest failure counted to the last
         milliseconds wait{0};       // before the first probe
+        // A flapping downstream: records that had failed and then succeeded
+        // since the oldest failure counted (0: opened by the keys' evidence).
+        std::size_t recovered = 0;
         std::string last_error;
     };
 
@@ -113,10 +133,11 @@ public:
         std::size_t new_keys = 0; // of `failures`, those of keys not suspect before
         std::size_t skipped = 0;  // records settled without a handler call (duplicates)
         milliseconds wait{0};
-        milliseconds open_for{0}; // closed: since the circuit opened; else gave_up: likewise
-        bool counted = false;     // its failures counted toward max_attempts (the circuit gave up)
-        bool gave_up = false;     // the first probe since the circuit gave up
-        std::size_t blamed = 0;   // closed: the suspects, blamed from now on
+        milliseconds open_for{0};  // closed: since the circuit opened; else gave_up: likewise
+        bool counted = false;      // its failures counted toward max_attempts (the circuit gave up)
+        bool gave_up = false;      // the first probe since the circuit gave up
+        std::size_t blamed = 0;    // closed: the suspects, blamed from now on
+        std::size_t convicted = 0; // closed: of them, those whose failures are no evidence any more
         std::string last_error;
     };
 
@@ -130,9 +151,10 @@ public:
     // ---- the workers ----------------------------------------------------------
 
     /// `calls` handler calls returned normally (one per record, also within a
-    /// batch handler call). Reported once per transaction, not per record,
-    /// before that transaction's failure, if any.
-    void succeeded(std::size_t calls);
+    /// batch handler call), `recovered` of them for records that had failed
+    /// before (a counted failure). Reported once per transaction, not per
+    /// record, before that transaction's failure, if any.
+    void succeeded(std::size_t calls, std::size_t recovered = 0);
     /// While blaming(): the keys (as failed() has them) of handler calls that
     /// returned normally; they are no longer blamed.
     void succeeded_on(const std::vector<std::uint64_t>& keys);
@@ -172,6 +194,10 @@ private:
     struct Failure {
         Clock::time_point at;
         std::uint64_t key;
+        // The counts just before it.
+        std::uint64_t failures_before;
+        std::uint64_t successes_before;
+        std::uint64_t recovered_before;
     };
     // Keys are ordered by (1 - r) x failures_before - r x successes_before
     // (r: failure_ratio): a key failed as most attempts did since it began
@@ -188,8 +214,14 @@ private:
         std::multiset<double>::iterator in_partition;
     };
 
+    Verdict probe_failed(std::uint64_t key, Clock::time_point now);
+    // A failure while closed, into the window and its key's streak.
+    void track(std::uint64_t partition, std::uint64_t key, Clock::time_point now);
+    void open(Evidence evidence, Clock::time_point now);
     void forget_oldest();
     std::optional<Evidence> judge(Clock::time_point now) const;
+    // The evidence of a flapping downstream in the window (see above).
+    std::optional<Evidence> flapping(Clock::time_point now) const;
 
     const CircuitBreaker s_;
     mutable std::mutex mu_;
@@ -201,6 +233,7 @@ private:
     std::unordered_map<std::uint64_t, std::multiset<double>> partitions_;
     std::uint64_t failures_ = 0;  // every failure judged while closed
     std::uint64_t successes_ = 0; // every success reported while closed
+    std::uint64_t recovered_ = 0; // of them, those of records that had failed before
     GrowingBackoff backoff_;
     Clock::time_point opened_at_{};
     Clock::time_point probe_at_{};
@@ -216,7 +249,11 @@ private:
     std::unordered_set<std::uint64_t> suspects_;
     std::unordered_set<std::uint64_t> round_;
     std::unordered_set<std::uint64_t> blamed_; // the suspects when it last closed, until they succeed
-    std::atomic<bool> blaming_{false};         // !blamed_.empty()
+    // Blamed keys that opened it again at a last attempt (they and the
+    // blamed keys failing beside them), until they succeed: blamed again,
+    // their failures are no evidence.
+    std::unordered_set<std::uint64_t> convicted_;
+    std::atomic<bool> blaming_{false}; // !blamed_.empty() || !convicted_.empty()
     std::size_t round_failures_ = 0;
     milliseconds round_wait_{0}; // the last backoff
     bool given_up_ = false;      // open past give_up_after: the probes' failures count

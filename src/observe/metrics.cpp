@@ -66,6 +66,8 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::handler_aborted_transactions},
     {"long_call_waits", "Handler calls waited for past the keep-alive point, with the assignment paused and polled.",
      &MetricsSnapshot::long_call_waits},
+    {"stuck_calls", "Handler calls still running past max.poll.interval.ms (logged as errors naming the record).",
+     &MetricsSnapshot::stuck_calls},
     {"revoke_abandons", "Running transactions abandoned because a rebalance took their partitions during a long call.",
      &MetricsSnapshot::revoke_abandons},
     {"parked", "Records parked behind a failed record of their key (Ordering::key).", &MetricsSnapshot::parked},
@@ -156,6 +158,8 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
                  label, stalled_partitions);
     render_gauge(out, "circuit_open", "1 while the circuit breaker holds the assignment (open or probing).", label,
                  circuit_open);
+    render_gauge(out, "oldest_call_seconds", "Seconds the oldest handler call running now has run (0: none).", label,
+                 oldest_call_seconds);
     out += fmt::format("# HELP idemkafka_circuit_open_seconds_total Seconds the circuit breaker was open or probing.\n"
                        "# TYPE idemkafka_circuit_open_seconds_total counter\n"
                        "idemkafka_circuit_open_seconds_total{{group=\"{}\"}} {}\n",
@@ -228,6 +232,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.db_timeouts = db_timeouts.get();
     s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.long_call_waits = long_call_waits.get();
+    s.stuck_calls = stuck_calls.get();
     s.revoke_abandons = revoke_abandons.get();
     s.parked = parked.get();
     s.parking_overflows = parking_overflows.get();
@@ -255,6 +260,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.expired_partitions_kept = expired_partitions_kept.get();
     s.stalled_partitions = stalled_partitions.get();
     s.circuit_open = circuit_open.get();
+    s.oldest_call_seconds = static_cast<double>(oldest_call_ms.get()) / 1000.0;
     if (s.oldest_claim_unix_ms >= 0) {
         const auto now_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

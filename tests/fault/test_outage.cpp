@@ -343,6 +343,64 @@ void poison_alone_at_the_tail(Ordering ordering)
     check_dead_letters(f, poison, cfg.max_attempts);
 }
 
+// Three keys that always fail while healthy records trickle in, one a
+// second: the poison's retries outnumber the successes, so its failures look
+// like an outage and open the circuit; a probe's success closes it again.
+// The poison must still be dead-lettered (the handler works for the others)
+// long before give_up_after, and nothing healthy with it.
+void poison_among_a_trickle(Ordering ordering)
+{
+    INFO(name_of(ordering));
+    constexpr int poison_keys = 3;
+    Fixture f(partitions);
+    auto cfg = outage_config(f, ordering);
+    cfg.circuit_breaker.give_up_after = 600s; // the default: not what ends it
+    std::atomic<int> poison_calls{0};
+    Consumer c(cfg, decode, event_id_of, poisoned_handler(f, poison_calls));
+    Runner<Consumer> run(c);
+    std::atomic<bool> stop_live{false};
+    std::vector<TestEvent> live; // the producer's until it is joined
+    std::set<EventId> poison;
+    std::thread producer([&] {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        poison = publish_poison(pub, f.topic, poison_keys);
+        pub.flush();
+        for (int i = 0; !stop_live; ++i) { // a healthy record a second
+            TestEvent e{new_event_id(), fmt::format("live-{}", i % 50), i};
+            live.push_back(e);
+            pub.publish_async(f.topic, e.entity, encode(e));
+            pub.flush();
+            std::this_thread::sleep_for(1s);
+        }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool dead_lettered =
+        wait_until([&] { return c.metrics().snapshot().dead_lettered_total() >= poison_keys; }, 45s);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    stop_live = true;
+    producer.join();
+    const auto healthy = static_cast<std::int64_t>(live.size());
+    const auto total = healthy + poison_keys;
+    const bool drained = wait_until([&] { return f.rows() == healthy && f.committed_total(partitions) == total; }, 30s);
+    const auto m = c.metrics().snapshot();
+    const std::string at_end = nonzero_metrics(c);
+    run.join();
+    fail_if_threw(run.error());
+    WARN(fmt::format("{}: {} poison keys among {} live records: {} poison calls, circuit opened {} times, open "
+                     "{:.1f} s; dead-lettered after {} ms",
+                     name_of(ordering), poison_keys, live.size(), poison_calls.load(), m.circuit_opened,
+                     m.circuit_open_seconds, took.count()));
+    INFO(at_end);
+    REQUIRE(dead_lettered);
+    REQUIRE(drained);
+    CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == poison_keys);
+    CHECK(m.dead_lettered_total() == poison_keys);
+    CHECK(m.circuit_gave_up == 0);
+    CHECK(m.circuit_open == 0);
+    f.check_exact(static_cast<std::size_t>(healthy));
+    check_dead_letters(f, poison, cfg.max_attempts);
+}
+
 } // namespace
 
 TEST_CASE("poison alone at the tail of a quiet topic: the circuit gives up after give_up_after, the poison is "
@@ -357,6 +415,11 @@ TEST_CASE("poison at the heads of the partitions before duplicates: the probes l
           "[fault][outage]")
 {
     poison_heads_before_duplicates(Ordering::key);
+}
+
+TEST_CASE("three poison keys while healthy records trickle in: the poison is dead-lettered", "[fault][outage]")
+{
+    poison_among_a_trickle(Ordering::key);
 }
 
 TEST_CASE("an outage of every handler call for 15 s dead-letters nothing: the circuit opens, probes, closes",

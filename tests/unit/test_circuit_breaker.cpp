@@ -1,5 +1,8 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -35,6 +38,122 @@ Verdict fail(Circuit& c, int n, int keys, Circuit::Clock::time_point from, std::
                      from + i * every);
     return v;
 }
+
+// A consumer in miniature around the circuit, in steps of 10 ms: records
+// arrive and, when due, run in units of at most max_batch (probe_records
+// while probing) as the workers run them: one transaction after the other
+// until one commits all that is left; a failing record's transaction rolls
+// back (the calls before it ran, and run again), the record waits its retry
+// backoff (100 ms doubling) with the later records of its partition, and
+// after max_attempts counted failures is a dead letter. An opening forgives
+// every record's failures and stops everything until a probe is due. Keys
+// are 1..keys in turn (0: each record a key of its own); partition: key % 4.
+struct Sim {
+    struct Record {
+        std::uint64_t key;
+        bool poison;
+        bool gone = false;
+        int attempts = 0; // counted failures
+        Circuit::Clock::time_point due;
+    };
+
+    explicit Sim(const CircuitBreaker& s) : c(s), probe_records(s.probe_records) {}
+
+    Circuit c;
+    std::size_t probe_records;
+    std::size_t max_batch = 100;
+    int max_attempts = 5;
+    Circuit::Clock::time_point now = t0;
+    std::vector<Record> records;
+    std::function<bool(const Record&)> fails = [](const Record& r) { return r.poison; };
+    std::size_t done = 0, dead_healthy = 0, dead_poison = 0;
+    std::uint64_t keys = 0;
+    std::uint64_t added = 0;
+
+    void add(bool poison)
+    {
+        ++added;
+        records.push_back({keys == 0 ? added : added % keys + 1, poison, false, 0, now});
+    }
+
+    void count(Record& r)
+    {
+        if (++r.attempts >= max_attempts) {
+            ++(r.poison ? dead_poison : dead_healthy);
+            r.gone = true;
+            return;
+        }
+        r.due = now + std::min<std::chrono::milliseconds>(100ms * (1 << (r.attempts - 1)), 10s);
+    }
+
+    // The first record of `unit` that fails; the calls before it succeeded.
+    std::size_t attempt(const std::vector<Record*>& unit)
+    {
+        std::size_t i = 0, recovered = 0;
+        std::vector<std::uint64_t> ok;
+        for (; i < unit.size() && !fails(*unit[i]); ++i) {
+            recovered += unit[i]->attempts > 0 ? 1 : 0;
+            ok.push_back(unit[i]->key);
+        }
+        c.succeeded(i, recovered);
+        if (c.blaming())
+            c.succeeded_on(ok);
+        return i;
+    }
+
+    void run(std::vector<Record*> unit)
+    {
+        for (;;) {
+            const std::size_t i = attempt(unit);
+            if (i == unit.size())
+                break;
+            Record& r = *unit[i];
+            const auto v = c.failed(r.key % 4, r.key, "503", now, r.attempts + 1 >= max_attempts);
+            if (v == Verdict::outage) {
+                for (auto& o : records)
+                    o.attempts = 0;
+                return;
+            }
+            const auto part = r.key % 4;
+            if (v == Verdict::counted)
+                count(r);
+            else
+                r.due = now + c.round_wait();
+            const auto due = r.due;
+            unit.erase(unit.begin() + static_cast<std::ptrdiff_t>(i));
+            for (auto j = unit.begin() + static_cast<std::ptrdiff_t>(i); j != unit.end();)
+                if ((*j)->key % 4 == part) {
+                    (*j)->due = due; // the partition waits with it
+                    j = unit.erase(j);
+                } else {
+                    ++j;
+                }
+        }
+        for (auto* r : unit) {
+            r->gone = true;
+            ++done;
+        }
+    }
+
+    void step()
+    {
+        now += 10ms;
+        if (c.state() == Circuit::State::open && !c.probe_due(now))
+            return;
+        const bool probing = c.state() == Circuit::State::probing;
+        std::vector<Record*> due;
+        for (auto& r : records)
+            if (!r.gone && r.due <= now)
+                due.push_back(&r);
+        std::stable_sort(due.begin(), due.end(), [](const Record* a, const Record* b) { return a->due < b->due; });
+        due.resize(std::min(due.size(), probing ? probe_records : max_batch));
+        run(due);
+        if (probing)
+            c.settle_probe(now);
+        records.erase(std::remove_if(records.begin(), records.end(), [](const Record& r) { return r.gone; }),
+                      records.end());
+    }
+};
 
 } // namespace
 
@@ -330,7 +449,7 @@ TEST_CASE("circuit: after a close the suspects are blamed: they open it only at 
     close(t0 + 1h);
     CHECK(burst(t0 + 1h + 5s, 12, false) == Verdict::counted);
     CHECK(c.failed(0, 0, "503", t0 + 1h + 5100ms, true) == Verdict::outage);
-    CHECK_FALSE(c.blaming());
+    CHECK(c.blaming()); // convicted now: their successes are still looked for
     REQUIRE(c.probe_due(t0 + 1h + 7s));
     c.failed(0, 5, "503", t0 + 1h + 7s); // blamed before: a suspect, not a new key
     const auto q = c.settle_probe(t0 + 1h + 7s);
@@ -343,6 +462,90 @@ TEST_CASE("circuit: after a close the suspects are blamed: they open it only at 
     c.succeeded_on({0, 1, 2});
     CHECK(c.blaming()); // 5 is left
     CHECK(fail(c, 10, 3, t0 + 2h) == Verdict::outage);
+}
+
+TEST_CASE("circuit: blamed keys that open it again at a last attempt, then a success: their failures are their own",
+          "[unit][circuit]")
+{
+    Circuit c(settings());
+    REQUIRE(fail(c, 10, 3, t0) == Verdict::outage); // keys 0, 1, 2
+    REQUIRE(c.probe_due(t0 + 1100ms));
+    c.succeeded(1);
+    REQUIRE(c.settle_probe(t0 + 1200ms).outcome == Outcome::closed); // blamed
+    // Their retries outnumber the successes of a trickle of healthy records:
+    // at a last attempt the evidence opens it again.
+    c.succeeded(2);
+    CHECK(fail(c, 12, 3, t0 + 2s) == Verdict::counted);
+    CHECK(c.failed(0, 1, "bug", t0 + 2200ms, true) == Verdict::outage);
+    REQUIRE(c.take_opened());
+    // The handler works once more for another record, and they still fail.
+    REQUIRE(c.probe_due(t0 + 3300ms));
+    c.failed(0, 2, "bug", t0 + 3300ms);
+    c.succeeded(1);
+    const auto p = c.settle_probe(t0 + 3300ms);
+    REQUIRE(p.outcome == Outcome::closed);
+    CHECK(p.blamed == 3);
+    CHECK(p.convicted == 3);
+    // Now their failures count, last attempts too: they are dead-lettered.
+    for (int i = 0; i < 30; ++i)
+        CHECK(c.failed(0, static_cast<std::uint64_t>(i % 3), "bug", t0 + 4s + i * 10ms, i >= 27) == Verdict::counted);
+    CHECK(c.state() == Circuit::State::closed);
+    // Other keys failing are still an outage.
+    Verdict v = Verdict::counted;
+    for (int i = 0; i < 10; ++i)
+        v = c.failed(0, 10 + static_cast<std::uint64_t>(i % 3), "503", t0 + 5s + i * 10ms);
+    CHECK(v == Verdict::outage);
+    // A convicted key whose record succeeds is blamed no more.
+    c.succeeded_on({0});
+    REQUIRE(c.probe_due(t0 + 7s));
+    c.succeeded(1);
+    const auto q = c.settle_probe(t0 + 7s);
+    REQUIRE(q.outcome == Outcome::closed);
+    CHECK(q.blamed == 6); // the suspects: 0 (it failed while open), 1, 2 and the three new keys
+    CHECK(q.convicted == 2);
+}
+
+TEST_CASE("circuit: at a last attempt, records of many keys that failed and then succeeded open it (flapping)",
+          "[unit][circuit]")
+{
+    SECTION("failed records succeed at their next attempt: a flapping downstream")
+    {
+        Circuit c(settings());
+        for (int k = 0; k < 20; ++k) { // a third of all calls fail
+            c.succeeded(2, 1);
+            CHECK(c.failed(static_cast<std::uint64_t>(k % 2), static_cast<std::uint64_t>(k), "503", t0 + k * 10ms) ==
+                  Verdict::counted);
+        }
+        c.succeeded(4, 2);
+        CHECK(c.failed(0, 99, "503", t0 + 300ms) == Verdict::counted);
+        c.succeeded(4, 2);
+        CHECK(c.failed(0, 99, "503", t0 + 400ms, true) == Verdict::outage);
+        const auto e = c.take_opened();
+        REQUIRE(e);
+        CHECK(e->recovered >= 19);
+        CHECK(e->keys == 21);
+        CHECK(e->partitions == 2);
+    }
+    SECTION("the same failures among first-attempt successes: poison, dead-lettered")
+    {
+        Circuit c(settings());
+        for (int k = 0; k < 20; ++k) {
+            c.succeeded(2, 0);
+            CHECK(c.failed(static_cast<std::uint64_t>(k % 2), static_cast<std::uint64_t>(k), "503", t0 + k * 10ms) ==
+                  Verdict::counted);
+        }
+        c.succeeded(4, 0);
+        CHECK(c.failed(0, 99, "503", t0 + 400ms, true) == Verdict::counted);
+    }
+    SECTION("a few retried records among many successes: normal, dead-lettered")
+    {
+        Circuit c(settings());
+        for (int k = 0; k < 20; ++k) {
+            c.succeeded(100, 1);
+            CHECK(c.failed(0, static_cast<std::uint64_t>(k), "503", t0 + k * 10ms) == Verdict::counted);
+        }
+        CHECK(c.failed(0, 99, "503", t0 + 400ms, true) == Verdict::counted);
+    }
 }
 
 TEST_CASE("circuit: nothing but suspects failing for give_up_after: their failures count", "[unit][circuit]")
@@ -427,4 +630,59 @@ TEST_CASE("circuit: tens of thousands of keys failing in the window, judged at e
     CHECK(e->partitions == 2);
     CHECK(e->keys == 3);
     CHECK(e->failures == 10000); // the window keeps the newest 10,000 failures
+}
+
+TEST_CASE("circuit: poison keys among a trickle of healthy records are dead-lettered", "[unit][circuit]")
+{
+    auto s = settings();
+    s.backoff = 500ms;
+    s.backoff_max = 2000ms;
+    for (const int poison : {3, 5, 12}) {
+        for (const auto every : {1000ms, 250ms, 130ms}) { // 1, 4 and under 8 healthy records a second
+            INFO(poison << " poison keys, a healthy record every " << every.count() << " ms");
+            Sim sim(s);
+            for (int k = 0; k < poison; ++k)
+                sim.add(true);
+            for (int i = 0; i < 6000 && sim.dead_poison < static_cast<std::size_t>(poison); ++i) { // 60 s
+                if (i % (every / 10ms) == 0)
+                    sim.add(false);
+                sim.step();
+            }
+            CHECK(sim.dead_poison == static_cast<std::size_t>(poison));
+            CHECK(sim.dead_healthy == 0);
+            CHECK(sim.now - t0 < 30s);
+        }
+    }
+}
+
+TEST_CASE("circuit: a flapping downstream (a third or half of all calls failing at random) dead-letters nothing",
+          "[unit][circuit]")
+{
+    auto s = settings();
+    s.backoff = 500ms;
+    s.backoff_max = 2000ms;
+    for (const double p : {0.3, 0.5}) {
+        for (const std::size_t batch : {1, 100}) {
+            for (const std::uint64_t keys : {0, 50}) {
+                for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+                    INFO(p << " of the calls fail, units of " << batch << ", " << keys << " keys, seed " << seed);
+                    std::mt19937 random(seed);
+                    std::bernoulli_distribution failing(p);
+                    Sim sim(s);
+                    sim.keys = keys;
+                    sim.max_batch = batch;
+                    sim.fails = [&](const Sim::Record&) { return failing(random); };
+                    for (int i = 0; i < 6000; ++i) { // 60 s, a record every 10 ms
+                        sim.add(false);
+                        sim.step();
+                    }
+                    sim.fails = [](const Sim::Record&) { return false; };
+                    for (int i = 0; i < 6000 && !sim.records.empty(); ++i)
+                        sim.step();
+                    CHECK(sim.dead_healthy == 0);
+                    CHECK(sim.done == 6000);
+                }
+            }
+        }
+    }
 }
