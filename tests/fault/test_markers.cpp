@@ -109,7 +109,8 @@ TEST_CASE("a stored position on a transaction's commit marker is resumed from, n
     auto rk = transactional_producer();
     produce_transaction(rk.get(), f, 10);
     // 10 records at offsets 0..9 and the commit marker at 10.
-    REQUIRE(high_watermark(rk.get(), f.topic) == 11);
+    // Apache Kafka writes the commit marker after the commit returns (the mock before): awaited.
+    REQUIRE(wait_until([&] { return high_watermark(rk.get(), f.topic) == 11; }, std::chrono::seconds(30)));
 
     auto cfg = f.config();
     cfg.offsets_in_database = true;
@@ -124,7 +125,7 @@ TEST_CASE("a stored position on a transaction's commit marker is resumed from, n
     // put back to 0, so the database's position is the one that counts.
     reset_group_offsets(f.group, f.topic, 1, 0);
     produce_transaction(rk.get(), f, 10); // offsets 11..20, marker at 21
-    REQUIRE(high_watermark(rk.get(), f.topic) == 22);
+    REQUIRE(wait_until([&] { return high_watermark(rk.get(), f.topic) == 22; }, std::chrono::seconds(30)));
 
     pqxx::connection locker(pg());
     pqxx::work lock_tx(locker);

@@ -174,8 +174,10 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     // A refused acknowledgement (the mock cluster sometimes answers an early
     // one with SHARE_SESSION_NOT_FOUND) drops the broker's locks, and the
     // polls that follow take other records: the composition below holds
-    // only without one; what ends committed holds always.
-    const bool composed = s1.acks_refused.get() == 0;
+    // only without one; what ends committed holds always. Apache Kafka
+    // composes the polls otherwise (the consumer fetches ahead, so the
+    // released record is not the first of the next poll): the mock's only.
+    const bool composed = on_mock_cluster() && s1.acks_refused.get() == 0;
     if (composed) {
         // Ten in the first poll (the failing one released), then the failing one with nine fresh ones.
         REQUIRE(m1.consumed == 20);
@@ -188,7 +190,8 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     CHECK(m1.handler_failures == 1);
     CHECK(m1.dead_lettered_total() == 0);
     CHECK(s1.delivery_limit_dead_letters.get() == 0);
-    CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, failing)) == 2);
+    if (composed)
+        CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, failing)) == 2);
 
     Consumer next(cfg, decode, event_id_of,
                   [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { insert_effect(tx, table, e, ctx); });
@@ -204,6 +207,8 @@ TEST_CASE("stop() during a batch keeps a record on its last delivery out of the 
     CHECK(claims(group) == total);
     const auto m2 = next.metrics().snapshot();
     CHECK(m2.dead_lettered_total() == 0);
+    // Wherever it ran, the record that failed once committed on its second (last) delivery.
+    CHECK(scalar(fmt::format("SELECT delivery FROM {} WHERE entity = '{}'", table, failing)) == 2);
     if (composed && next.share_metrics().acks_refused.get() == 0) {
         CHECK(m2.duplicates == 0);
         // The nine released fresh ones came again on their second (last) delivery.
