@@ -71,6 +71,49 @@ void write_control(const std::string& fifo, const std::string& command)
 
 } // namespace
 
+namespace {
+
+// A producer handle for admin requests and metadata; destroyed with the object.
+struct AdminHandle {
+    rd_kafka_t* rk = nullptr;
+    AdminHandle()
+    {
+        char err[512];
+        rd_kafka_conf_t* conf = rd_kafka_conf_new();
+        if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
+            throw std::runtime_error(err);
+        rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+        if (!rk)
+            throw std::runtime_error(err);
+    }
+    ~AdminHandle() { rd_kafka_destroy(rk); }
+    AdminHandle(const AdminHandle&) = delete;
+    AdminHandle& operator=(const AdminHandle&) = delete;
+
+    // The partitions of `topic` in a fresh metadata answer: count and leaders (empty when the
+    // broker does not know the topic or did not answer).
+    std::vector<std::int32_t> leaders(const std::string& topic) const
+    {
+        std::vector<std::int32_t> out;
+        const rd_kafka_metadata_t* md = nullptr;
+        if (rd_kafka_metadata(rk, 1, nullptr, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR)
+            return out;
+        for (int t = 0; t < md->topic_cnt; ++t)
+            if (md->topics[t].topic == topic && md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                out.assign(static_cast<std::size_t>(md->topics[t].partition_cnt), -1);
+                for (int p = 0; p < md->topics[t].partition_cnt; ++p) {
+                    const auto& part = md->topics[t].partitions[p];
+                    if (part.id >= 0 && part.id < md->topics[t].partition_cnt)
+                        out[static_cast<std::size_t>(part.id)] = part.err ? -1 : part.leader;
+                }
+            }
+        rd_kafka_metadata_destroy(md);
+        return out;
+    }
+};
+
+} // namespace
+
 bool on_mock_cluster()
 {
     const char* control = std::getenv("IDEMKAFKA_MOCK_CONTROL");
@@ -80,13 +123,8 @@ bool on_mock_cluster()
 void set_group_config(const std::string& group, const std::string& name, const std::string& value)
 {
 #if RD_KAFKA_VERSION >= 0x020200ff
-    char err[512];
-    rd_kafka_conf_t* conf = rd_kafka_conf_new();
-    if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
-        throw std::runtime_error(err);
-    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-    if (!rk)
-        throw std::runtime_error(err);
+    AdminHandle admin;
+    rd_kafka_t* rk = admin.rk;
     rd_kafka_ConfigResource_t* res = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_GROUP, group.c_str());
     std::string failure;
     if (rd_kafka_error_t* e = rd_kafka_ConfigResource_add_incremental_config(
@@ -115,7 +153,6 @@ void set_group_config(const std::string& group, const std::string& name, const s
     }
     rd_kafka_ConfigResource_destroy(res);
     rd_kafka_queue_destroy(q);
-    rd_kafka_destroy(rk);
     if (!failure.empty())
         throw std::runtime_error(fmt::format("setting {}={} on group {}: {}", name, value, group, failure));
 #else
@@ -223,48 +260,6 @@ void mock_control(const std::string& command)
         throw std::runtime_error("mock broker refused \"" + command + "\": " + text);
 }
 
-namespace {
-
-// A producer handle for admin requests and metadata; destroyed with the object.
-struct AdminHandle {
-    rd_kafka_t* rk = nullptr;
-    AdminHandle()
-    {
-        char err[512];
-        rd_kafka_conf_t* conf = rd_kafka_conf_new();
-        if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) != RD_KAFKA_CONF_OK)
-            throw std::runtime_error(err);
-        rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-        if (!rk)
-            throw std::runtime_error(err);
-    }
-    ~AdminHandle() { rd_kafka_destroy(rk); }
-    AdminHandle(const AdminHandle&) = delete;
-    AdminHandle& operator=(const AdminHandle&) = delete;
-
-    // The partitions of `topic` in a fresh metadata answer: count and leaders (empty when the
-    // broker does not know the topic or did not answer).
-    std::vector<std::int32_t> leaders(const std::string& topic) const
-    {
-        std::vector<std::int32_t> out;
-        const rd_kafka_metadata_t* md = nullptr;
-        if (rd_kafka_metadata(rk, 1, nullptr, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR)
-            return out;
-        for (int t = 0; t < md->topic_cnt; ++t)
-            if (md->topics[t].topic == topic && md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-                out.assign(static_cast<std::size_t>(md->topics[t].partition_cnt), -1);
-                for (int p = 0; p < md->topics[t].partition_cnt; ++p) {
-                    const auto& part = md->topics[t].partitions[p];
-                    if (part.id >= 0 && part.id < md->topics[t].partition_cnt)
-                        out[static_cast<std::size_t>(part.id)] = part.err ? -1 : part.leader;
-                }
-            }
-        rd_kafka_metadata_destroy(md);
-        return out;
-    }
-};
-
-} // namespace
 
 void add_partitions(const std::string& topic, int total)
 {
