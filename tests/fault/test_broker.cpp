@@ -34,7 +34,8 @@ struct PacedRun {
     Consumer consumer;
 
     PacedRun(Fixture& fixture, ConsumerConfig cfg)
-        : f(fixture), consumer(cfg, decode, event_id_of, [this](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        : f(fixture),
+          consumer(cfg, decode, event_id_of, [this](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
               f.insert(tx, e, ctx);
               std::this_thread::sleep_for(1ms);
               ++calls;
@@ -49,8 +50,8 @@ void check_settled(const Fixture& f, int partitions)
 {
     f.check_exact(f.events.size());
     for (int p = 0; p < partitions; ++p) {
-        const auto end = scalar(fmt::format("SELECT coalesce(max(kafka_offset) + 1, 0) FROM {} WHERE kafka_partition = {}",
-                                            f.effects, p));
+        const auto end = scalar(
+            fmt::format("SELECT coalesce(max(kafka_offset) + 1, 0) FROM {} WHERE kafka_partition = {}", f.effects, p));
         CHECK(committed_offset(f.group, f.topic, p) == end);
     }
 }
@@ -84,8 +85,7 @@ template <class Fault> void survives(Fault&& fault)
 
 } // namespace
 
-TEST_CASE("the broker killed with SIGKILL and restarted mid-run: every effect once, the offsets at the end",
-          "[broker]")
+TEST_CASE("the broker killed with SIGKILL and restarted mid-run: every effect once, the offsets at the end", "[broker]")
 {
     survives([] {
         kafka_control("kill 1");

@@ -98,7 +98,8 @@ TEST_CASE("non-retryable failures go to the dead letter on the first failure", "
     CHECK(ids == std::set<std::string>{by_type.to_string(), by_predicate.to_string()});
 }
 
-TEST_CASE("dead-letter topic unavailable: the offset does not move until the dead letter is acknowledged", "[fault][mock]")
+TEST_CASE("dead-letter topic unavailable: the offset does not move until the dead letter is acknowledged",
+          "[fault][mock]")
 {
     Fixture f(1);
     f.publish(5);

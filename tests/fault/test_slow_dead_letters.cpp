@@ -42,7 +42,8 @@ struct Drops {
 
 } // namespace
 
-TEST_CASE("dead-letter publishes slower than max.poll.interval.ms keep the member in the group", "[fault][dead-letter][mock]")
+TEST_CASE("dead-letter publishes slower than max.poll.interval.ms keep the member in the group",
+          "[fault][dead-letter][mock]")
 {
     constexpr int partitions = 4;
     constexpr int garbage = 8; // two per partition, about

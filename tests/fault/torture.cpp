@@ -952,18 +952,18 @@ private:
                 kafka_control("kill 1");
                 kafka_control("start 1");
                 ++broker_faults_;
-                note = fmt::format("broker killed (SIGKILL) and restarted in {} ms, ",
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at)
-                                       .count());
+                note = fmt::format(
+                    "broker killed (SIGKILL) and restarted in {} ms, ",
+                    std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at).count());
                 break;
             } else {
-            const auto down = uniform_ms(rng_, 1000, 2000);
-            mock_control(control_, "broker-down 1");
-            std::this_thread::sleep_for(down);
-            mock_control(control_, "broker-up 1");
-            ++broker_faults_;
-            note = fmt::format("broker 1 down for {} ms, ", down.count());
-            break;
+                const auto down = uniform_ms(rng_, 1000, 2000);
+                mock_control(control_, "broker-down 1");
+                std::this_thread::sleep_for(down);
+                mock_control(control_, "broker-up 1");
+                ++broker_faults_;
+                note = fmt::format("broker 1 down for {} ms, ", down.count());
+                break;
             }
         case Fault::commit_errors:
             if (!kafka_ctl_.empty()) {

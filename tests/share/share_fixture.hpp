@@ -44,12 +44,11 @@ inline void share_setting(const std::string& group, const std::string& setting, 
         mock_control("share-group " + setting + " " + value);
         return;
     }
-    static const std::map<std::string, std::string> names{
-        {"delivery-limit", "share.delivery.count.limit"},
-        {"lock-duration-ms", "share.record.lock.duration.ms"},
-        {"session-timeout-ms", "share.session.timeout.ms"},
-        {"heartbeat-interval-ms", "share.heartbeat.interval.ms"},
-        {"auto-offset-reset", "share.auto.offset.reset"}};
+    static const std::map<std::string, std::string> names{{"delivery-limit", "share.delivery.count.limit"},
+                                                          {"lock-duration-ms", "share.record.lock.duration.ms"},
+                                                          {"session-timeout-ms", "share.session.timeout.ms"},
+                                                          {"heartbeat-interval-ms", "share.heartbeat.interval.ms"},
+                                                          {"auto-offset-reset", "share.auto.offset.reset"}};
     const auto it = names.find(setting);
     if (it == names.end())
         throw std::invalid_argument("no Apache Kafka group setting for the mock's share-group " + setting);

@@ -156,8 +156,8 @@ void set_group_config(const std::string& group, const std::string& name, const s
     if (!failure.empty())
         throw std::runtime_error(fmt::format("setting {}={} on group {}: {}", name, value, group, failure));
 #else
-    throw std::runtime_error(fmt::format("setting {}={} on group {} needs librdkafka 2.2 or later", name, value,
-                                         group));
+    throw std::runtime_error(
+        fmt::format("setting {}={} on group {} needs librdkafka 2.2 or later", name, value, group));
 #endif
 }
 
@@ -260,12 +260,12 @@ void mock_control(const std::string& command)
         throw std::runtime_error("mock broker refused \"" + command + "\": " + text);
 }
 
-
 void add_partitions(const std::string& topic, int total)
 {
     AdminHandle admin;
     char err[512];
-    rd_kafka_NewPartitions_t* np = rd_kafka_NewPartitions_new(topic.c_str(), static_cast<size_t>(total), err, sizeof err);
+    rd_kafka_NewPartitions_t* np =
+        rd_kafka_NewPartitions_new(topic.c_str(), static_cast<size_t>(total), err, sizeof err);
     if (!np)
         throw std::runtime_error(err);
     rd_kafka_queue_t* q = rd_kafka_queue_new(admin.rk);
