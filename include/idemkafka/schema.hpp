@@ -45,6 +45,9 @@ struct IDEMKAFKA_API SchemaSpec {
     /// Schema of the outbox (OutboxConfig::schema); the outbox table when set.
     std::string outbox_schema = "public";
     std::optional<std::string> outbox_table; ///< nullopt when not used
+    /// The dead-letter replay audit table (in `schema`; ReplayAuditTable, what
+    /// replay_dead_letters() writes); nullopt when not used. Consumers never need it.
+    std::optional<std::string> replay_audit_table;
 
     /// The tables `config` uses, as its consumer's start-up selects them. Never
     /// throws for a validated config.
@@ -53,7 +56,7 @@ struct IDEMKAFKA_API SchemaSpec {
 
 /// What one table of a SchemaSpec looks like in a database.
 struct TableCheck {
-    /// "claims", "offsets" or "outbox".
+    /// "claims", "offsets", "outbox" or "replay_audit".
     std::string kind;
     /// `"schema"."table"`, quoted.
     std::string qualified;
@@ -72,9 +75,10 @@ struct TableCheck {
 
 /// What migrate_schema() did.
 struct SchemaMigrationReport {
-    MigrationReport claims;       ///< the claims table's migration
-    bool offsets_created = false; ///< the offsets table was created
-    bool outbox_created = false;  ///< the outbox table was created
+    MigrationReport claims;            ///< the claims table's migration
+    bool offsets_created = false;      ///< the offsets table was created
+    bool outbox_created = false;       ///< the outbox table was created
+    bool replay_audit_created = false; ///< the replay audit table was created
     /// Tables whose version comment was written or raised.
     std::vector<std::string> versioned;
 };

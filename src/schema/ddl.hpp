@@ -22,6 +22,7 @@ inline constexpr const char* schema_lock = "SELECT pg_advisory_xact_lock(hashtex
 inline constexpr std::string_view claims_kind = "claims";
 inline constexpr std::string_view offsets_kind = "offsets";
 inline constexpr std::string_view outbox_kind = "outbox";
+inline constexpr std::string_view replay_audit_kind = "replay_audit";
 
 /// `CREATE SCHEMA IF NOT EXISTS "schema"`.
 std::string create_schema(const std::string& schema_q);
@@ -52,6 +53,9 @@ std::vector<std::pair<std::int64_t, std::int64_t>> partition_ranges(const Retent
 std::vector<std::string> offsets_table(const std::string& qualified);
 /// A new outbox table `qualified` with its two partial indexes, then its version comment.
 std::vector<std::string> outbox_table(const std::string& qualified);
+
+/// A new dead-letter replay audit table `qualified` with its index, then its version comment.
+std::vector<std::string> replay_audit_table(const std::string& qualified);
 
 /// The statements that bring a table of `kind` (`qualified`) from schema
 /// version `to - 1` to `to`; none when that version did not change it. Each

@@ -119,6 +119,31 @@ std::vector<std::string> outbox_table(const std::string& qualified)
             version_comment(qualified, outbox_kind)};
 }
 
+std::vector<std::string> replay_audit_table(const std::string& qualified)
+{
+    // One row per replay; its records (coordinates and the outcome of each
+    // publish) in one jsonb array, read back by the next replay of the topic.
+    return {fmt::format("CREATE TABLE {} ("
+                        " id bigserial PRIMARY KEY,"
+                        " dead_letter_topic text NOT NULL,"
+                        " requested_by text NOT NULL,"
+                        " tool text NOT NULL,"
+                        " filter jsonb NOT NULL,"
+                        " again boolean NOT NULL,"
+                        " rate_per_second double precision NOT NULL,"
+                        " started_at timestamptz NOT NULL DEFAULT now(),"
+                        " finished_at timestamptz,"
+                        " matched integer NOT NULL,"
+                        " published integer NOT NULL DEFAULT 0,"
+                        " failed integer NOT NULL DEFAULT 0,"
+                        " skipped integer NOT NULL DEFAULT 0,"
+                        " outcome text NOT NULL DEFAULT 'running',"
+                        " records jsonb NOT NULL)",
+                        qualified),
+            fmt::format("CREATE INDEX ON {} (dead_letter_topic, id)", qualified),
+            version_comment(qualified, replay_audit_kind)};
+}
+
 std::vector<std::string> upgrade_statements(std::string_view kind, const std::string& qualified, int to)
 {
     // One case per schema version after the first, appended when a release
@@ -237,6 +262,24 @@ Expected expected(std::string_view kind, int version)
             e.columns.push_back({"payload_fingerprint", "bigint"});
         return e;
     }
+    if (kind == detail::ddl::replay_audit_kind)
+        return {{{"id", "bigint"},
+                 {"dead_letter_topic", "text"},
+                 {"requested_by", "text"},
+                 {"tool", "text"},
+                 {"filter", "jsonb"},
+                 {"again", "boolean"},
+                 {"rate_per_second", "double precision"},
+                 {"started_at", "timestamp with time zone"},
+                 {"finished_at", "timestamp with time zone"},
+                 {"matched", "integer"},
+                 {"published", "integer"},
+                 {"failed", "integer"},
+                 {"skipped", "integer"},
+                 {"outcome", "text"},
+                 {"records", "jsonb"}},
+                "id",
+                {}};
     if (kind == detail::ddl::offsets_kind)
         return {{{"consumer_group", "text"},
                  {"topic", "text"},
@@ -458,6 +501,11 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
         for (const auto& sql : detail::ddl::outbox_table(qualify(spec.outbox_schema, *spec.outbox_table)))
             stmt(sql);
     }
+    if (spec.replay_audit_table) {
+        out += "\n-- Dead-letter replay audit.\n";
+        for (const auto& sql : detail::ddl::replay_audit_table(qualify(spec.schema, *spec.replay_audit_table)))
+            stmt(sql);
+    }
     return out;
 }
 
@@ -497,6 +545,10 @@ std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const s
               qualify(spec.schema, *spec.offsets_table));
     if (spec.outbox_table)
         table("Transactional outbox", detail::ddl::outbox_kind, qualify(spec.outbox_schema, *spec.outbox_table));
+    // The replay audit table is new in version 2 and has no upgrades yet: migrate creates it.
+    if (spec.replay_audit_table && from_version >= 2)
+        table("Dead-letter replay audit", detail::ddl::replay_audit_kind,
+              qualify(spec.schema, *spec.replay_audit_table));
     return out;
 }
 
@@ -520,6 +572,8 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         tables.push_back({detail::ddl::offsets_kind, {spec.schema, *spec.offsets_table}});
     if (outbox)
         tables.push_back({detail::ddl::outbox_kind, {spec.outbox_schema, *spec.outbox_table}});
+    if (spec.replay_audit_table)
+        tables.push_back({detail::ddl::replay_audit_kind, {spec.schema, *spec.replay_audit_table}});
     try {
         // Every table is created, converted and upgraded in one transaction:
         // a failure leaves the schema as it was, and a consumer never sees one
@@ -541,6 +595,13 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         if (outbox) {
             report.outbox_created = missing(outbox->qualified_name());
             outbox->ensure_schema(tx);
+        }
+        if (spec.replay_audit_table) {
+            const std::string q = qualify(spec.schema, *spec.replay_audit_table);
+            report.replay_audit_created = missing(q);
+            if (report.replay_audit_created)
+                for (const auto& sql : detail::ddl::replay_audit_table(q))
+                    tx.exec(sql);
         }
         std::vector<std::string> problems;
         for (const auto& [kind, name] : tables) {
@@ -584,6 +645,8 @@ std::vector<TableCheck> check_schema(pqxx::connection& conn, const SchemaSpec& s
             out.push_back(check_table(tx, detail::ddl::offsets_kind, spec.schema, *spec.offsets_table));
         if (spec.outbox_table)
             out.push_back(check_table(tx, detail::ddl::outbox_kind, spec.outbox_schema, *spec.outbox_table));
+        if (spec.replay_audit_table)
+            out.push_back(check_table(tx, detail::ddl::replay_audit_kind, spec.schema, *spec.replay_audit_table));
         return out;
     } catch (const Error&) {
         throw;
@@ -617,6 +680,11 @@ std::string migrate_command(const SchemaSpec& spec)
             cmd += " --outbox-schema " + shell_word(spec.outbox_schema);
         if (*spec.outbox_table != "outbox")
             cmd += " --outbox-table " + shell_word(*spec.outbox_table);
+    }
+    if (spec.replay_audit_table) {
+        cmd += " --replay-audit";
+        if (*spec.replay_audit_table != "dead_letter_replay")
+            cmd += " --replay-audit-table " + shell_word(*spec.replay_audit_table);
     }
     return cmd;
 }

@@ -77,13 +77,15 @@ TEST_CASE("admin: bad arguments give a clear message and exit status 2", "[reten
         {{"migrate", "--postgres", db, "--table", ""}, "table: identifier must not be empty"},
         {{"migrate", "--postgres", db, "--table", std::string(64, 't')}, "at most 63"},
         {{"maintain", "--postgres", db, "--now", "yesterday"}, "--now: 'yesterday' is not a time"},
-        {{"dead-letters"}, "say `list` or `replay`"},
+        {{"dead-letters"}, "say `list`, `groups` or `replay`"},
         {{"dead-letters", "shred", "--brokers", "x", "--topic", "t"}, "unknown action 'shred'"},
         {{"dead-letters", "list", "--brokers", "x"}, "--topic NAME (the dead-letter topic) is required"},
         {{"dead-letters", "list", "--topic", "t"}, "no Kafka"},
         {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--reason", "nope"}, "'nope' is not a dead-letter"},
         {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--event-id", "123"}, "'123' is not a UUID"},
-        {{"dead-letters", "replay", "--brokers", "x", "--topic", "t", "--json"}, "--json belongs to list"},
+        {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--dry-run"}, "belong to replay"},
+        {{"dead-letters", "replay", "--brokers", "x", "--topic", "t"}, "no database for the replay audit"},
+        {{"dead-letters", "replay", "--brokers", "x", "--topic", "t", "--at", "3"}, "'3' is not PARTITION@OFFSET"},
         {{"dead-letters", "list", "--brokers", "x", "--topic", "t", "--kafka", "novalue"}, "KEY=VALUE"},
     };
     for (const auto& c : cases) {
@@ -380,7 +382,19 @@ TEST_CASE("admin: dead-letters list and replay", "[retention][admin]")
             pub.publish(dlq, l.key, l.value, h);
         }
     }
+    const auto audit = unique_name("adm_audit");
+    DropTable drop_audit{"public." + audit};
+    const auto claims = unique_name("pe_adm_dl");
+    DropTable drop_claims{"public." + claims};
+    {
+        const auto r = admin(with_db({"migrate", "--replay-audit-table", audit}, claims));
+        CAPTURE(r.out, r.err);
+        REQUIRE(r.rc == 0);
+        CHECK(has(r.out, "\"public\".\"" + audit + "\" created"));
+    }
     const std::vector<std::string> kafka = {"--brokers", brokers(), "--topic", dlq, "--timeout", "30s"};
+    const std::vector<std::string> audit_db = {"--postgres",     pg(),    "--replay-audit-table", audit,
+                                               "--requested-by", "tester"};
     auto cmd = [&](std::vector<std::string> args) {
         args.insert(args.end(), kafka.begin(), kafka.end());
         return admin(args);
@@ -425,7 +439,9 @@ TEST_CASE("admin: dead-letters list and replay", "[retention][admin]")
 
     // Dry run: says what it would do, publishes nothing.
     {
-        const auto r = cmd({"dead-letters", "replay", "--reason", "decode_error", "--dry-run"});
+        auto args = std::vector<std::string>{"dead-letters", "replay", "--reason", "decode_error", "--dry-run"};
+        args.insert(args.end(), audit_db.begin(), audit_db.end());
+        const auto r = cmd(args);
         CAPTURE(r.out, r.err);
         CHECK(r.rc == 0);
         CHECK(has(r.out, "would replay " + dlq));
@@ -437,10 +453,32 @@ TEST_CASE("admin: dead-letters list and replay", "[retention][admin]")
 
     // Replay: the original key, value and headers (without idemkafka.*) to the source.
     {
-        const auto r = cmd({"dead-letters", "replay", "--reason", "decode_error", "--reason", "handler_failed"});
+        auto args = std::vector<std::string>{"dead-letters", "replay",   "--reason",
+                                             "decode_error", "--reason", "handler_failed"};
+        args.insert(args.end(), audit_db.begin(), audit_db.end());
+        const auto r = cmd(args);
         CAPTURE(r.out, r.err);
         CHECK(r.rc == 0);
         CHECK(has(r.out, "3 replayed, 1 skipped, 0 failed"));
+        CHECK(scalar("SELECT published FROM public." + audit + " WHERE requested_by = 'tester'") == 3);
+        // Asked again: replayed before, so skipped.
+        const auto again = cmd(args);
+        CAPTURE(again.out, again.err);
+        CHECK(again.rc == 0);
+        CHECK(has(again.out, "0 replayed, 4 skipped, 0 failed"));
+        CHECK(has(again.err, "replayed before"));
+    }
+    {
+        const auto r = cmd({"dead-letters", "groups", "--json"});
+        CAPTURE(r.out, r.err);
+        CHECK(r.rc == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["matched"] == 5);
+        REQUIRE(j["groups"].size() ==
+                3); // decode_error x3 (one cause, whatever the source), handler_failed, beyond_dedup_horizon
+        CHECK(j["groups"][0]["count"] == 3);
+        CHECK(j["groups"][0]["reason"] == "decode_error");
+        CHECK(j["groups"][0]["error_pattern"] == "it broke: decode_error");
     }
     auto replayed = read_topic(source, 3, 30s);
     REQUIRE(replayed.size() == 3);

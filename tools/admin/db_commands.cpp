@@ -57,6 +57,8 @@ struct DbOptions {
     bool outbox = false;
     std::optional<std::string> outbox_schema;
     std::string outbox_table = "outbox";
+    bool replay_audit = false;
+    std::string replay_audit_table = "dead_letter_replay";
 };
 
 constexpr const char* table_options_help = R"(tables (the claims table is always included):
@@ -65,6 +67,8 @@ constexpr const char* table_options_help = R"(tables (the claims table is always
   --outbox                   the transactional outbox table (ConsumerConfig::outbox)
   --outbox-table NAME        its name (default outbox; implies --outbox)
   --outbox-schema NAME       its schema (default: --schema)
+  --replay-audit             the dead-letter replay audit table (dead-letters replay, serve)
+  --replay-audit-table NAME  its name (default dead_letter_replay; implies --replay-audit)
 )";
 
 // Consumes one of the table options; false if it is not one.
@@ -83,6 +87,11 @@ bool table_option(ArgReader& a, DbOptions& o)
     } else if (a.option("--outbox-schema")) {
         o.outbox = true;
         o.outbox_schema = a.value();
+    } else if (a.option("--replay-audit"))
+        o.replay_audit = true;
+    else if (a.option("--replay-audit-table")) {
+        o.replay_audit = true;
+        o.replay_audit_table = a.value();
     } else
         return false;
     return true;
@@ -103,6 +112,8 @@ SchemaSpec make_spec(const std::string& command, const DbOptions& o)
         spec.outbox_schema = o.outbox_schema ? *o.outbox_schema : o.schema;
         spec.outbox_table = o.outbox_table;
     }
+    if (o.replay_audit)
+        spec.replay_audit_table = o.replay_audit_table;
     try {
         spec.retention.validate();
         (void)ProcessedEventStore(spec.schema, spec.claims_table);
@@ -110,6 +121,8 @@ SchemaSpec make_spec(const std::string& command, const DbOptions& o)
             (void)quote_identifier(*spec.offsets_table);
         if (spec.outbox_table)
             (void)Outbox(spec.outbox_schema, *spec.outbox_table);
+        if (spec.replay_audit_table)
+            (void)quote_identifier(*spec.replay_audit_table);
     } catch (const ConfigError& e) {
         throw UsageError(fmt::format("{}: {}", command, e.what()));
     }
@@ -255,6 +268,9 @@ void print_migrated(const SchemaSpec& spec, const ProcessedEventStore& store, co
     if (spec.outbox_table)
         out(fmt::format("{}.{} {}", quote_identifier(spec.outbox_schema), quote_identifier(*spec.outbox_table),
                         r.outbox_created ? "created" : "exists"));
+    if (spec.replay_audit_table)
+        out(fmt::format("{}.{} {}", quote_identifier(spec.schema), quote_identifier(*spec.replay_audit_table),
+                        r.replay_audit_created ? "created" : "exists"));
     out(fmt::format("schema version {}", schema_version));
 }
 
@@ -522,6 +538,26 @@ void print_partitions(const RetentionStatus& s)
 }
 
 } // namespace
+
+std::string status_json_of(const std::string& postgres, const std::string& schema, const std::string& table,
+                           const std::optional<std::string>& replay_audit_table)
+{
+    DbOptions o;
+    o.postgres = postgres;
+    o.schema = schema;
+    o.table = table;
+    if (replay_audit_table) {
+        o.replay_audit = true;
+        o.replay_audit_table = *replay_audit_table;
+    }
+    const SchemaSpec spec = make_spec("status", o);
+    auto m = make_maintenance("status", o);
+    auto conn = connect(o.postgres);
+    const auto checks = check_schema(*conn, spec);
+    const bool schema_ok = std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
+    const auto s = m->status(*conn);
+    return status_json(StatusReport{o, spec, *m, checks, schema_ok, s});
+}
 
 int run_status(std::vector<std::string> args)
 {
