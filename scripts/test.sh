@@ -78,7 +78,7 @@ ik_log "configuring ($BUILD_DIR)"
 # leaving its tests out (a plain configure would skip the part with a status line).
 parts=(-DIDEMKAFKA_BUILD_TESTS=ON -DIDEMKAFKA_BUILD_DOCS=ON -DIDEMKAFKA_BUILD_EXAMPLES=ON
     -DIDEMKAFKA_BUILD_TOOLS=ON -DIDEMKAFKA_BUILD_BENCH=ON -DIDEMKAFKA_BILLING_METRICS=ON
-    -DIDEMKAFKA_BILLING_TESTS=ON)
+    -DIDEMKAFKA_BILLING_TESTS=ON -DIDEMKAFKA_ADMIN_CONSOLE=ON)
 # shellcheck disable=SC2086 # IDEMKAFKA_CMAKE_ARGS is a list of arguments
 cmake -S "$IK_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${parts[@]}" "${lane_args[@]}" \
     -DIDEMKAFKA_TEST_KAFKA="$kafka" \

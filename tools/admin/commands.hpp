@@ -13,6 +13,7 @@ int run_maintain(std::vector<std::string> args);
 int run_status(std::vector<std::string> args);
 int run_dead_letters(std::vector<std::string> args);
 int run_offsets(std::vector<std::string> args);
+int run_serve(std::vector<std::string> args);
 /// What `status --json` prints for the claims table `schema`.`table` (and the
 /// replay audit table when given). Throws as `status` does.
 std::string status_json_of(const std::string& postgres, const std::string& schema, const std::string& table,

@@ -32,6 +32,7 @@ commands:
   status         claims per consumer group, partitions and their time ranges, the dedup horizon [--json]
   dead-letters   list or replay dead-letter records (list | replay)
   offsets        stored consumer positions next to Kafka's and the lag (list | set) [--dry-run]
+  serve          the operations console: a web page and a JSON API (--listen ADDR, --allow-replay)
   help [COMMAND] this text, or a command's options
   --version      idemkafka's version and the libpqxx and librdkafka it was built with
 
@@ -51,6 +52,8 @@ int dispatch(const std::string& command, std::vector<std::string> rest)
         return run_dead_letters(std::move(rest));
     if (command == "offsets")
         return run_offsets(std::move(rest));
+    if (command == "serve")
+        return run_serve(std::move(rest));
     throw UsageError(fmt::format("unknown command '{}'", command));
 }
 
