@@ -20,7 +20,7 @@ case "$BUILD_DIR" in
     *) BUILD_DIR="$PWD/$BUILD_DIR" ;;
 esac
 
-IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev doxygen postgresql cmake g++ clang clang-format clang-tidy pkg-config make libclang-rt-dev nftables pgbouncer)
+IK_PACKAGES=(librdkafka-dev libpqxx-dev libfmt-dev catch2 nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev doxygen postgresql cmake g++ clang clang-format clang-tidy pkg-config make libclang-rt-dev nftables pgbouncer chromium prometheus)
 
 # State for ik_cleanup.
 _ik_pg_dir=""
@@ -46,6 +46,18 @@ _ik_pkg_installed() {
 # Installs the Debian packages the build and the tests need, when any is missing.
 ik_ensure_packages() {
     ik_ensure_deb_packages "${IK_PACKAGES[@]}"
+}
+
+# What the console's browser test needs: Chromium (Debian's package) and Node.js with npm. A
+# node and npm already on the PATH (from NodeSource, say) are used as they are; only when one
+# is missing are Debian's nodejs and npm installed.
+ik_ensure_browser_tools() {
+    ik_ensure_deb_packages chromium
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        ik_ensure_deb_packages nodejs npm
+    fi
+    command -v node >/dev/null 2>&1 || ik_die "node is missing after installing nodejs"
+    command -v npm >/dev/null 2>&1 || ik_die "npm is missing after installing npm"
 }
 
 # Installs the named Debian packages when any is missing: as root with apt-get, otherwise
