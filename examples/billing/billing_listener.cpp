@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <idemkafka/consumer.hpp>
+#include <idemkafka/health.hpp>
 #include <idemkafka/store.hpp>
 
 #include "charge.hpp"
@@ -71,6 +72,20 @@ public:
             res.set_content(consumer.metrics().snapshot().to_prometheus(group),
                             "text/plain; version=0.0.4; charset=utf-8");
         });
+        // Probes for a supervisor (Kubernetes livenessProbe / readinessProbe): 200 or 503,
+        // with the reasons as JSON.
+        auto probe = [&consumer](bool want_live) {
+            return [&consumer, want_live](const httplib::Request&, httplib::Response& res) {
+                const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
+                const auto h = idemkafka::health_of(consumer.metrics().snapshot(), now_ms);
+                res.status = (want_live ? h.live : h.ready) ? 200 : 503;
+                res.set_content(h.to_json(), "application/json");
+            };
+        };
+        server_.Get("/livez", probe(true));
+        server_.Get("/readyz", probe(false));
         if (!server_.bind_to_port(bind, port))
             throw std::runtime_error(fmt::format("--metrics-port: cannot listen on {}:{}", bind, port));
         thread_ = std::thread([this] {

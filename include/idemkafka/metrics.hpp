@@ -57,6 +57,14 @@ struct PartitionLag {
     /// High watermark (offset of the next record to be written); -1 unknown.
     std::int64_t high_watermark = -1;
     LagSource source = LagSource::watermarks; ///< where these figures come from
+    /// Seconds behind: from the timestamp of the first record not yet processed
+    /// (the one at `position`) to now; 0 when `lag` is 0; -1 while unknown (that
+    /// record not polled yet, or without a timestamp).
+    double lag_seconds = -1;
+    /// Seconds the position has not moved while `lag` was above 0 (0 when
+    /// caught up, or when it moved since the last update): what liveness
+    /// (health_of()) judges a stuck partition by.
+    double stalled_seconds = 0;
 };
 
 /// A point-in-time copy of a consumer's counters.
@@ -200,6 +208,11 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// has run, 0 when none runs (at most about 200 ms old). A call that never
     /// returns shows here growing without end.
     double oldest_call_seconds = 0;
+    /// 1 while PostgreSQL is away and the assignment is paused (the database gate), else 0.
+    std::int64_t db_paused = 0;
+    /// When the consumer's loop last did its periodic work (Unix ms; at most
+    /// 200 ms apart while it runs); -1 before run().
+    std::int64_t loop_heartbeat_unix_ms = -1;
 
     /// Prometheus text exposition (metric names prefixed `idemkafka_`, one
     /// `group` label).
@@ -276,6 +289,8 @@ public:
     Gauge circuit_open;
     Gauge stalled_partitions;
     Gauge oldest_call_ms; ///< MetricsSnapshot::oldest_call_seconds, in milliseconds
+    Gauge db_paused;
+    Gauge loop_heartbeat_unix_ms{{-1}};
     //@}
     /// Milliseconds the circuit was not closed (MetricsSnapshot::circuit_open_seconds).
     Counter circuit_open_ms;

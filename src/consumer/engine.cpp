@@ -110,6 +110,8 @@ void Engine::Impl::housekeeping()
     watch_calls(now);
     const bool tick = now >= next_lag_update;
     if (tick) {
+        metrics.loop_heartbeat_unix_ms.set(
+            std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
         update_lag(ledger, *kafka, metrics);
         watch_fetch_stalls(ledger, *kafka, metrics, log, cfg.fetch_stall_after);
         if (maintenance)
@@ -215,6 +217,7 @@ PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
     PartitionLedger::take(*ps, m->offset);
     Item it;
     kafka::GroupMember::read(*m, it.record);
+    PartitionLedger::note_taken(*ps, m->offset, it.record.timestamp_ms);
     it.part = ps;
     it.msg = std::move(m);
     metrics.in_flight_records.add(1);

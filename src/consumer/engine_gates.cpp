@@ -93,6 +93,7 @@ void Engine::Impl::db_hold()
 void Engine::Impl::set_db_pause(bool pause)
 {
     db_pause = pause;
+    metrics.db_paused.set(pause ? 1 : 0);
     std::set<TopicPartition> keep; // partitions waiting out a retry backoff stay paused
     for (const auto& [tp, ps] : ledger)
         if (ps.retry_paused)

@@ -42,7 +42,10 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
     rows.reserve(ledger.size());
     std::int64_t total = 0;
     bool known = true;
-    for (const auto& [tp, ps] : ledger) {
+    const auto now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    for (auto& [tp, ps] : ledger) {
         PartitionLag row;
         row.topic = tp.topic;
         row.partition = tp.partition;
@@ -65,6 +68,12 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
             row.committed = fig.committed_offset;
             row.high_watermark = fig.hi_offset;
         }
+        row.lag_seconds = PartitionLedger::lag_seconds(ps, row.lag, now_ms);
+        if (ps.position() != ps.seen_position || row.lag <= 0) {
+            ps.seen_position = ps.position();
+            ps.seen_position_at = Clock::now();
+        }
+        row.stalled_seconds = std::chrono::duration<double>(Clock::now() - ps.seen_position_at).count();
         if (row.lag < 0)
             known = false;
         else

@@ -330,4 +330,32 @@ RecordHistory PartitionLedger::history_of(const PartitionState& ps, std::int64_t
     return h;
 }
 
+// At most this many noted times per partition: a partition taken far ahead of
+// its position (a stuck record, a huge waiting room) forgets the newest, so
+// the front, the one that counts, is kept.
+constexpr std::size_t max_taken_times = 100000;
+
+void PartitionLedger::note_taken(PartitionState& ps, std::int64_t offset, std::int64_t timestamp_ms)
+{
+    while (!ps.taken_times.empty() && ps.taken_times.back().first >= offset)
+        ps.taken_times.pop_back();
+    if (ps.taken_times.size() < max_taken_times)
+        ps.taken_times.emplace_back(offset, timestamp_ms);
+}
+
+double PartitionLedger::lag_seconds(PartitionState& ps, std::int64_t lag, std::int64_t now_ms)
+{
+    // Before the first record is processed the position is unknown, and the
+    // first record taken is the first unconsumed one.
+    const std::int64_t position = ps.position();
+    while (!ps.taken_times.empty() && position >= 0 && ps.taken_times.front().first < position)
+        ps.taken_times.pop_front();
+    if (lag == 0)
+        return 0;
+    if (ps.taken_times.empty() || (position >= 0 && ps.taken_times.front().first != position) ||
+        ps.taken_times.front().second < 0)
+        return -1;
+    return static_cast<double>(std::max<std::int64_t>(0, now_ms - ps.taken_times.front().second)) / 1000.0;
+}
+
 } // namespace idemkafka::detail

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -102,6 +103,14 @@ struct PartitionState {
     // reported as stalled now.
     Clock::time_point fetched_at = assigned_at;
     bool stalled = false;
+    // (offset, timestamp ms) of each record taken, in offset order, for the lag
+    // in seconds: the engine's thread appends (note_taken()) and the lag gauge
+    // drops what lies before the position, so its front is the first
+    // unconsumed record. Bounded by max_taken_times.
+    std::deque<std::pair<std::int64_t, std::int64_t>> taken_times;
+    // The position the lag gauge saw last and since when (for stalled_seconds).
+    std::int64_t seen_position = -2;
+    Clock::time_point seen_position_at = Clock::now();
     // The engine's, with Ordering::partition: 1 + the worker whose unit of
     // work holds records of this partition (one unit at a time), 0 when none.
     std::size_t unit = 0;
@@ -272,6 +281,15 @@ public:
     /// outcome is merged (complete(), park(), drop() or a rewind at or before
     /// it), the position stays at or before it, whatever finishes after it.
     static void take(PartitionState& ps, std::int64_t offset) { ps.in_flight.insert(offset); }
+    /// The record at `offset` of `ps`, taken, has `timestamp_ms` (-1: unknown):
+    /// kept for the lag in seconds. A record that comes again after a rewind
+    /// replaces what was noted from its offset on.
+    static void note_taken(PartitionState& ps, std::int64_t offset, std::int64_t timestamp_ms);
+    /// Seconds from the timestamp of the first record of `ps` not yet
+    /// processed (its position) to `now_ms`; 0 when `lag` is 0; -1 when that
+    /// record has not been polled or has no timestamp. Drops the noted times
+    /// before the position.
+    static double lag_seconds(PartitionState& ps, std::int64_t lag, std::int64_t now_ms);
     /// The record at `offset` of `ps` was taken and comes again unfinished
     /// (a give-back, or a rewind that overtook it while it ran): it no
     /// longer holds the position back.

@@ -142,6 +142,12 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     for (const auto& p : partitions)
         out += fmt::format("idemkafka_consumer_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}\n", label,
                            escape_label(p.topic), p.partition, p.lag);
+    out += "# HELP idemkafka_lag_seconds Seconds from the timestamp of the first record not yet processed on one "
+           "assigned partition to now (0: caught up, -1: unknown).\n"
+           "# TYPE idemkafka_lag_seconds gauge\n";
+    for (const auto& p : partitions)
+        out += fmt::format("idemkafka_lag_seconds{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {:.3f}\n", label,
+                           escape_label(p.topic), p.partition, p.lag_seconds);
     render_gauge(out, "in_flight_records", "Records taken from Kafka and not yet committed or skipped.", label,
                  in_flight_records);
     render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, in_flight_bytes);
@@ -156,6 +162,12 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "stalled_partitions",
                  "Assigned partitions not paused that have fetched nothing for fetch_stall_after though records wait.",
                  label, stalled_partitions);
+    render_gauge(out, "db_paused", "1 while PostgreSQL is away and the assignment is paused.", label, db_paused);
+    out += "# HELP idemkafka_partition_stalled_seconds Seconds one assigned partition's position has not moved while "
+           "records wait.\n# TYPE idemkafka_partition_stalled_seconds gauge\n";
+    for (const auto& p : partitions)
+        out += fmt::format("idemkafka_partition_stalled_seconds{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {:.3f}\n",
+                           label, escape_label(p.topic), p.partition, p.stalled_seconds);
     render_gauge(out, "circuit_open", "1 while the circuit breaker holds the assignment (open or probing).", label,
                  circuit_open);
     render_gauge(out, "oldest_call_seconds", "Seconds the oldest handler call running now has run (0: none).", label,
@@ -261,6 +273,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.stalled_partitions = stalled_partitions.get();
     s.circuit_open = circuit_open.get();
     s.oldest_call_seconds = static_cast<double>(oldest_call_ms.get()) / 1000.0;
+    s.db_paused = db_paused.get();
+    s.loop_heartbeat_unix_ms = loop_heartbeat_unix_ms.get();
     if (s.oldest_claim_unix_ms >= 0) {
         const auto now_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

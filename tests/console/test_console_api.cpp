@@ -4,6 +4,7 @@
 // seconds, the claims table's status, read-only refusal, a replay with its
 // preview and audit, errors as JSON, the page's static files.
 
+#include <fmt/format.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include <idemkafka/publisher.hpp>
 #include <idemkafka/schema.hpp>
 
+#include "admin_runner.hpp"
 #include "catch_compat.hpp"
 #include "console_support.hpp"
 #include "pg/connect.hpp"
@@ -211,5 +213,21 @@ TEST_CASE("console API: groups, records, lag, status, read-only, replay and audi
         CHECK(body["error"].get<std::string>().find("does not exist") != std::string::npos);
         CHECK(console.errors().find("does not exist") != std::string::npos);
     }
+    // The same lag in `status`: the groups with claims, records and seconds behind.
+    exec(fmt::format("INSERT INTO public.{} (event_id, consumer_group, processed_at) VALUES ('{}', '{}', now())",
+                     claims, new_event_id().to_string(), group));
+    const auto st = admin(
+        {"status", "--postgres", pg(), "--table", claims, "--brokers", brokers(), "--lag-topic", lagging, "--json"});
+    CAPTURE(st.out, st.err);
+    REQUIRE(st.rc == 0);
+    const auto status = json::parse(st.out);
+    REQUIRE(status["lag"].size() == 1);
+    CHECK(status["lag"][0]["group"] == group);
+    CHECK(status["lag"][0]["records_behind"] == 6);
+    CHECK(status["lag"][0]["seconds_behind"].is_number());
+    const auto text =
+        admin({"status", "--postgres", pg(), "--table", claims, "--brokers", brokers(), "--lag-topic", lagging});
+    CAPTURE(text.out, text.err);
+    CHECK(text.out.find("lag per partition") != std::string::npos);
     exec("DROP TABLE IF EXISTS public." + audit + ", public." + claims + " CASCADE");
 }

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <idemkafka/consumer.hpp>
+#include <idemkafka/health.hpp>
 #include <idemkafka/publisher.hpp>
 #include <idemkafka/retention.hpp>
 #include <idemkafka/store.hpp>
@@ -40,9 +41,10 @@ std::int64_t now_ms()
 
 // What was produced and how far the handler may go on each partition.
 struct Plan {
-    std::array<std::int64_t, partitions> count{}; // records per partition (its high watermark)
-    std::array<std::int64_t, partitions> stop{};  // the handler throws from this offset on
-    std::int64_t oldest_processed_ms = -1;        // UUIDv7 time of the oldest id that gets claimed
+    std::array<std::int64_t, partitions> count{};            // records per partition (its high watermark)
+    std::array<std::int64_t, partitions> stop{};             // the handler throws from this offset on
+    std::int64_t oldest_processed_ms = -1;                   // UUIDv7 time of the oldest id that gets claimed
+    std::int64_t published_from_ms = 0, published_to_ms = 0; // the records' Kafka timestamps lie in between
     std::int64_t claimed() const
     {
         std::int64_t n = 0;
@@ -56,6 +58,7 @@ struct Plan {
 // and reads them back to learn where each landed.
 Plan publish_and_plan(const std::string& topic, int n, std::int64_t first_ms)
 {
+    const auto from_ms = now_ms();
     {
         Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
         for (int i = 0; i < n; ++i) {
@@ -69,6 +72,8 @@ Plan publish_and_plan(const std::string& topic, int n, std::int64_t first_ms)
     const auto records = read_topic(topic, static_cast<std::size_t>(n), 60s);
     REQUIRE(records.size() == static_cast<std::size_t>(n));
     Plan plan;
+    plan.published_from_ms = from_ms;
+    plan.published_to_ms = now_ms();
     for (const auto& r : records)
         ++plan.count[static_cast<std::size_t>(r.partition)];
     for (std::size_t p = 0; p < partitions; ++p)
@@ -112,6 +117,51 @@ bool settled(const MetricsSnapshot& m, const std::string& topic, const Plan& pla
         total += p.lag;
     }
     return m.lag == total;
+}
+
+// Seconds behind: 0 where caught up; where a refused record waits, from its
+// Kafka timestamp (the publish time) to now, growing while it waits; in /metrics.
+void check_lag_seconds(const Consumer& c, const Plan& plan)
+{
+    const auto before = now_ms();
+    const auto m = c.metrics().snapshot();
+    const auto after = now_ms();
+    std::int32_t waiting = -1;
+    double first = -1;
+    for (const auto& p : m.partitions) {
+        CAPTURE(p.partition, p.lag, p.lag_seconds);
+        if (p.lag == 0) {
+            CHECK(p.lag_seconds == 0);
+            continue;
+        }
+        CHECK(p.lag_seconds >= static_cast<double>(before - plan.published_to_ms - 250) / 1000.0);
+        CHECK(p.lag_seconds <= static_cast<double>(after - plan.published_from_ms + 250) / 1000.0);
+        waiting = p.partition;
+        first = p.lag_seconds;
+    }
+    REQUIRE(waiting >= 0);
+    CHECK(wait_until(
+        [&] {
+            for (const auto& p : c.metrics().snapshot().partitions)
+                if (p.partition == waiting)
+                    return p.lag_seconds >= first + 0.5;
+            return false;
+        },
+        10s));
+    // Ready and live while it runs; a partition that does not move for longer
+    // than its bound, with records waiting, is not live.
+    const auto h = health_of(c.metrics().snapshot(), now_ms());
+    CAPTURE(h.to_json());
+    CHECK(h.ready);
+    CHECK(h.live);
+    HealthConfig strict;
+    strict.partition_stall_after = std::chrono::milliseconds(500);
+    CHECK(wait_until([&] { return !health_of(c.metrics().snapshot(), now_ms(), strict).live; }, 10s));
+    CHECK(health_of(c.metrics().snapshot(), now_ms(), strict).to_json().find("has not moved") != std::string::npos);
+    const auto text = m.to_prometheus("g");
+    CHECK(text.find("# TYPE idemkafka_lag_seconds gauge") != std::string::npos);
+    CHECK(text.find(fmt::format("idemkafka_lag_seconds{{group=\"g\",topic=\"{}\",partition=\"{}\"}}",
+                                m.partitions[0].topic, m.partitions[0].partition)) != std::string::npos);
 }
 
 std::set<std::int32_t> held_partitions(const MetricsSnapshot& m)
@@ -180,6 +230,7 @@ void run_scenario(bool statistics)
         CHECK(seen_in_flight.load() <= static_cast<std::int64_t>(2 * cfg.max_batch));
         CHECK(seen_bytes.load() >= 36); // at least one payload with its event id
     }
+    check_lag_seconds(a, plan);
     // The oldest claim is the earliest id the handler let through, to the millisecond.
     ok = wait_until([&] { return a.metrics().snapshot().oldest_claim_unix_ms == plan.oldest_processed_ms; }, 30s);
     INFO("oldest claim " << a.metrics().snapshot().oldest_claim_unix_ms << ", expected " << plan.oldest_processed_ms);

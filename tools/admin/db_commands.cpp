@@ -18,6 +18,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "lag.hpp"
 #include "pg/connect.hpp"
 
 namespace idemkafka::detail::admin {
@@ -398,6 +399,10 @@ missing or lacks something.
 
   --json                     one JSON object instead of the tables
   --brokers HOST:PORT        Kafka, for the committed offsets and lag (default: $IDEMKAFKA_BROKERS)
+  --lag                      each group's lag per partition in Kafka: committed offset, log end,
+                             records behind and seconds behind (the first unconsumed record's
+                             timestamp against now), for the topics Kafka lists offsets of
+  --lag-topic NAME           the same for this topic (repeatable; implies --lag)
 )";
 
 // What status found, for the JSON and the text forms.
@@ -563,8 +568,9 @@ int run_status(std::vector<std::string> args)
 {
     ArgReader a("status", std::move(args));
     DbOptions o;
-    bool json = false;
+    bool json = false, lag = false;
     std::string brokers;
+    std::vector<std::string> lag_topics;
     while (a.more()) {
         if (db_option(a, o) || table_option(a, o))
             continue;
@@ -572,7 +578,12 @@ int run_status(std::vector<std::string> args)
             json = true;
         else if (a.option("--brokers"))
             brokers = a.value();
-        else
+        else if (a.option("--lag"))
+            lag = true;
+        else if (a.option("--lag-topic")) {
+            lag = true;
+            lag_topics.push_back(a.value());
+        } else
             a.unknown();
     }
     if (o.help) {
@@ -586,8 +597,22 @@ int run_status(std::vector<std::string> args)
     const bool schema_ok = std::all_of(checks.begin(), checks.end(), [](const TableCheck& c) { return c.ok(); });
     const auto s = m->status(*conn);
     const StatusReport report{o, spec, *m, checks, schema_ok, s};
+    if (lag && brokers.empty() && std::getenv("IDEMKAFKA_BROKERS"))
+        brokers = std::getenv("IDEMKAFKA_BROKERS");
+    if (lag && brokers.empty())
+        throw UsageError("status: --lag needs Kafka: pass --brokers SERVERS or set IDEMKAFKA_BROKERS");
+    std::vector<PartitionLag> lags;
+    if (lag) {
+        std::vector<std::string> groups;
+        for (const auto& g : s.groups)
+            groups.push_back(g.consumer_group);
+        lags = partition_lag(brokers, {}, groups, lag_topics, std::chrono::seconds(10));
+    }
     if (json) {
-        out(status_json(report));
+        std::string j = status_json(report);
+        if (lag)
+            j.insert(j.size() - 1, ",\"lag\":" + lag_json(lags).dump());
+        out(j);
         return s.exists && schema_ok ? exit_ok : exit_failure;
     }
     print_schema_checks(checks);
@@ -601,6 +626,12 @@ int run_status(std::vector<std::string> args)
                         migrate_command(spec)));
     print_claims(report);
     print_stored_positions(o.postgres, o.schema, brokers);
+    if (lag) {
+        out("");
+        out("lag per partition of the groups with claims (records and seconds behind)");
+        for (const auto& line : lag_lines(lags))
+            out(line);
+    }
     if (s.mode != RetentionMode::partitioned)
         return schema_ok ? exit_ok : exit_failure;
     print_partitions(s);

@@ -185,4 +185,31 @@ std::vector<PartitionLag> partition_lag(const std::string& brokers, const std::m
     return out;
 }
 
+nlohmann::json lag_json(const std::vector<PartitionLag>& rows)
+{
+    auto arr = nlohmann::json::array();
+    for (const auto& l : rows)
+        arr.push_back({{"group", l.group},
+                       {"topic", l.topic},
+                       {"partition", l.partition},
+                       {"committed", l.committed < 0 ? nlohmann::json(nullptr) : nlohmann::json(l.committed)},
+                       {"log_start", l.log_start},
+                       {"log_end", l.log_end},
+                       {"records_behind", l.records_behind ? nlohmann::json(*l.records_behind) : nlohmann::json()},
+                       {"seconds_behind", l.seconds_behind ? nlohmann::json(*l.seconds_behind) : nlohmann::json()}});
+    return arr;
+}
+
+std::vector<std::string> lag_lines(const std::vector<PartitionLag>& rows)
+{
+    std::vector<std::string> out = {fmt::format("{:<24} {:<32} {:>9} {:>12} {:>12} {:>12} {:>12}", "group", "topic",
+                                                "partition", "committed", "log end", "behind", "seconds")};
+    for (const auto& l : rows)
+        out.push_back(fmt::format("{:<24} {:<32} {:>9} {:>12} {:>12} {:>12} {:>12}", l.group, l.topic, l.partition,
+                                  l.committed < 0 ? "-" : std::to_string(l.committed), l.log_end,
+                                  l.records_behind ? std::to_string(*l.records_behind) : "-",
+                                  l.seconds_behind ? fmt::format("{:.1f}", *l.seconds_behind) : "-"));
+    return out;
+}
+
 } // namespace idemkafka::detail::admin

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace idemkafka::detail::admin {
 
 struct PartitionLag {
@@ -27,5 +29,11 @@ struct PartitionLag {
 std::vector<PartitionLag> partition_lag(const std::string& brokers, const std::map<std::string, std::string>& kafka,
                                         const std::vector<std::string>& groups, const std::vector<std::string>& topics,
                                         std::chrono::milliseconds timeout);
+
+/// The rows as a JSON array of {group, topic, partition, committed, log_start,
+/// log_end, records_behind, seconds_behind} (null where unknown).
+nlohmann::json lag_json(const std::vector<PartitionLag>& rows);
+/// The rows as a table, one line each, with a header line.
+std::vector<std::string> lag_lines(const std::vector<PartitionLag>& rows);
 
 } // namespace idemkafka::detail::admin

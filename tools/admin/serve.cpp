@@ -204,7 +204,7 @@ nlohmann::json records_of_cause(const ServeOptions& o, const httplib::Request& r
     return {{"cause", cause}, {"matched", matched}, {"records", records}};
 }
 
-nlohmann::json lag_json(const ServeOptions& o)
+nlohmann::json group_lag_json(const ServeOptions& o)
 {
     std::vector<std::string> groups = o.groups;
     if (groups.empty()) {
@@ -212,18 +212,9 @@ nlohmann::json lag_json(const ServeOptions& o)
         for (const auto& g : status["groups"])
             groups.push_back(g["consumer_group"].get<std::string>());
     }
-    auto arr = nlohmann::json::array();
-    for (const auto& l : partition_lag(o.dl.source.brokers, o.dl.source.kafka, groups, o.lag_topics,
-                                       std::min(o.dl.source.timeout, std::chrono::milliseconds(10000))))
-        arr.push_back({{"group", l.group},
-                       {"topic", l.topic},
-                       {"partition", l.partition},
-                       {"committed", l.committed < 0 ? nlohmann::json(nullptr) : nlohmann::json(l.committed)},
-                       {"log_start", l.log_start},
-                       {"log_end", l.log_end},
-                       {"records_behind", l.records_behind ? nlohmann::json(*l.records_behind) : nlohmann::json()},
-                       {"seconds_behind", l.seconds_behind ? nlohmann::json(*l.seconds_behind) : nlohmann::json()}});
-    return {{"groups", groups}, {"partitions", arr}};
+    const auto rows = partition_lag(o.dl.source.brokers, o.dl.source.kafka, groups, o.lag_topics,
+                                    std::min(o.dl.source.timeout, std::chrono::milliseconds(10000)));
+    return {{"groups", groups}, {"partitions", lag_json(rows)}};
 }
 
 template <class T> T field(const nlohmann::json& body, const char* name, T fallback)
@@ -336,7 +327,7 @@ void routes(httplib::Server& server, const ServeOptions& o)
                    return nlohmann::json::parse(
                        status_json_of(o.dl.postgres, o.dl.audit.schema, o.claims_table, o.dl.audit.table));
                }));
-    server.Get("/api/lag", api(o, [&o](const httplib::Request&) { return lag_json(o); }));
+    server.Get("/api/lag", api(o, [&o](const httplib::Request&) { return group_lag_json(o); }));
     server.Get("/api/dead-letters/groups", api(o, [&o](const httplib::Request&) { return groups_json(o); }));
     server.Get("/api/dead-letters/records",
                api(o, [&o](const httplib::Request& req) { return records_of_cause(o, req); }));
