@@ -231,3 +231,78 @@ TEST_CASE("console API: groups, records, lag, status, read-only, replay and audi
     CHECK(text.out.find("lag per partition") != std::string::npos);
     exec("DROP TABLE IF EXISTS public." + audit + ", public." + claims + " CASCADE");
 }
+
+// Not run by CTest ([.]): how long the console takes to group a few thousand dead
+// letters, through the API and (with the page) in Chromium. Run by hand:
+//   run_isolated.sh ... -- idemkafka_console_api_tests "[measure]"
+TEST_CASE("console: grouping 3,000 dead letters, timed", "[.][measure]")
+{
+    const auto dlq = unique_name("con_many");
+    const auto source = unique_name("con_many_src");
+    create_topic(dlq, 3);
+    create_topic(source, 6);
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int i = 0; i < 3000; ++i) {
+            const bool decode = i % 300 == 7; // 10 of them
+            std::vector<Header> h = {{dead_letter_header::reason, decode ? "decode_error" : "handler_failed"},
+                                     {dead_letter_header::error,
+                                      decode ? fmt::format("unexpected byte 0x{:02x} at offset {}", i % 256, i)
+                                             : fmt::format("payment provider returned 503 for order {} (request '{}')",
+                                                           100000 + i, new_event_id().to_string())},
+                                     {dead_letter_header::consumer_group, "billing"},
+                                     {dead_letter_header::original_topic, source},
+                                     {dead_letter_header::original_partition, std::to_string(i % 6)},
+                                     {dead_letter_header::original_offset, std::to_string(i / 6)},
+                                     {dead_letter_header::event_id, new_event_id().to_string()}};
+            pub.publish_async(dlq, "k" + std::to_string(i), std::string(400, 'x'), h);
+        }
+        pub.flush();
+    }
+    auto conn = detail::pg::connect(pg());
+    SchemaSpec spec;
+    spec.claims_table = unique_name("pe_many");
+    spec.replay_audit_table = unique_name("many_audit");
+    (void)migrate_schema(*conn, spec);
+    ConsoleProcess console({"--brokers", brokers(), "--topic", dlq, "--postgres", pg(), "--table", spec.claims_table,
+                            "--replay-audit-table", *spec.replay_audit_table});
+    httplib::Client client("127.0.0.1", console.port());
+    client.set_read_timeout(60, 0);
+    for (int round = 0; round < 3; ++round) {
+        const auto start = std::chrono::steady_clock::now();
+        auto r = client.Get("/api/dead-letters/groups");
+        const auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+        REQUIRE(r);
+        const auto j = json::parse(r->body);
+        CHECK(j["read"] == 3000);
+        std::string groups;
+        for (const auto& g : j["groups"])
+            groups +=
+                fmt::format("\n  {:>5} x {} / {}: {}", g["count"].get<int>(), g["consumer_group"].get<std::string>(),
+                            g["reason"].get<std::string>(), g["error_pattern"].get<std::string>());
+        WARN(fmt::format("round {}: GET /api/dead-letters/groups in {} ms (read {} ms, {} bytes):{}", round, ms,
+                         j["read_ms"].get<int>(), r->body.size(), groups));
+    }
+    if (const char* modules = std::getenv("IDEMKAFKA_PLAYWRIGHT_MODULES")) {
+        const std::string script =
+            "const "
+            "{chromium}=require(require('path').join(process.env.IDEMKAFKA_PLAYWRIGHT_MODULES,'playwright-core'));"
+            "(async()=>{const fs=require('fs'),os=require('os');const d=fs.mkdtempSync(os.tmpdir()+'/ikm-');"
+            "const c=await chromium.launchPersistentContext(d,{executablePath:'/usr/bin/chromium',headless:true,"
+            "args:['--headless','--no-sandbox','--disable-gpu','--disable-quic','--no-first-run',"
+            "'--disable-background-networking','--disable-component-update','--disable-sync']});"
+            "const p=c.pages()[0]||await c.newPage();for(let i=0;i<3;i++){const t=Date.now();"
+            "await p.goto(process.argv[1]);await p.waitForSelector('body[data-loaded=\"true\"]',{timeout:60000});"
+            "const rows=await p.$$eval('#causes tbody tr',r=>r.map(x=>x.cells[0].textContent+' x "
+            "'+x.cells[2].textContent));"
+            "console.log('page load '+i+': '+(Date.now()-t)+' ms, causes: '+rows.join(', '));}"
+            "await "
+            "c.close();fs.rmSync(d,{recursive:true,force:true});})().catch(e=>{console.error(e);process.exit(1);});";
+        const auto r = run_shell("IDEMKAFKA_PLAYWRIGHT_MODULES=" + shell_quote(modules) + " node -e " +
+                                 shell_quote(script) + " " + shell_quote(console.url()));
+        WARN(r.out + r.err);
+        CHECK(r.rc == 0);
+    }
+    exec("DROP TABLE IF EXISTS public." + *spec.replay_audit_table + ", public." + spec.claims_table + " CASCADE");
+}

@@ -71,7 +71,7 @@ TEST_CASE("console in Chromium: causes, preview, replay of one cause, charged on
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
         if (e.entity.rfind("down-", 0) == 0 && !provider_up)
             throw NonRetryableError(fmt::format("payment provider returned 503 for order {}", e.amount));
-        tx.exec0(fmt::format("INSERT INTO {} VALUES ('{}', '{}')", charges, e.id.to_string(), e.entity));
+        tx.exec(fmt::format("INSERT INTO {} VALUES ('{}', '{}')", charges, e.id.to_string(), e.entity));
     });
     Runner<Consumer> run(consumer);
     REQUIRE(wait_until(
