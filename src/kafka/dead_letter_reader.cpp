@@ -116,6 +116,7 @@ DeadLetterRecord dead_letter_of(const rd_kafka_message_t& m)
 std::string partitions_text(const std::map<std::int32_t, std::int64_t>& end)
 {
     std::vector<std::int32_t> ps;
+    ps.reserve(end.size());
     for (const auto& [p, hi] : end)
         ps.push_back(p);
     return fmt::format("{}", fmt::join(ps, ","));

@@ -224,6 +224,7 @@ struct Sender {
     void send(const std::vector<const DeadLetterRecord*>& chunk, std::vector<ReplayedRecord*>& slots)
     {
         std::vector<OutgoingRecord> batch;
+        batch.reserve(chunk.size());
         for (const auto* d : chunk)
             batch.push_back(outgoing(*d));
         const auto errors = publisher.publish_all(batch);
