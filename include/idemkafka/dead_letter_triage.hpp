@@ -53,10 +53,11 @@ struct IDEMKAFKA_API DeadLetterRecord {
 };
 
 /// `error` with its variable parts masked, so that errors of one cause read
-/// the same: UUIDs become `<uuid>`, quoted text `'?'` / `"?"`, long hex and
-/// letter-digit identifiers `<id>`, numbers standing alone (not part of a word
-/// like `utf8`) `<n>`; runs of white space become one space and the result is
-/// cut at 200 bytes. Never throws but std::bad_alloc.
+/// the same: UUIDs become `<uuid>`, long hex and letter-digit identifiers
+/// `<id>`, numbers standing alone (not part of a word like `utf8`) `<n>`, and
+/// text in single or double quotes a question mark in the same quotes; runs of
+/// white space become one space and the result is cut at 200 bytes. Never
+/// throws but std::bad_alloc.
 IDEMKAFKA_API std::string normalise_dead_letter_error(std::string_view error);
 
 /// The cause of a dead letter: what grouping keys on.
