@@ -183,8 +183,8 @@ TEST_CASE("run() left by an exception while other workers hold units: the consum
     {
         auto cfg = consumer_config(group, topic);
         cfg.workers = 4;
-        cfg.max_batch = 4;                // a unit of one record per worker
-        cfg.ordering = Ordering::key;     // every record a lane of its own (one key each): any worker takes any
+        cfg.max_batch = 4;            // a unit of one record per worker
+        cfg.ordering = Ordering::key; // every record a lane of its own (one key each): any worker takes any
         cfg.hooks.after_db_commit = [&](const BatchInfo&) {
             thrown = true;
             throw SimulatedCrash{};
