@@ -1,5 +1,7 @@
-// What the consumer keeps per dead letter and per partition stays bounded
-// by what it has now: revokes and late flag changes leave nothing behind.
+// What the consumer keeps per session, per dead letter and per partition
+// stays bounded by what it has now: reconnects, revokes and late flag
+// changes leave nothing behind. And the member marker is scoped to its
+// claims table and group.
 
 #include <set>
 #include <string>
@@ -10,10 +12,46 @@
 
 #include "catch_compat.hpp"
 #include "consumer/dead_letterer.hpp"
+#include "consumer/member_sessions.hpp"
 #include "kafka/group_member.hpp"
 
 using namespace idemkafka;
 using namespace idemkafka::detail;
+
+TEST_CASE("own sessions: a reconnect replaces its worker's session, the list never grows", "[unit]")
+{
+    OwnSessions own;
+    int workers[3];
+    std::int64_t pid = 100;
+    for (auto& w : workers)
+        CHECK_FALSE(own.replace(&w, {pid++, 1}));
+    for (int round = 0; round < 200; ++round)
+        for (auto& w : workers) {
+            const auto lost = own.replace(&w, {pid, pid * 10});
+            REQUIRE(lost);
+            CHECK(lost->pid == pid - 3); // the worker's session before this reconnect
+            ++pid;
+        }
+    CHECK(own.size() == 3);
+    const auto pids = own.pids();
+    CHECK(std::set<std::int64_t>(pids.begin(), pids.end()) == std::set<std::int64_t>{pid - 3, pid - 2, pid - 1});
+}
+
+TEST_CASE("the member marker is scoped to schema, table and group", "[unit]")
+{
+    const auto m = MemberMarker::of("public", "processed_event", "billing");
+    CHECK(m.key_a >= 0);
+    CHECK(m.key_b >= 0);
+    const auto same = MemberMarker::of("public", "processed_event", "billing");
+    CHECK((same.key_a == m.key_a && same.key_b == m.key_b));
+    for (const auto& other :
+         {MemberMarker::of("billing", "processed_event", "billing"), MemberMarker::of("public", "claims", "billing"),
+          MemberMarker::of("public", "processed_event", "billing2"),
+          MemberMarker::of("public", "processed_eventbilling", ""),
+          MemberMarker::of("publicprocessed_event", "", "billing")})
+        CHECK_FALSE((other.key_a == m.key_a && other.key_b == m.key_b));
+    CHECK(MemberMarker::space_a != MemberMarker::space_b);
+}
 
 TEST_CASE("dead letters in flight of a revoked partition are forgotten", "[unit]")
 {
