@@ -459,8 +459,12 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// without SQL, holding claims another member waits for, is ended the
     /// same way and retried. Zero: max.poll.interval.ms (what `kafka` sets,
     /// else librdkafka's 300 s), after which a member that stopped polling
-    /// has lost its partitions anyway.
+    /// has lost its partitions anyway. Otherwise at least
+    /// frozen_member_floor (1 s): validate() refuses less.
     std::chrono::milliseconds frozen_member_timeout{0};
+    /// The least frozen_member_timeout (also applied to a
+    /// max.poll.interval.ms below it).
+    static constexpr std::chrono::milliseconds frozen_member_floor{1000};
     /// An assigned partition that the consumer has not paused and from which
     /// no record has arrived for this long while its leader has records past
     /// the consumer's position is reported: an error line naming it, and the

@@ -103,6 +103,11 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// Sessions of frozen members (idle in a transaction past
     /// ConsumerConfig::frozen_member_timeout) this consumer ended.
     std::uint64_t frozen_members_ended = 0;
+    /// This consumer's own earlier PostgreSQL sessions it ended at a
+    /// reconnect: their connection was lost on the client's side only
+    /// (packets that vanished, a cut at db_timeout), and the server still
+    /// kept them, with what they held.
+    std::uint64_t lost_sessions_ended = 0;
     /// Connections to PostgreSQL cut because one of the consumer's own steps
     /// waited past ConsumerConfig::db_timeout (a frozen or vanished server).
     std::uint64_t db_timeouts = 0;
@@ -249,9 +254,9 @@ public:
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures, db_commits, db_failures,
         db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
         batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka, positions_lost,
-        frozen_members_ended, db_timeouts, lock_timeouts, handler_aborted_transactions, long_call_waits, stuck_calls,
-        revoke_abandons, parked, parking_overflows, circuit_opened, circuit_gave_up, beyond_dedup_horizon,
-        horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        frozen_members_ended, lost_sessions_ended, db_timeouts, lock_timeouts, handler_aborted_transactions,
+        long_call_waits, stuck_calls, revoke_abandons, parked, parking_overflows, circuit_opened, circuit_gave_up,
+        beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     //@}
     /// Records dead-lettered, indexed by DeadLetterReason.
     std::array<Counter, dead_letter_reason_count> dead_lettered;

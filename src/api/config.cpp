@@ -144,6 +144,11 @@ void validate_transactions(const ConsumerConfig& c)
     require(c.transaction_retries >= 0, "transaction_retries: must not be negative");
     require(c.lock_timeout.count() >= 0, "lock_timeout: must not be negative");
     require(c.frozen_member_timeout.count() >= 0, "frozen_member_timeout: must not be negative");
+    // Ending a session idle in a transaction for less would end live
+    // members' sessions between two statements of an ordinary handler call.
+    if (c.frozen_member_timeout.count() != 0 && c.frozen_member_timeout < ConsumerConfig::frozen_member_floor)
+        throw ConfigError(fmt::format("frozen_member_timeout: must be 0 (max.poll.interval.ms) or at least {} ms",
+                                      ConsumerConfig::frozen_member_floor.count()));
     require(c.fetch_stall_after.count() >= 1000, "fetch_stall_after: must be at least 1 s");
     require(c.db_timeout.count() >= 0, "db_timeout: must not be negative");
 }

@@ -8,7 +8,6 @@
 #include <string_view>
 
 #include "core/fingerprint.hpp"
-#include "core/fnv1a.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
 #include "observe/trace.hpp"
@@ -51,38 +50,9 @@ RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
     return require_schema(db, spec).front().mode;
 }
 
-// Every library session of a consumer group holds a shared session-level
-// advisory lock on (member_lock_space, member_key(group)): it shows in
-// pg_locks which sessions are the group's members (shared locks never wait).
-// Non-negative int4 keys: pg_locks shows them as the same oids.
-std::pair<int, int> member_lock(const std::string& group)
+void ClaimTransaction::prepare(Worker& w)
 {
-    constexpr int member_lock_space = 0x696b6d62; // "ikmb"
-    return {member_lock_space, static_cast<int>(fnv1a(group) & 0x7fffffffu)};
-}
-
-namespace {
-
-// How long a member's session may sit idle in a transaction before another
-// member of the group may end it: max.poll.interval.ms, after which a member
-// that stopped polling has lost its partitions anyway.
-std::chrono::milliseconds frozen_after(const ConsumerConfig& cfg)
-{
-    if (cfg.frozen_member_timeout.count() > 0)
-        return cfg.frozen_member_timeout;
-    if (auto it = cfg.kafka.find("max.poll.interval.ms"); it != cfg.kafka.end())
-        try {
-            return std::chrono::milliseconds(std::stoll(it->second));
-        } catch (const std::exception&) {
-            // librdkafka refuses the value itself
-        }
-    return std::chrono::milliseconds(300000);
-}
-
-} // namespace
-
-void ClaimTransaction::prepare(pqxx::connection& db) const
-{
+    auto& db = *w.db;
     pg::require_own_session(db, s_.cfg.postgres); // before anything is left on the session
     pg::install_commit_guard(db);                 // before guard_session: it creates the session's guard objects
     {
@@ -100,71 +70,7 @@ void ClaimTransaction::prepare(pqxx::connection& db) const
         db.prepare(fingerprints_statement, pg::stored_fingerprints_sql(s_.store));
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::guard_session(db);
-    int pid = 0; // the server's: behind a pooler, libpq's backendpid() is the pooler's
-    {
-        pqxx::nontransaction tx(db);
-        const auto [space, key] = member_lock(s_.cfg.group_id);
-        pid = pg::exec_params(tx, "SELECT pg_backend_pid() FROM pg_advisory_lock_shared($1, $2)", space, key)[0][0]
-                  .as<int>();
-    }
-    std::lock_guard<std::mutex> lock(own_pids_mu_);
-    own_pids_.push_back(pid);
-}
-
-// A claim that waited past lock_timeout may be waiting on a member frozen
-// inside its transaction (SIGSTOP, a paused VM, a process stuck in a
-// handler's infinite loop while its poll thread is stuck too): its claims
-// hold their row locks for as long as it lives, and nothing on the server
-// ends an idle transaction. A session of this group's members idle in a
-// transaction for longer than frozen_member_timeout (max.poll.interval.ms:
-// such a member has lost its partitions) is ended here: its transaction rolls
-// back, claims and effects together, and its records are processed by their
-// new owner. A long handler call of a live member that does no SQL that long
-// is ended too: its record is retried (counted, logged by that member).
-void ClaimTransaction::end_frozen_members(pg::Session& w)
-{
-    if (!w.db)
-        return;
-    std::string own;
-    {
-        std::lock_guard<std::mutex> lock(own_pids_mu_);
-        own = int_array(own_pids_);
-    }
-    const auto stale = frozen_after(s_.cfg);
-    try {
-        const pg::Watch::Armed armed(w.watch, s_.cfg.db_timeout);
-        pqxx::nontransaction tx(*w.db);
-        const auto ended = pg::exec_params(
-            tx,
-            "SELECT a.pid, (extract(epoch FROM now() - a.state_change) * 1000)::bigint, pg_terminate_backend(a.pid) "
-            "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.classid = $1::int::oid AND l.objid = $2::int::oid AND "
-            "l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND a.pid <> ALL($3::int[]) AND a.state IN ('idle in transaction', 'idle in transaction (aborted)') "
-            "AND a.state_change < now() - $4::bigint * interval '1 millisecond'",
-            member_lock(s_.cfg.group_id).first, member_lock(s_.cfg.group_id).second, own,
-            static_cast<std::int64_t>(stale.count()));
-        for (const auto& row : ended) {
-            const auto pid = row[0].as<int>();
-            const auto idle_ms = row[1].as<std::int64_t>();
-            if (row[2].as<bool>()) {
-                s_.metrics.frozen_members_ended.add();
-                say(s_.log, LogLevel::warning, {{"pid", std::to_string(pid)}},
-                    "ended PostgreSQL session {} of a member of this group, idle in its transaction for {} ms (over "
-                    "frozen_member_timeout, {} ms): a member frozen with claims; its transaction rolls back and its "
-                    "records are processed by their owner",
-                    pid, idle_ms, stale.count());
-            } else {
-                say(s_.log, LogLevel::warning, {{"pid", std::to_string(pid)}},
-                    "could not end PostgreSQL session {} of a frozen member of this group (idle in its transaction "
-                    "for {} ms): the claims it holds wait for it; grant pg_signal_backend or use the same role",
-                    pid, idle_ms);
-            }
-        }
-    } catch (const std::exception& e) {
-        say(s_.log, LogLevel::warning, error_field(e.what()),
-            "looking for frozen members' sessions failed (the batch runs again after a backoff): {}", e.what());
-    }
+    mark_member(w);
 }
 
 Holds ClaimTransaction::screen(Intake& intake, Worker& w, std::vector<Item>& items)

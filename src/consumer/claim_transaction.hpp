@@ -25,6 +25,7 @@
 #include "consumer/batch.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"
+#include "consumer/member_sessions.hpp"
 #include "core/circuit_breaker.hpp"
 #include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
@@ -74,10 +75,6 @@ template <class Connect> void connect_at_start(const Redactor& secrets, Connect&
         throw DatabaseError(secrets(fmt::format("cannot start: PostgreSQL: {}", e.what())));
     }
 }
-
-/// The advisory lock (space, key) every library session of consumer group
-/// `group` holds shared: how pg_locks tells the group's member sessions.
-std::pair<int, int> member_lock(const std::string& group);
 
 /// Thrown inside a transaction when the offset table refused our epoch.
 struct Fenced {};
@@ -197,7 +194,10 @@ public:
         bool positions_after_merge;
     };
 
-    explicit ClaimTransaction(Setup setup) : s_(std::move(setup)) {}
+    explicit ClaimTransaction(Setup setup)
+        : s_(std::move(setup)), marker_(MemberMarker::of(s_.cfg.schema, s_.cfg.table, s_.cfg.group_id))
+    {
+    }
 
     /// On the first connection: the one schema definition
     /// (idemkafka/schema.hpp) is created (ConsumerConfig::create_schema) or,
@@ -206,8 +206,10 @@ public:
     RetentionMode settle_schema(pqxx::connection& db) const;
 
     /// Prepares a worker's new connection: the claim statement, lock_timeout,
-    /// and (libpqxx 6) read-only by default.
-    void prepare(pqxx::connection& db) const;
+    /// (libpqxx 6) read-only by default, and the group's member marker. The
+    /// worker's earlier session, when the server still has it (its
+    /// connection was lost on this side only), is ended.
+    void prepare(Worker& w);
 
     /// Before a decoded unit's transactions, on the worker that runs them
     /// (the consumer) or the caller's thread: each record is screened by
@@ -314,14 +316,17 @@ private:
                                                     std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
     Outcome db_error(Worker& w, const std::string& what);
     void lost_connection(Worker& w, const char* why);
+    void frozen_member_ended(int pid, std::int64_t idle_ms, bool ended, std::chrono::milliseconds stale);
+    void mark_member(Worker& w);
+    void end_lost_session(Worker& w, const Backend& lost);
 
     Setup s_;
     std::mutex fenced_mu_;
     std::vector<TopicPartition> fenced_;
-    // The backend pids of this member's own sessions: never taken for a
-    // frozen member's (see end_frozen_members()).
-    mutable std::mutex own_pids_mu_;
-    mutable std::vector<std::int64_t> own_pids_;
+    MemberMarker marker_;
+    // This member's own sessions: never taken for a frozen member's (see
+    // end_frozen_members()); a worker's lost one is ended at its reconnect.
+    OwnSessions own_;
 };
 
 } // namespace idemkafka::detail

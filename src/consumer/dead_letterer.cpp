@@ -134,10 +134,10 @@ std::vector<std::string> DeadLetterer::publish(const std::vector<Item*>& items,
         std::lock_guard<std::mutex> lock(flight_mu_);
         for (std::size_t k = 0; k < items.size(); ++k) {
             const auto& r = items[k]->record;
-            const auto f = in_flight_.find({std::string(r.topic), r.partition, r.offset});
-            if (f != in_flight_.end() && f->second.state() != DeliveryStatus::State::failed) {
-                deliveries[k] = f->second;
-                earlier.push_back(f->second);
+            const auto* f = in_flight_.find({std::string(r.topic), r.partition, r.offset});
+            if (f && f->state() != DeliveryStatus::State::failed) {
+                deliveries[k] = *f;
+                earlier.push_back(*f);
                 continue;
             }
             fresh.push_back(records[k]);
@@ -156,9 +156,9 @@ std::vector<std::string> DeadLetterer::publish(const std::vector<Item*>& items,
     std::lock_guard<std::mutex> lock(flight_mu_);
     for (std::size_t k = 0; k < items.size(); ++k) {
         const auto& r = items[k]->record;
-        const std::tuple<std::string, std::int32_t, std::int64_t> key{std::string(r.topic), r.partition, r.offset};
+        const LetterFlights::Key key{std::string(r.topic), r.partition, r.offset};
         if (deliveries[k].state() == DeliveryStatus::State::in_flight) {
-            in_flight_[key] = deliveries[k];
+            in_flight_.put(key, deliveries[k]);
             errors[k] = deliveries[k].error() + " (not sent again until the broker answers)";
             continue;
         }

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -21,6 +22,33 @@
 #include "observe/log_context.hpp"
 
 namespace idemkafka::detail {
+
+/// Dead letters sent but not answered within dead_letter_timeout, by their
+/// record (topic, partition, offset): the record's next try waits for that
+/// one instead of writing a second copy. A revoked partition's entries go:
+/// its records' next tries belong to their new owner.
+class LetterFlights {
+public:
+    using Key = std::tuple<std::string, std::int32_t, std::int64_t>;
+    /// The dead letter in flight for the record, if any.
+    const DeliveryStatus* find(const Key& k) const
+    {
+        const auto f = by_record_.find(k);
+        return f == by_record_.end() ? nullptr : &f->second;
+    }
+    void put(const Key& k, const DeliveryStatus& d) { by_record_[k] = d; }
+    void erase(const Key& k) { by_record_.erase(k); }
+    /// Drops the entries of the partitions.
+    void forget(const std::set<TopicPartition>& tps)
+    {
+        for (auto it = by_record_.begin(); it != by_record_.end();)
+            it = tps.count({std::get<0>(it->first), std::get<1>(it->first)}) ? by_record_.erase(it) : std::next(it);
+    }
+    std::size_t size() const noexcept { return by_record_.size(); }
+
+private:
+    std::map<Key, DeliveryStatus> by_record_;
+};
 
 class DeadLetterer {
 public:
@@ -56,6 +84,14 @@ public:
             (void)producer();
     }
 
+    /// The partitions were revoked: their dead letters in flight are no
+    /// longer waited for here (the records' new owner writes its own).
+    void forget(const std::set<TopicPartition>& tps)
+    {
+        std::lock_guard<std::mutex> lock(flight_mu_);
+        in_flight_.forget(tps);
+    }
+
     /// The record produced for `it` (before the size limit is applied: see send()).
     OutgoingRecord record_of(const Item& it, int attempts) const;
 
@@ -74,11 +110,8 @@ private:
     Transport transport_;
     std::mutex mu_;
     std::unique_ptr<Publisher> producer_; // created on the first dead letter
-    // Dead letters sent but not answered within dead_letter_timeout, by their
-    // record (topic, partition, offset): the record's next try waits for that
-    // one instead of writing a second copy.
     std::mutex flight_mu_;
-    std::map<std::tuple<std::string, std::int32_t, std::int64_t>, DeliveryStatus> in_flight_;
+    LetterFlights in_flight_;
 };
 
 } // namespace idemkafka::detail

@@ -63,17 +63,38 @@ Engine::Impl::Impl(ConsumerConfig c, Stage& s)
 Engine::Impl::~Impl()
 {
     // run() left by an exception, maybe with units in the workers' hands:
-    // let them end, and take nothing of them (committing nothing is always safe).
-    if (pool)
-        pool->wait_all();
+    // let them end, and take nothing of them (committing nothing is always
+    // safe). The close below serves the last revoke, which must find every
+    // worker idle and no unit left to merge.
+    abandon_units();
     batch.clear();
-    units.clear();
     if (kafka) {
         // Leave the group without committing anything, as a crash would
         // (but without the session timeout).
         no_commit = true;
         kafka->close(cfg.shutdown_timeout);
     }
+}
+
+void Engine::Impl::abandon_units() noexcept
+{
+    if (!pool)
+        return;
+    pool->wait_all();
+    (void)pool->take_done(); // ended: what they did is not merged
+    for (std::size_t n = 0; n < units.size(); ++n) {
+        if (!busy[n])
+            continue;
+        if (kafka)
+            release_lanes(n);
+        units[n].clear();
+        workers[n].revoked = false;
+        busy[n] = false;
+    }
+    busy_units = 0;
+    unit_finished = false;
+    retire_waits.clear();
+    ledger.release_retired(); // the states of partitions revoked while the units ran
 }
 
 bool Engine::Impl::forced() noexcept

@@ -17,7 +17,7 @@ void Engine::Impl::connect(Worker& w, bool first)
         layout = claims.settle_schema(*w.db);
         intake.set_layout(layout);
     }
-    claims.prepare(*w.db);
+    claims.prepare(w);
 }
 
 bool Engine::Impl::ensure_db()

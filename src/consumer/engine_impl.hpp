@@ -154,6 +154,12 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     ~Impl() override;
 
+    // After run() left by an exception: waits for the units in the workers'
+    // hands and drops them unmerged (nothing of them is committed; their
+    // records come again), so that every worker is idle and the bookkeeping
+    // of lanes and retired partitions is empty for the close's last revoke.
+    void abandon_units() noexcept;
+
     // A second stop(), or a first one older than shutdown_timeout, abandons
     // the current transaction.
     bool forced() noexcept;

@@ -118,6 +118,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
     for (const auto& tp : tps)
         if (auto* ps = ledger.find(tp.topic, tp.partition))
             parking.drop(ps);
+    dead_letters.forget(tps); // their records' next tries are the new owner's
     ledger.revoke(tps, !touching.empty());
     count_in_flight();
 }

@@ -129,7 +129,7 @@ struct HarnessCore::Impl {
         worker.connect(cfg.postgres);
         if (first)
             intake.set_layout(claims.settle_schema(*worker.db));
-        claims.prepare(*worker.db);
+        claims.prepare(worker);
     }
 
     TopicPartition where(const TestMessage& m) const

@@ -453,6 +453,14 @@ GroupMember::Queue& GroupMember::queue_of(std::string_view topic, std::int32_t p
     return queues_.back();
 }
 
+GroupMember::Queue* GroupMember::find_queue(std::string_view topic, std::int32_t partition)
+{
+    for (auto& l : queues_)
+        if (l.partition == partition && l.topic == topic)
+            return &l;
+    return nullptr;
+}
+
 void GroupMember::hold(MessagePtr m)
 {
     if (m->err || !m->rkt) {
@@ -494,9 +502,17 @@ void GroupMember::drop_held(Queue& l)
 // librdkafka's pause drops what its queue holds of the partition and resumes
 // fetching after the last record it handed out, which may be held here: held
 // records of a paused partition wait for its resume, and go out first then.
+// Clearing a flag creates no queue: a partition with none has nothing held
+// and no flag set, and may not be assigned any more (a unit of a revoked
+// partition merged after the revoke), so its queue would stay for good.
 void GroupMember::set_paused(std::string_view topic, std::int32_t partition, bool paused)
 {
-    queue_of(topic, partition).paused = paused;
+    if (!paused) {
+        if (auto* l = find_queue(topic, partition))
+            l->paused = false;
+        return;
+    }
+    queue_of(topic, partition).paused = true;
 }
 
 bool GroupMember::held_back(const TopicPartition& tp)
@@ -507,7 +523,12 @@ bool GroupMember::held_back(const TopicPartition& tp)
 
 void GroupMember::defer(const TopicPartition& tp, bool defer)
 {
-    queue_of(tp.topic, tp.partition).deferred = defer;
+    if (!defer) {
+        if (auto* l = find_queue(tp.topic, tp.partition))
+            l->deferred = false;
+        return;
+    }
+    queue_of(tp.topic, tp.partition).deferred = true;
 }
 
 void GroupMember::forget_queues()
@@ -572,7 +593,8 @@ GroupMember::SeekResult GroupMember::seek(const TopicPartition& tp, std::int64_t
 {
     // Whatever the outcome: records held now were fetched before the seek
     // (after a failed one the seek is sent again).
-    drop_held(queue_of(tp.topic, tp.partition));
+    if (auto* l = find_queue(tp.topic, tp.partition))
+        drop_held(*l);
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = offset;
     ErrorPtr e(rd_kafka_seek_partitions(rk_.get(), list.get(), 5000));

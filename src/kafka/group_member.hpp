@@ -89,6 +89,9 @@ public:
     /// payload and key bytes): part of the prefetch.
     std::size_t held_records() const noexcept { return held_records_; }
     std::size_t held_bytes() const noexcept { return held_bytes_; }
+    /// Partitions with a queue of held records (and their pause and defer
+    /// flags): at most the assigned ones.
+    std::size_t queues() const noexcept { return queues_.size(); }
     /// Counts and logs a consumer error; throws KafkaError when it is fatal.
     void consumer_error(const rd_kafka_message_t& m);
     /// A poll waiting for records returns now (from any thread).
@@ -196,6 +199,7 @@ private:
         std::deque<MessagePtr> held;
     };
     Queue& queue_of(std::string_view topic, std::int32_t partition);
+    Queue* find_queue(std::string_view topic, std::int32_t partition); // null: none, none created
     void hold(MessagePtr m);
     MessagePtr next_held();
     void drop_held(Queue& l);

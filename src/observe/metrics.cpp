@@ -57,6 +57,9 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::positions_lost},
     {"frozen_members_ended", "Sessions of frozen members (idle in a transaction past frozen_member_timeout) ended.",
      &MetricsSnapshot::frozen_members_ended},
+    {"lost_sessions_ended",
+     "Own PostgreSQL sessions ended at a reconnect: lost on the client's side only, kept by the server.",
+     &MetricsSnapshot::lost_sessions_ended},
     {"db_timeouts", "Connections to PostgreSQL cut after a step of the consumer waited past db_timeout.",
      &MetricsSnapshot::db_timeouts},
     {"lock_timeouts", "Transactions that waited for a lock longer than lock_timeout (retried after a backoff).",
@@ -241,6 +244,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.positions_lost = positions_lost.get();
     s.lock_timeouts = lock_timeouts.get();
     s.frozen_members_ended = frozen_members_ended.get();
+    s.lost_sessions_ended = lost_sessions_ended.get();
     s.db_timeouts = db_timeouts.get();
     s.handler_aborted_transactions = handler_aborted_transactions.get();
     s.long_call_waits = long_call_waits.get();

@@ -134,7 +134,7 @@ void ShareEngine::Impl::connect(Member& m, bool first)
         for (auto& each : members)
             each->intake.set_layout(layout);
     }
-    m.claims.prepare(*m.worker.db);
+    m.claims.prepare(m.worker);
 }
 
 // True when the member has a connection; otherwise one reconnect is tried

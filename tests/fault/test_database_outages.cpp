@@ -245,3 +245,45 @@ TEST_CASE("a PostgreSQL whose packets vanish: noticed within db_timeout, resumed
     fail_if_threw(run.error());
     f.check_exact(4000);
 }
+
+TEST_CASE(
+    "a connection lost on the client's side only: the consumer ends its own earlier session, no lock_timeout wait",
+    "[fault]")
+{
+    // The handler's statement is dropped on the way (the blackhole): the
+    // client gives the connection up at tcp_user_timeout, the server never
+    // hears of it and keeps the session idle in its transaction, holding the
+    // batch's claims. The consumer's new session claims the same records:
+    // without ending the old session it would wait lock_timeout (60 s here).
+    Fixture f(1);
+    f.publish(200);
+    std::atomic<int> calls{0};
+    std::atomic<bool> held{false}, released{false};
+    auto cfg = outage_config(f, "a");
+    cfg.lock_timeout = 60s;
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        if (calls.fetch_add(1) == 120) {
+            held = true;
+            wait_until([&] { return released.load(); }, 30s);
+        }
+        f.insert(tx, e, ctx, "a");
+    });
+    Runner<Consumer> run(c);
+    REQUIRE(wait_until([&] { return held.load(); }, 60s));
+    const auto failures_before = c.metrics().snapshot().db_failures;
+    Blackhole hole(server_port());
+    released = true; // its INSERT is dropped: the connection ends at tcp_user_timeout (4 s)
+    REQUIRE(wait_until([&] { return c.metrics().snapshot().db_failures > failures_before; }, 30s));
+    hole.lift();
+    const auto lifted_at = Clock::now();
+    // Well under lock_timeout: the old session is ended on the reconnect.
+    REQUIRE(wait_until([&] { return f.rows() >= 200 && c.metrics().snapshot().lag == 0; }, 20s));
+    fmt::print("lost session: every record processed {:.1f} s after the packets flowed again\n",
+               seconds_since(lifted_at));
+    run.join();
+    fail_if_threw(run.error());
+    const auto m = c.metrics().snapshot();
+    CHECK(m.lost_sessions_ended >= 1);
+    CHECK(m.lock_timeouts == 0);
+    f.check_exact(200);
+}

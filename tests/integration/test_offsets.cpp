@@ -545,9 +545,11 @@ TEST_CASE("a frozen member holding a stored-position row lock does not stall its
     // transaction that wrote a position.
     pqxx::connection frozen(pg());
     {
-        const auto [space, key] = detail::member_lock(s.group);
+        const auto cfg = s.config();
+        const auto m = detail::MemberMarker::of(cfg.schema, cfg.table, s.group);
         pqxx::nontransaction tx(frozen);
-        detail::pg::exec_params(tx, "SELECT pg_advisory_lock_shared($1, $2)", space, key);
+        detail::pg::exec_params(tx, "SELECT pg_advisory_lock_shared($1, $2), pg_advisory_lock_shared($3, $4)",
+                                detail::MemberMarker::space_a, m.key_a, detail::MemberMarker::space_b, m.key_b);
     }
     pqxx::work held(frozen);
     held.exec(fmt::format("UPDATE consumer_offset SET next_offset = 0 WHERE consumer_group = '{}' AND partition = 0",

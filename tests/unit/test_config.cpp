@@ -233,3 +233,23 @@ TEST_CASE("cooperative-sticky on a librdkafka that aborts closing before the fir
     CHECK(client_bug_warning(range, v2_0_2).empty());
     CHECK(client_bug_warning({}, v2_0_2).empty());
 }
+
+TEST_CASE("frozen_member_timeout below 1 s is refused, naming the field", "[unit]")
+{
+    // Another member's session idle in a transaction that long is ended: a
+    // live member's ordinary handler call must never look frozen.
+    for (const auto ms : {1, 10, 999}) {
+        auto c = valid();
+        c.frozen_member_timeout = std::chrono::milliseconds(ms);
+        const auto msg = error_of(c);
+        CAPTURE(ms, msg);
+        CHECK(msg.rfind("frozen_member_timeout", 0) == 0);
+        CHECK(msg.find("1000 ms") != std::string::npos);
+    }
+    for (const auto ms : {0, 1000, 60000}) { // 0: max.poll.interval.ms
+        auto c = valid();
+        c.frozen_member_timeout = std::chrono::milliseconds(ms);
+        CAPTURE(ms);
+        CHECK(error_of(c).empty());
+    }
+}
