@@ -61,6 +61,19 @@ bool drained(const Fixture& f, const Consumer& c)
     return f.rows() >= static_cast<std::int64_t>(f.events.size()) && c.metrics().snapshot().lag == 0;
 }
 
+// Waits up to `timeout` until every published record's effect is in and the lag is 0, stops the
+// run and fails the test (with the consumer's metrics) when it did not get there.
+void finish(const Fixture& f, PacedRun& r, Runner<Consumer>& run, std::chrono::seconds timeout,
+            const std::string& context = "")
+{
+    const bool ok = wait_until([&] { return drained(f, r.consumer); }, timeout);
+    const std::string at_timeout = ok ? std::string() : nonzero_metrics(r.consumer);
+    run.join();
+    fail_if_threw(run.error());
+    INFO(context << at_timeout);
+    REQUIRE(ok);
+}
+
 // Four partitions, 3,000 records, `fault` while about 300 of them are done, 1,000 more records
 // after it: every effect once and the offsets at the end.
 template <class Fault> void survives(Fault&& fault)
@@ -74,12 +87,7 @@ template <class Fault> void survives(Fault&& fault)
     REQUIRE(wait_until([&] { return r.calls >= 300; }, 60s));
     fault();
     f.publish(1000);
-    const bool ok = wait_until([&] { return drained(f, r.consumer); }, 120s);
-    const std::string at_timeout = ok ? std::string() : nonzero_metrics(r.consumer);
-    run.join();
-    fail_if_threw(run.error());
-    INFO(at_timeout);
-    REQUIRE(ok);
+    finish(f, r, run, 120s);
     check_settled(f, 4);
 }
 
@@ -121,12 +129,7 @@ TEST_CASE("partitions added to the topic while consuming are consumed too, every
     add_partitions(f.topic, 4);
     // Keyed records spread over all four partitions now (the default partitioner).
     f.publish(1000, "later");
-    const bool ok = wait_until([&] { return drained(f, r.consumer); }, 90s);
-    const std::string at_timeout = ok ? std::string() : nonzero_metrics(r.consumer);
-    run.join();
-    fail_if_threw(run.error());
-    INFO(at_timeout);
-    REQUIRE(ok);
+    finish(f, r, run, 90s);
     CHECK(scalar(fmt::format("SELECT count(DISTINCT kafka_partition) FROM {} WHERE kafka_partition >= 2", f.effects)) ==
           2);
     check_settled(f, 4);
@@ -166,11 +169,6 @@ TEST_CASE("three brokers: the leader of a partition killed under load, then a se
     f.publish(1000, "during");
     kafka_control(fmt::format("start {}", second));
 
-    const bool ok = wait_until([&] { return drained(f, r.consumer); }, 180s);
-    const std::string at_timeout = ok ? std::string() : nonzero_metrics(r.consumer);
-    run.join();
-    fail_if_threw(run.error());
-    INFO("leaders killed: " << first << " then " << second << "\n" << at_timeout);
-    REQUIRE(ok);
+    finish(f, r, run, 180s, fmt::format("leaders killed: {} then {}\n", first, second));
     check_settled(f, 6);
 }

@@ -949,8 +949,8 @@ private:
                 // A crash: SIGKILL, then a restart on the same storage (it returns once the
                 // broker serves again, typically some seconds later).
                 const auto killed_at = Clock::now();
-                kafka_control("kill 1");
-                kafka_control("start 1");
+                test::kafka_control("kill 1");
+                test::kafka_control("start 1");
                 ++broker_faults_;
                 note = fmt::format(
                     "broker killed (SIGKILL) and restarted in {} ms, ",
@@ -970,9 +970,9 @@ private:
                 // Frozen: connections stay open and nothing answers, so requests (commits among
                 // them) time out instead of failing at once.
                 const auto frozen = uniform_ms(rng_, 2000, 4000);
-                kafka_control("stop 1");
+                test::kafka_control("stop 1");
                 std::this_thread::sleep_for(frozen);
-                kafka_control("cont 1");
+                test::kafka_control("cont 1");
                 ++broker_faults_;
                 note = fmt::format("broker frozen (SIGSTOP) for {} ms, ", frozen.count());
                 break;
@@ -1496,14 +1496,6 @@ private:
 
     Options opt_;
     std::mt19937_64 rng_;
-    // Runs IDEMKAFKA_KAFKA_CTL with `command` ("kill 1", "stop 1", ...); throws when it fails.
-    void kafka_control(const std::string& command)
-    {
-        const std::string line = kafka_ctl_ + " " + command;
-        if (std::system(line.c_str()) != 0)
-            throw std::runtime_error(fmt::format("the Kafka control command failed: {}", line));
-    }
-
     std::string pg_, brokers_, control_, kafka_ctl_, pg_restart_cmd_;
     bool temp_log_dir_ = false;
     std::string group_, topic_, dlq_, charge_table_, claims_table_, app_name_, listener_pg_;
