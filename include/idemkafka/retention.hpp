@@ -100,6 +100,9 @@ IDEMKAFKA_API EventId partition_bound(std::int64_t unix_ms) noexcept;
 IDEMKAFKA_API std::string partition_name(std::string_view table, std::int64_t from_unix_ms);
 /// `<table>_default`, shortened the same way.
 IDEMKAFKA_API std::string default_partition_name(std::string_view table);
+/// `<table>_retention`, shortened the same way: the claims table's retention
+/// registry (each consumer group's retention; see Maintenance::register_group()).
+IDEMKAFKA_API std::string retention_registry_name(std::string_view table);
 
 /// What Maintenance::migrate() did.
 struct MigrationReport {
@@ -108,6 +111,15 @@ struct MigrationReport {
     RetentionMode mode = RetentionMode::partitioned; ///< the table's layout afterwards
     std::vector<std::string> partitions_created;     ///< partitions created, by name
     std::vector<std::string> notes;                  ///< one line per other change or skipped step
+};
+
+/// One consumer group's registration in a claims table's retention registry
+/// (Maintenance::register_group()).
+struct RegisteredRetention {
+    std::string consumer_group;          ///< the group
+    std::chrono::milliseconds retention; ///< its RetentionConfig::retention at its latest registration
+    std::chrono::system_clock::time_point registered_at{}; ///< when it last registered
+    std::string registered_by;                             ///< the PostgreSQL role that registered it
 };
 
 /// What one maintenance run did (or, in a dry run, would do).
@@ -119,8 +131,13 @@ struct MaintenanceReport {
     RetentionMode mode = RetentionMode::partitioned;
     /// The time the run used as "now".
     std::chrono::system_clock::time_point now{};
-    /// Claims older than this were expired.
+    /// Claims older than this were expired: now - retention.
     std::chrono::system_clock::time_point cutoff{};
+    /// The retention the run kept claims for: the longest of its own
+    /// RetentionConfig::retention and every group's registered one.
+    std::chrono::milliseconds retention{0};
+    /// The group whose registered retention that is; empty when it is the run's own.
+    std::string retention_group;
     std::vector<std::string> partitions_created; ///< partitions created, by name
     std::vector<std::string> partitions_dropped; ///< expired partitions dropped, by name
     /// Expired partitions that could not be dropped (their DROP waited longer
@@ -172,6 +189,9 @@ struct RetentionStatus {
     RetentionMode mode = RetentionMode::partitioned;
     std::int64_t rows = 0;         ///< claims in all groups
     std::vector<GroupInfo> groups; ///< per consumer group
+    /// The retention registry, longest retention first: maintenance keeps every
+    /// claim for the longest of these and its own retention.
+    std::vector<RegisteredRetention> registered;
     /// Partitioned mode: range partitions ordered by bound, the default one last.
     std::vector<PartitionInfo> partitions;
     /// \name Claim times
@@ -226,12 +246,31 @@ public:
     /// One maintenance run. Partitioned table: creates missing partitions from now -
     /// retention to partitions_ahead ahead, drops partitions whose every id is older
     /// than retention, purges the default partition by processed_at. Plain table:
-    /// purges rows with processed_at older than retention in bounded batches. Returns
+    /// purges rows with processed_at older than retention in bounded batches.
+    /// Expiry uses the longest of this object's retention and every retention
+    /// registered on the table (register_group()): several consumer groups
+    /// may share the table, and none loses a claim its own retention keeps.
+    /// Each DROP and purge batch reads the registry again under a lock that
+    /// keeps a group from registering meanwhile. Returns
     /// with acted == false if another session holds the maintenance lock. With
     /// `dry_run` nothing changes; the report says what would. Throws DatabaseError if
     /// the table does not exist or PostgreSQL fails (a partition that cannot be
     /// created or dropped within lock_timeout is reported, not thrown).
     MaintenanceReport run_once(pqxx::connection& conn, bool dry_run = false);
+
+    /// Records this object's retention as `consumer_group`'s in the table's
+    /// retention registry, replacing the group's earlier registration (a
+    /// retention lowered takes effect; a warning is logged). Every consumer
+    /// registers its group at start, before its first claim. Returns the
+    /// group's earlier retention, if any. Throws DatabaseError when the
+    /// registry does not exist (the table is older than schema version 2: run
+    /// migrate()) or PostgreSQL fails.
+    std::optional<std::chrono::milliseconds> register_group(pqxx::connection& conn, const std::string& consumer_group);
+
+    /// Removes `consumer_group` from the table's retention registry (a group
+    /// retired for good: its claims then expire by the others' retention).
+    /// Returns whether it was registered. Throws DatabaseError when PostgreSQL fails.
+    bool forget_group(pqxx::connection& conn, const std::string& consumer_group);
 
     /// Rows per consumer group, partitions with their time ranges, oldest and
     /// newest claim, the effective dedup horizon. Counts are exact (they scan the

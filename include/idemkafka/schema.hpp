@@ -26,7 +26,9 @@ struct ConsumerConfig;
 /// earlier version in place; a consumer refuses a table of a later one
 /// (ConfigError), and with create_schema = false an earlier one too.
 /// Version 1: idemkafka 0.1.0. Version 2: the claims table's
-/// payload_fingerprint column (ConsumerConfig::payload_fingerprint).
+/// payload_fingerprint column (ConsumerConfig::payload_fingerprint) and its
+/// retention registry (`<table>_retention`: each consumer group's retention,
+/// maintenance keeps the longest).
 inline constexpr int schema_version = 2;
 
 /// The oldest PostgreSQL the DDL is written for (partitioned tables with a
@@ -56,7 +58,8 @@ struct IDEMKAFKA_API SchemaSpec {
 
 /// What one table of a SchemaSpec looks like in a database.
 struct TableCheck {
-    /// "claims", "offsets", "outbox" or "replay_audit".
+    /// "claims", "retention" (the claims table's retention registry),
+    /// "offsets", "outbox" or "replay_audit".
     std::string kind;
     /// `"schema"."table"`, quoted.
     std::string qualified;

@@ -45,9 +45,13 @@ void Worker::reset(const Holds& initial)
 RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
 {
     const auto spec = SchemaSpec::of(s_.cfg);
-    if (s_.cfg.create_schema)
-        return migrate_schema(db, spec, Maintenance::Existing::keep, s_.log).claims.mode;
-    return require_schema(db, spec).front().mode;
+    const RetentionMode mode = s_.cfg.create_schema
+                                   ? migrate_schema(db, spec, Maintenance::Existing::keep, s_.log).claims.mode
+                                   : require_schema(db, spec).front().mode;
+    // Before the first claim: maintenance of a table shared with groups of a
+    // shorter retention then keeps this group's claims for its own.
+    Maintenance(s_.store, s_.cfg.retention, s_.log).register_group(db, s_.cfg.group_id);
+    return mode;
 }
 
 void ClaimTransaction::prepare(Worker& w)

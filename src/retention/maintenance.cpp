@@ -11,10 +11,13 @@
 
 #include <fmt/format.h>
 
+#include "core/duration_text.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/schema.hpp"
+#include "pg/exec.hpp"
 #include "retention/catalog.hpp"
 #include "retention/maintenance_ops.hpp"
+#include "retention/registry.hpp"
 #include "retention/session_lock.hpp"
 #include "retention/time.hpp"
 #include "schema/ddl.hpp"
@@ -37,6 +40,28 @@ using std::chrono::milliseconds;
     } catch (const std::exception& e) {
         throw DatabaseError(fmt::format("{}: {}", what, e.what()));
     }
+}
+
+// The retention a run keeps claims for: its own, or the longest registered.
+void keep_for(const RetentionConfig& config, const ProcessedEventStore& store, MaintenanceReport& report, bool registry,
+              const std::optional<RegisteredRetention>& longest, const MaintenanceOps& ops)
+{
+    report.retention = config.retention;
+    if (!registry)
+        ops.note(report.actions, LogLevel::warning,
+                 fmt::format("{} has no retention registry (schema version 2): claims are kept for this run's "
+                             "retention {} only, whatever other groups on the table keep theirs for; upgrade it "
+                             "with `idemkafka-admin migrate`",
+                             store.qualified_name(), detail::duration_text(config.retention)));
+    if (longest && longest->retention > config.retention) {
+        report.retention = longest->retention;
+        report.retention_group = longest->consumer_group;
+        ops.note(report.actions, LogLevel::info,
+                 fmt::format("keeping claims for {}, the retention group {} registered, longer than this run's {}",
+                             detail::duration_text(longest->retention), longest->consumer_group,
+                             detail::duration_text(config.retention)));
+    }
+    report.cutoff = report.now - report.retention;
 }
 
 } // namespace
@@ -113,6 +138,12 @@ void detail::migrate_claims_table(pqxx::work& tx, const ProcessedEventStore& sto
     if (has_default && ensure_processed_at_index(tx, def, detail::ddl::default_index_name(store.table())) &&
         !report.created)
         report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", def));
+    if (!registry_exists(tx, store)) {
+        for (const auto& sql : detail::ddl::retention_table(registry_of(store)))
+            tx.exec(sql);
+        if (!report.created)
+            report.notes.push_back(fmt::format("created the retention registry {}", registry_of(store)));
+    }
 }
 
 void detail::finish_claims_migration(pqxx::connection& conn, const ProcessedEventStore& store,
@@ -168,12 +199,66 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
     }
 }
 
+std::optional<std::chrono::milliseconds> Maintenance::register_group(pqxx::connection& conn,
+                                                                     const std::string& consumer_group)
+{
+    const std::string& t = store_.qualified_name();
+    try {
+        pqxx::work tx(conn);
+        if (!registry_exists(tx, store_))
+            throw DatabaseError(fmt::format("{} has no retention registry {}: the table is older than schema version "
+                                            "2; upgrade it with `idemkafka-admin migrate`",
+                                            t, registry_of(store_)));
+        tx.exec(
+            fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(config_.lock_timeout.count(), 1)));
+        const auto earlier = register_retention(tx, store_, consumer_group, config_.retention);
+        tx.commit();
+        const detail::retention::MaintenanceOps ops(store_, config_, log_, cancel_);
+        if (!earlier)
+            ops.say(LogLevel::info, "group {} registered its retention {} on {}", consumer_group,
+                    detail::duration_text(config_.retention), t);
+        else if (*earlier != config_.retention)
+            ops.say(LogLevel::warning,
+                    "group {} changed its registered retention on {} from {} to {}; maintenance keeps claims for "
+                    "the longest retention registered",
+                    consumer_group, t, detail::duration_text(*earlier), detail::duration_text(config_.retention));
+        return earlier;
+    } catch (const pqxx::insufficient_privilege& e) {
+        throw ConfigError(fmt::format("registering group {}'s retention in {} needs SELECT, INSERT and UPDATE on "
+                                        "it (see Least privilege in docs): {}",
+                                        consumer_group, registry_of(store_), e.what()));
+    } catch (...) {
+        rethrow_as_database_error("retention registry");
+    }
+}
+
+bool Maintenance::forget_group(pqxx::connection& conn, const std::string& consumer_group)
+{
+    try {
+        pqxx::work tx(conn);
+        if (!registry_exists(tx, store_))
+            return false;
+        const auto r = detail::pg::exec_params(
+            tx, fmt::format("DELETE FROM {} WHERE consumer_group = $1", registry_of(store_)), consumer_group);
+        tx.commit();
+        const bool removed = r.affected_rows() > 0;
+        if (removed)
+            detail::retention::MaintenanceOps(store_, config_, log_, cancel_)
+                .say(LogLevel::info, "group {} removed from the retention registry of {}", consumer_group,
+                     store_.qualified_name());
+        return removed;
+    } catch (...) {
+        rethrow_as_database_error("retention registry");
+    }
+}
+
 MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
 {
     MaintenanceOps ops(store_, config_, log_, cancel_);
     MaintenanceReport report;
     report.dry_run = dry_run;
     report.now = clock_();
+    report.retention = config_.retention;
     report.cutoff = report.now - config_.retention;
     const std::string& t = store_.qualified_name();
     try {
@@ -184,26 +269,28 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
         }
         report.acted = true;
         TableKind kind;
-        std::vector<Partition> parts;
         std::optional<int> version;
+        bool registry = false;
+        std::optional<RegisteredRetention> longest;
         {
             pqxx::work tx(conn);
             kind = table_kind(tx, t);
-            if (kind.partitioned)
-                parts = list_partitions(tx, t);
             version = detail::schema_version_of(tx, store_.schema(), store_.table());
+            registry = registry_exists(tx, store_);
+            longest = longest_registered(tx, store_, false);
         }
         if (!kind.exists)
             throw DatabaseError(fmt::format("{} does not exist; run `idemkafka-admin migrate` (or start a consumer "
                                             "with create_schema) first",
                                             t));
+        keep_for(config_, store_, report, registry, longest, ops);
         report.mode = kind.partitioned ? RetentionMode::partitioned : RetentionMode::purge;
         if (report.mode != config_.mode)
             ops.note(report.actions, LogLevel::warning,
                      fmt::format("{} is {} while the configured mode is {}; maintaining it as it is", t,
                                  kind.partitioned ? "partitioned" : "a plain table", to_string(config_.mode)));
         if (!kind.partitioned) {
-            ops.purge(conn, t, t, report.cutoff, dry_run, report);
+            ops.purge(conn, t, t, report.now, report.cutoff, dry_run, report);
             return report;
         }
         if (!keyed_by_event_id(kind))
@@ -221,14 +308,16 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
         else
             ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved,
                                   report.actions);
-        ops.drop_expired(conn, report.now, dry_run, report.partitions_dropped, report.partitions_kept, report.actions);
+        ops.drop_expired(conn, report.now, report.cutoff, dry_run, report.partitions_dropped, report.partitions_kept,
+                         report.actions);
+        std::vector<Partition> parts;
         {
             pqxx::work tx(conn);
             parts = list_partitions(tx, t);
         }
         if (const Partition* def = find_default(parts))
-            ops.purge(conn, def->qualified(), "the default partition " + def->qualified(), report.cutoff, dry_run,
-                      report);
+            ops.purge(conn, def->qualified(), "the default partition " + def->qualified(), report.now, report.cutoff,
+                      dry_run, report);
         return report;
     } catch (...) {
         rethrow_as_database_error("maintenance");
@@ -254,6 +343,7 @@ RetentionStatus Maintenance::status(pqxx::connection& conn) const
             return st;
         st.exists = true;
         st.mode = kind.partitioned ? RetentionMode::partitioned : RetentionMode::purge;
+        st.registered = registrations(tx, store_);
         const auto groups = tx.exec(
             fmt::format("SELECT consumer_group, count(*), (extract(epoch FROM min(processed_at)) * 1000)::bigint, "
                         "(extract(epoch FROM max(processed_at)) * 1000)::bigint FROM {} GROUP BY consumer_group "

@@ -5,6 +5,7 @@
 
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
+#include "retention/registry.hpp"
 #include "retention/time.hpp"
 #include "schema/ddl.hpp"
 
@@ -122,7 +123,13 @@ bool MaintenanceOps::create_partition(pqxx::connection& conn, const Partition* d
     return true;
 }
 
-void MaintenanceOps::drop_expired(pqxx::connection& conn, TimePoint now, bool dry_run,
+TimePoint MaintenanceOps::locked_cutoff(pqxx::work& tx, TimePoint now, TimePoint cutoff) const
+{
+    const auto longest = longest_registered(tx, store_, true);
+    return longest ? std::min(cutoff, now - longest->retention) : cutoff;
+}
+
+void MaintenanceOps::drop_expired(pqxx::connection& conn, TimePoint now, TimePoint cutoff_time, bool dry_run,
                                   std::vector<std::string>& dropped, std::vector<std::string>& kept,
                                   std::vector<std::string>& actions) const
 {
@@ -131,7 +138,7 @@ void MaintenanceOps::drop_expired(pqxx::connection& conn, TimePoint now, bool dr
         pqxx::work tx(conn);
         parts = list_partitions(tx, store_.qualified_name());
     }
-    const EventId cutoff = partition_bound(to_ms(now) - cfg_.retention.count());
+    const EventId cutoff = partition_bound(to_ms(cutoff_time));
     for (const auto& p : parts) {
         // Only a partition whose every id is older than retention; MAXVALUE or an
         // unparsed bound never qualifies.
@@ -147,6 +154,11 @@ void MaintenanceOps::drop_expired(pqxx::connection& conn, TimePoint now, bool dr
         try {
             pqxx::work tx(conn);
             tx.exec(set_lock_timeout(cfg_.lock_timeout));
+            if (partition_bound(to_ms(locked_cutoff(tx, now, cutoff_time))) < *p.hi) {
+                note(actions, LogLevel::info,
+                     fmt::format("kept {}: a group registered a longer retention meanwhile", what));
+                continue;
+            }
             tx.exec(fmt::format("DROP TABLE {}", p.qualified()));
             tx.commit();
             dropped.push_back(p.name);
@@ -165,7 +177,7 @@ void MaintenanceOps::drop_expired(pqxx::connection& conn, TimePoint now, bool dr
     }
 }
 
-void MaintenanceOps::purge(pqxx::connection& conn, const std::string& target, const std::string& label,
+void MaintenanceOps::purge(pqxx::connection& conn, const std::string& target, const std::string& label, TimePoint now,
                            TimePoint cutoff, bool dry_run, MaintenanceReport& report) const
 {
     const std::int64_t cutoff_ms = to_ms(cutoff);
@@ -194,8 +206,9 @@ void MaintenanceOps::purge(pqxx::connection& conn, const std::string& target, co
         {
             pqxx::work tx(conn);
             tx.exec(set_lock_timeout(cfg_.lock_timeout));
+            const std::int64_t batch_cutoff = to_ms(locked_cutoff(tx, now, cutoff));
             n = static_cast<std::uint64_t>(
-                pg::exec_params(tx, sql, cutoff_ms, static_cast<std::int64_t>(cfg_.purge_batch)).affected_rows());
+                pg::exec_params(tx, sql, batch_cutoff, static_cast<std::int64_t>(cfg_.purge_batch)).affected_rows());
             tx.commit();
         }
         ++batches;

@@ -56,15 +56,23 @@ public:
     bool create_partition(pqxx::connection& conn, const Partition* def, const std::string& name, const EventId& lo,
                           const EventId& hi, bool dry_run, std::uint64_t& rows) const;
 
-    // Drops the range partitions whose every id is older than retention.
-    void drop_expired(pqxx::connection& conn, std::chrono::system_clock::time_point now, bool dry_run,
-                      std::vector<std::string>& dropped, std::vector<std::string>& kept,
-                      std::vector<std::string>& actions) const;
+    // Drops the range partitions whose every id is older than `cutoff`.
+    void drop_expired(pqxx::connection& conn, std::chrono::system_clock::time_point now,
+                      std::chrono::system_clock::time_point cutoff, bool dry_run, std::vector<std::string>& dropped,
+                      std::vector<std::string>& kept, std::vector<std::string>& actions) const;
 
     // Deletes the rows of `target` that expired before `cutoff`, purge_batch
     // rows per short transaction, with a pause in between.
     void purge(pqxx::connection& conn, const std::string& target, const std::string& label,
-               std::chrono::system_clock::time_point cutoff, bool dry_run, MaintenanceReport& report) const;
+               std::chrono::system_clock::time_point now, std::chrono::system_clock::time_point cutoff, bool dry_run,
+               MaintenanceReport& report) const;
+
+    // `cutoff`, or earlier when a group registered a longer retention since the
+    // run began: read under a SHARE lock on the retention registry that `tx`
+    // holds until it ends, so no group registers before its DROP or DELETE
+    // commits.
+    std::chrono::system_clock::time_point locked_cutoff(pqxx::work& tx, std::chrono::system_clock::time_point now,
+                                                        std::chrono::system_clock::time_point cutoff) const;
 
 private:
     const ProcessedEventStore& store_;

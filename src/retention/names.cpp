@@ -90,4 +90,9 @@ std::string default_partition_name(std::string_view table)
     return derived_name(table, "_default");
 }
 
+std::string retention_registry_name(std::string_view table)
+{
+    return derived_name(table, "_retention");
+}
+
 } // namespace idemkafka

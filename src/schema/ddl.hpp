@@ -23,6 +23,7 @@ inline constexpr std::string_view claims_kind = "claims";
 inline constexpr std::string_view offsets_kind = "offsets";
 inline constexpr std::string_view outbox_kind = "outbox";
 inline constexpr std::string_view replay_audit_kind = "replay_audit";
+inline constexpr std::string_view retention_kind = "retention";
 
 /// `CREATE SCHEMA IF NOT EXISTS "schema"`.
 std::string create_schema(const std::string& schema_q);
@@ -48,6 +49,12 @@ std::string claims_attach(const std::string& parent_q, const std::string& partit
 /// The [lo, hi) unix-ms ranges maintenance keeps partitions for at `now_ms`:
 /// from now - retention to partitions_ahead widths ahead.
 std::vector<std::pair<std::int64_t, std::int64_t>> partition_ranges(const RetentionConfig& cfg, std::int64_t now_ms);
+
+/// The retention registry of a claims table (`qualified`): each consumer
+/// group's retention, so that maintenance of the shared table keeps every
+/// claim for the longest of them. Then its version comment. `if_not_exists`
+/// for the upgrade script, which must be safe on a database that has it.
+std::vector<std::string> retention_table(const std::string& qualified, bool if_not_exists = false);
 
 /// A new offsets table `qualified`, then its version comment.
 std::vector<std::string> offsets_table(const std::string& qualified);

@@ -144,6 +144,16 @@ std::vector<std::string> replay_audit_table(const std::string& qualified)
             version_comment(qualified, replay_audit_kind)};
 }
 
+std::vector<std::string> retention_table(const std::string& qualified, bool if_not_exists)
+{
+    return {fmt::format("CREATE TABLE {}{} (consumer_group text PRIMARY KEY,"
+                        " retention_ms bigint NOT NULL CHECK (retention_ms > 0),"
+                        " registered_at timestamptz NOT NULL DEFAULT now(),"
+                        " registered_by text NOT NULL DEFAULT current_user)",
+                        if_not_exists ? "IF NOT EXISTS " : "", qualified),
+            version_comment(qualified, retention_kind)};
+}
+
 std::vector<std::string> upgrade_statements(std::string_view kind, const std::string& qualified, int to)
 {
     // One case per schema version after the first, appended when a release
@@ -262,6 +272,13 @@ Expected expected(std::string_view kind, int version)
             e.columns.push_back({"payload_fingerprint", "bigint"});
         return e;
     }
+    if (kind == detail::ddl::retention_kind)
+        return {{{"consumer_group", "text"},
+                 {"retention_ms", "bigint"},
+                 {"registered_at", "timestamp with time zone"},
+                 {"registered_by", "text"}},
+                "consumer_group",
+                {}};
     if (kind == detail::ddl::replay_audit_kind)
         return {{{"id", "bigint"},
                  {"dead_letter_topic", "text"},
@@ -471,6 +488,10 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
     stmt(detail::ddl::create_schema(store.quoted_schema()));
     for (const auto& sql : detail::ddl::claims_table(store.schema(), store.table(), spec.retention.mode))
         stmt(sql);
+    out += "\n-- Its retention registry: each consumer group's retention (maintenance keeps the longest).\n";
+    for (const auto& sql :
+         detail::ddl::retention_table(qualify(store.schema(), retention_registry_name(store.table()))))
+        stmt(sql);
     if (spec.retention.mode == RetentionMode::partitioned) {
         const auto ranges = detail::ddl::partition_ranges(
             spec.retention, std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count());
@@ -540,6 +561,15 @@ std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const s
         stmt(detail::ddl::version_comment(qualified, kind));
     };
     table("Claims table", detail::ddl::claims_kind, store.qualified_name());
+    // The retention registry is new in version 2 and has no upgrades yet.
+    const std::string registry = qualify(store.schema(), retention_registry_name(store.table()));
+    if (from_version < 2) {
+        out += "\n-- The claims table's retention registry (new in version 2).\n";
+        for (const auto& sql : detail::ddl::retention_table(registry, true))
+            stmt(sql);
+    } else {
+        table("The claims table's retention registry", detail::ddl::retention_kind, registry);
+    }
     if (spec.offsets_table)
         table("Consumer positions (offsets_in_database)", detail::ddl::offsets_kind,
               qualify(spec.schema, *spec.offsets_table));
@@ -568,6 +598,7 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
     spec.retention.validate();
     std::vector<std::pair<std::string_view, std::pair<std::string, std::string>>> tables;
     tables.push_back({detail::ddl::claims_kind, {spec.schema, spec.claims_table}});
+    tables.push_back({detail::ddl::retention_kind, {spec.schema, retention_registry_name(spec.claims_table)}});
     if (offsets)
         tables.push_back({detail::ddl::offsets_kind, {spec.schema, *spec.offsets_table}});
     if (outbox)
@@ -641,6 +672,8 @@ std::vector<TableCheck> check_schema(pqxx::connection& conn, const SchemaSpec& s
         pqxx::read_transaction tx(conn);
         std::vector<TableCheck> out;
         out.push_back(check_table(tx, detail::ddl::claims_kind, spec.schema, spec.claims_table));
+        out.push_back(
+            check_table(tx, detail::ddl::retention_kind, spec.schema, retention_registry_name(spec.claims_table)));
         if (spec.offsets_table)
             out.push_back(check_table(tx, detail::ddl::offsets_kind, spec.schema, *spec.offsets_table));
         if (spec.outbox_table)

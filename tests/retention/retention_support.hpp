@@ -104,13 +104,17 @@ inline std::vector<std::string> partitions(pqxx::connection& conn, const Process
     return out;
 }
 
-/// Drops the table and its partitions when the test ends.
+/// Drops the table, its partitions and, for a claims table, its retention
+/// registry when the test ends.
 struct DropTable {
     std::string qualified;
     ~DropTable()
     {
         try {
             exec("DROP TABLE IF EXISTS " + qualified + " CASCADE");
+            const bool quoted = !qualified.empty() && qualified.back() == '"';
+            exec("DROP TABLE IF EXISTS " +
+                 (quoted ? qualified.substr(0, qualified.size() - 1) + "_retention\"" : qualified + "_retention"));
         } catch (...) {
         }
     }

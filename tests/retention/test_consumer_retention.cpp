@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <idemkafka/consumer.hpp>
@@ -11,6 +12,8 @@
 
 #include "catch_compat.hpp"
 #include "pg/exec.hpp"
+#include <fmt/ranges.h>
+
 #include "retention_support.hpp"
 
 using namespace idemkafka;
@@ -38,10 +41,13 @@ void publish(const std::string& topic, const std::vector<TestEvent>& events)
 
 // Runs a consumer of `group` on `table` until it has consumed `records` more records.
 MetricsSnapshot consume(const std::string& group, const std::string& topic, const std::string& table,
-                        const std::string& effects, std::uint64_t records)
+                        const std::string& effects, std::uint64_t records,
+                        const std::optional<RetentionConfig>& retention = std::nullopt)
 {
     auto cfg = consumer_config(group, topic);
     cfg.table = table;
+    if (retention)
+        cfg.retention = *retention;
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context&) {
         detail::pg::exec_params(tx, fmt::format("INSERT INTO {} (event_id) VALUES ($1::uuid)", effects),
                                 e.id.to_string());
@@ -190,4 +196,56 @@ TEST_CASE("purge beside a consumer at full speed deletes only expired claims", "
                                         store.qualified_name())) == 2000);
     CHECK(count_rows(*conn, fmt::format("SELECT count(*) FROM {} WHERE consumer_group = '{}'", store.qualified_name(),
                                         group)) == static_cast<std::int64_t>(events.size()));
+}
+
+TEST_CASE("two groups on one claims table: maintenance with the shorter retention keeps the longer one's claims",
+          "[retention][integration]")
+{
+    // billing keeps its claims 30 days; analytics, on the same table, the default 7.
+    // Maintenance run with analytics' settings (its own runner, or `idemkafka-admin
+    // maintain` with the defaults) must not take billing's claims of 10-day-old
+    // events: their redeliveries would be charged again.
+    const ProcessedEventStore store("public", unique_name("pe_shared"));
+    DropTable drop{store.qualified_name()};
+    const auto effects = make_effect_table();
+    DropTable drop_effects{effects};
+    RetentionConfig billing;
+    billing.retention = std::chrono::hours(24 * 30);
+    billing.maintenance = false;
+    RetentionConfig analytics;
+    analytics.maintenance = false;
+    auto conn = connect();
+    Maintenance(store, billing).migrate(*conn);
+
+    std::vector<TestEvent> events;
+    const std::int64_t t0 = now_ms();
+    for (int i = 0; i < 200; ++i)
+        events.push_back(
+            {v7_at(t0 - 10 * day_ms + i * 60000, static_cast<std::uint64_t>(i)), fmt::format("o{}", i), i});
+    const auto topic = unique_name("ret_shared");
+    const auto billing_group = unique_name("billing");
+    create_topic(topic, 2);
+    publish(topic, events);
+    auto snap = consume(billing_group, topic, store.table(), effects, events.size(), billing);
+    REQUIRE(snap.claimed == events.size());
+
+    const auto other_topic = unique_name("ret_shared_other");
+    create_topic(other_topic, 1);
+    publish(other_topic, {{new_event_id(), "a", 1}});
+    const auto other_effects = make_effect_table();
+    DropTable drop_other{other_effects};
+    consume(unique_name("analytics"), other_topic, store.table(), other_effects, 1, analytics);
+    const auto rep = Maintenance(store, analytics).run_once(*conn);
+    INFO(fmt::format("{}", fmt::join(rep.actions, "\n")));
+    CHECK(count_rows(*conn, fmt::format("SELECT count(*) FROM {} WHERE consumer_group = '{}'", store.qualified_name(),
+                                        billing_group)) == static_cast<std::int64_t>(events.size()));
+
+    // The same events again, to billing: every one a duplicate, nothing charged twice.
+    const auto replay_topic = unique_name("ret_shared_replay");
+    create_topic(replay_topic, 2);
+    publish(replay_topic, events);
+    snap = consume(billing_group, replay_topic, store.table(), effects, events.size(), billing);
+    CHECK(snap.claimed == 0);
+    CHECK(snap.duplicates == events.size());
+    CHECK(count_rows(*conn, "SELECT count(*) FROM " + effects) == static_cast<std::int64_t>(events.size()));
 }

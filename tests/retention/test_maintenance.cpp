@@ -12,6 +12,8 @@
 
 #include "catch_compat.hpp"
 #include "pg/exec.hpp"
+#include <fmt/ranges.h>
+
 #include "retention_support.hpp"
 
 using namespace idemkafka;
@@ -459,6 +461,72 @@ TEST_CASE("purge mode deletes only expired rows, in bounded batches, while claim
         const auto again = m.run_once(*conn);
         CHECK(again.rows_purged == 0);
         CHECK(again.purge_batches == 1);
+    }
+}
+
+TEST_CASE("groups sharing a table: expiry keeps claims for the longest registered retention until it is forgotten",
+          "[retention]")
+{
+    for (const auto mode : {RetentionMode::purge, RetentionMode::partitioned}) {
+        DYNAMIC_SECTION(to_string(mode))
+        {
+            const ProcessedEventStore store("public", unique_name("pe_registry"));
+            DropTable drop{store.qualified_name()};
+            TestClock clock;
+            const std::int64_t t0 = clock.get();
+            RetentionConfig short_cfg; // 7 days
+            short_cfg.mode = mode;
+            RetentionConfig long_cfg = short_cfg;
+            long_cfg.retention = std::chrono::hours(24 * 30);
+            Maintenance billing(store, long_cfg, {}, clock.fn());
+            Maintenance analytics(store, short_cfg, {}, clock.fn());
+            auto conn = connect();
+            billing.migrate(*conn);
+            CHECK_FALSE(billing.register_group(*conn, "billing"));
+            CHECK_FALSE(analytics.register_group(*conn, "analytics"));
+            CHECK(*billing.register_group(*conn, "billing") == long_cfg.retention); // again: unchanged
+            // Claims of events created (and processed) 10 and 40 days ago, of both groups.
+            std::vector<EventId> ten, forty;
+            for (int i = 0; i < 40; ++i) {
+                ten.push_back(v7_at(t0 - 10 * day_ms + i * 1000, static_cast<std::uint64_t>(i)));
+                forty.push_back(v7_at(t0 - 40 * day_ms + i * 1000, static_cast<std::uint64_t>(i)));
+            }
+            for (const char* group : {"billing", "analytics"}) {
+                for (const auto& id : ten)
+                    REQUIRE(claim(*conn, store, group, id));
+                for (const auto& id : forty)
+                    REQUIRE(claim(*conn, store, group, id));
+            }
+            exec(fmt::format("UPDATE {} SET processed_at = to_timestamp(('x' || substr(event_id::text, 1, 8) || "
+                             "substr(event_id::text, 10, 4))::bit(48)::bigint / 1000.0)",
+                             store.qualified_name()));
+            auto rows = [&](const char* group) {
+                return count_rows(*conn, fmt::format("SELECT count(*) FROM {} WHERE consumer_group = '{}'",
+                                                     store.qualified_name(), group));
+            };
+
+            // Maintenance with the 7-day retention keeps everything younger than 30 days.
+            const auto rep = analytics.run_once(*conn);
+            INFO(fmt::format("{}", fmt::join(rep.actions, "\n")));
+            CHECK(rep.retention == long_cfg.retention);
+            CHECK(rep.retention_group == "billing");
+            CHECK(rows("billing") == 40);
+            CHECK(rows("analytics") == 40);
+            const auto st = analytics.status(*conn);
+            REQUIRE(st.registered.size() == 2);
+            CHECK(st.registered[0].consumer_group == "billing");
+            CHECK(st.registered[0].retention == long_cfg.retention);
+            CHECK(st.registered[1].consumer_group == "analytics");
+
+            // billing retired: its registration forgotten, the 7 days apply to all.
+            CHECK(analytics.forget_group(*conn, "billing"));
+            CHECK_FALSE(analytics.forget_group(*conn, "billing"));
+            const auto after = analytics.run_once(*conn);
+            CHECK(after.retention == short_cfg.retention);
+            CHECK(after.retention_group.empty());
+            CHECK(rows("billing") == 0);
+            CHECK(rows("analytics") == 0);
+        }
     }
 }
 

@@ -105,6 +105,7 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
     exec(fmt::format("GRANT CONNECT ON DATABASE {} TO {}", quote_identifier(database), r));
     exec(fmt::format("GRANT USAGE ON SCHEMA {} TO {}", s, r));
     exec(fmt::format("GRANT SELECT, INSERT, DELETE ON {}.processed_event TO {}", s, r));
+    exec(fmt::format("GRANT SELECT, INSERT, UPDATE ON {}.processed_event_retention TO {}", s, r));
     exec(fmt::format("GRANT SELECT, INSERT, UPDATE ON {}.consumer_offset TO {}", s, r));
     exec(fmt::format("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.outbox TO {}", s, r));
     exec(fmt::format("GRANT USAGE ON SEQUENCE {}.outbox_id_seq TO {}", s, r));

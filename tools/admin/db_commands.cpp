@@ -327,11 +327,14 @@ int run_maintain(std::vector<std::string> args)
     ArgReader a("maintain", std::move(args));
     DbOptions o;
     bool dry_run = false;
+    std::vector<std::string> forget;
     while (a.more()) {
         if (db_option(a, o))
             continue;
         if (a.option("--dry-run"))
             dry_run = true;
+        else if (a.option("--forget-group"))
+            forget.push_back(a.value());
         else if (a.option("--purge-batch"))
             o.config.purge_batch = static_cast<std::size_t>(parse_count(a.value(), "--purge-batch"));
         else if (a.option("--purge-pause"))
@@ -361,18 +364,32 @@ Only one session maintains a table at a time; if another one is at it, nothing i
   --max-move-rows N          largest number of rows moved out of the default partition to create
                              a partition over them (default 100000)
   --lock-timeout DURATION    lock_timeout of each statement (default 5s)
+  --forget-group GROUP       first remove GROUP (retired for good) from the table's retention
+                             registry; repeatable. Claims are kept for the longest retention of
+                             this run and every registered group
 )") + db_options_help +
             retention_options_help + durations_help);
         return exit_ok;
     }
     auto m = make_maintenance("maintain", o);
     auto conn = connect(o.postgres);
+    for (const auto& g : forget) {
+        if (dry_run)
+            out(fmt::format("would remove group {} from the retention registry", g));
+        else
+            out(fmt::format(m->forget_group(*conn, g) ? "removed group {} from the retention registry"
+                                                      : "group {} was not in the retention registry",
+                            g));
+    }
     out(fmt::format("maintaining {}{} (retention {}, now {}) ...", m->store().qualified_name(),
                     dry_run ? " [dry run]" : "", format_duration(o.config.retention),
                     format_time(o.now ? *o.now : std::chrono::system_clock::now())));
     const auto r = m->run_once(*conn, dry_run);
     if (!r.acted)
         return exit_ok;
+    if (!r.retention_group.empty())
+        out(fmt::format("claims kept for {}: the retention group {} registered", format_duration(r.retention),
+                        r.retention_group));
     out(fmt::format("{}: {} partitions {}, {} {}, {} rows {}{}", dry_run ? "dry run" : "done",
                     r.partitions_created.size(), dry_run ? "to create" : "created", r.partitions_dropped.size(),
                     dry_run ? "to drop" : "dropped", r.rows_purged, dry_run ? "to purge" : "purged",
@@ -443,6 +460,19 @@ std::string json_groups(const RetentionStatus& s)
     return j;
 }
 
+std::string json_registered(const RetentionStatus& s)
+{
+    std::string j;
+    for (std::size_t i = 0; i < s.registered.size(); ++i) {
+        const auto& g = s.registered[i];
+        j += fmt::format("{}{{\"consumer_group\":{},\"retention_ms\":{},\"registered_at\":{},\"registered_by\":{}}}",
+                         i ? "," : "", json_string(g.consumer_group), g.retention.count(),
+                         json_time(std::optional<std::chrono::system_clock::time_point>(g.registered_at)),
+                         json_string(g.registered_by));
+    }
+    return j;
+}
+
 std::string json_partitions(const RetentionStatus& s)
 {
     std::string j;
@@ -476,6 +506,8 @@ std::string status_json(const StatusReport& r)
                      json_time(s.horizon_cutoff), json_time(s.partitions_from), json_time(s.partitions_to));
     j += ",\"groups\":[";
     j += json_groups(s);
+    j += "],\"registered\":[";
+    j += json_registered(s);
     j += "],\"partitions\":[";
     j += json_partitions(s);
     j += "]}";
@@ -522,6 +554,13 @@ void print_claims(const StatusReport& r)
                         opt_time(g.newest_claim)));
     if (s.groups.empty())
         out("(no claims)");
+    out("");
+    out(fmt::format("{:<{}}  {:>12}  {:<24}  {}", "registered", w, "retention", "registered at", "by"));
+    for (const auto& g : s.registered)
+        out(fmt::format("{:<{}}  {:>12}  {:<24}  {}", g.consumer_group, w, format_duration(g.retention),
+                        format_time(g.registered_at), g.registered_by));
+    if (s.registered.empty())
+        out("(no group registered its retention; maintenance keeps claims for its own)");
 }
 
 void print_partitions(const RetentionStatus& s)
