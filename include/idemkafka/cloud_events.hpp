@@ -12,7 +12,7 @@
 ///
 /// Retention: cloud_event_id() keeps the time of an id that is a UUIDv7; any
 /// other id maps to a name-based UUIDv5 without a time, to which
-/// RetentionConfig::non_v7 applies (see the README, "Producers' event ids").
+/// RetentionConfig::non_v7 applies (see docs/event-ids.md, "Producers' event ids").
 
 #include <map>
 #include <optional>

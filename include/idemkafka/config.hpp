@@ -484,7 +484,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// settling the tables at start-up (DDL, a migration) may take
     /// db_timeout + lock_timeout, and at least 30 s. A handler call is not bounded by it (its SQL on the library's
     /// connection is the handler's own); a forced stop cuts it. Connecting
-    /// is bounded by connect_timeout (see the README). Zero: no bound.
+    /// is bounded by connect_timeout (see docs/failures.md). Zero: no bound.
     std::chrono::milliseconds db_timeout{30000};
 
     /// Dead-letter topic. Empty means "<group_id>.dlq".
@@ -516,7 +516,7 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// Setting enable.auto.commit or enable.auto.offset.store to true is a ConfigError.
     /// group.protocol=consumer (KIP-848, librdkafka 2.12 or later) is supported; with
     /// it session.timeout.ms, heartbeat.interval.ms, partition.assignment.strategy and
-    /// group.protocol.type are a ConfigError (the broker owns them; see the README).
+    /// group.protocol.type are a ConfigError (the broker owns them; see docs/configuration.md).
     /// With statistics.interval.ms > 0 the per-partition lag gauges take their
     /// figures from librdkafka's statistics (see LagSource).
     std::map<std::string, std::string> kafka;

@@ -73,7 +73,7 @@ public:
     /// 1 on the first delivery to the handler, 2 on the first retry after the
     /// handler threw, and so on: also across rebalances and restarts, as far
     /// as the failures were committed with the partition's offset (see the
-    /// README's failure table). Failures the circuit breaker took for an
+    /// failure table in docs/failures.md). Failures the circuit breaker took for an
     /// outage's do not count (ConsumerConfig::circuit_breaker).
     int attempt() const noexcept { return attempt_; }
 

@@ -132,7 +132,7 @@ void Intake::explain_default_once(DeadLetterReason reason)
              "event ids that are not UUIDv7 are dead-lettered: retention.non_v7 is dead_letter (the default with the "
              "partitioned claims table, whose partitions expire by the id's time). Producers that send UUIDv4 or "
              "other ids need retention.non_v7 = NonV7Policy::process or retention.mode = RetentionMode::purge "
-             "(README, \"Event ids\"). Logged once; every such record is dead-lettered with reason non_v7_event_id",
+             "(docs/event-ids.md). Logged once; every such record is dead-lettered with reason non_v7_event_id",
              "consumer");
     if (reason == DeadLetterReason::beyond_dedup_horizon && !horizon_explained_.exchange(true))
         emit(log_, LogLevel::error,

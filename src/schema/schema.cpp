@@ -482,7 +482,7 @@ std::string schema_sql(const SchemaSpec& spec, std::chrono::system_clock::time_p
            "-- concurrent runs wait for each other; apply this file once, in one transaction\n"
            "-- (Flyway and Liquibase do; with psql: psql -1 -v ON_ERROR_STOP=1 -f FILE).\n"
            "-- Run it as the role that should own the tables; the runtime role needs only the\n"
-           "-- privileges listed in the README (\"Least privilege\"). Tables of an earlier schema\n"
+           "-- privileges listed in docs/operations.md (\"Least privilege\"). Tables of an earlier schema\n"
            "-- version are upgraded, not created: `idemkafka-admin migrate --print-sql --from-version N`.\n\n";
     out += fmt::format("-- Claims table ({}).\n", to_string(spec.retention.mode));
     stmt(detail::ddl::create_schema(store.quoted_schema()));

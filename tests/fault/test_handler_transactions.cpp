@@ -52,8 +52,8 @@ const std::vector<Statement> statements{
 
 // A batch handler call for several records runs them in one go: a record's ROLLBACK AND CHAIN
 // there leaves a read-write transaction of the handler's own that a later record's COMMIT in
-// the same call would commit (the guard guards the library's transactions only; see the
-// README). So each batch run has one kind of statement; the per-record runs mix them all.
+// the same call would commit (the guard guards the library's transactions only; see
+// docs/failures.md). So each batch run has one kind of statement; the per-record runs mix them all.
 TEST_CASE("a handler that ends the library's transaction: no other record is lost or doubled, the culprit is "
           "dead-lettered, nothing it wrote commits",
           "[fault][handler-transaction]")

@@ -5,8 +5,9 @@
 #                     minimum only, the consumer's standard reaches the compiler (checked in main.cpp)
 #   readme            the README's <!-- example:minimal --> block compiles and links against the prefix
 #   testing           tests/package/testing: find_package(idemkafka CONFIG REQUIRED COMPONENTS testing),
-#                     a kit-based handler test (TestBroker, TestDatabase) and the README's
-#                     <!-- example:harness --> block (HandlerHarness) built and run; and
+#                     a kit-based handler test (TestBroker, TestDatabase) and the
+#                     <!-- example:harness --> block of docs/testing-handlers.md (HandlerHarness)
+#                     built and run; and
 #                     tests/package/unknown_component: an unknown component fails find_package by name
 #   billing           examples/billing built on its own against the prefix (with and without
 #                     the /metrics endpoint), --help of both programs runs, its kit-based
@@ -96,23 +97,23 @@ function(expect_from_prefix name)
   endif()
 endfunction()
 
-# Writes the ```cpp block between <!-- example:NAME --> and <!-- /example:NAME --> in
-# README.md to OUT: readme_example(<name> <out>).
-function(readme_example name out)
+# Writes the ```cpp block between <!-- example:NAME --> and <!-- /example:NAME --> in the
+# Markdown page PAGE (relative to the source tree) to OUT: doc_example(<page> <name> <out>).
+function(doc_example page name out)
   set(begin_marker "<!-- example:${name} -->")
   set(end_marker "<!-- /example:${name} -->")
-  file(READ ${SOURCE_DIR}/README.md readme)
+  file(READ ${SOURCE_DIR}/${page} readme)
   string(FIND "${readme}" "${begin_marker}" b)
   string(FIND "${readme}" "${end_marker}" e)
   if(b EQUAL -1 OR e EQUAL -1 OR e LESS b)
-    fail("README.md has no '${begin_marker}' ... '${end_marker}' pair around the ${name} example")
+    fail("${page} has no '${begin_marker}' ... '${end_marker}' pair around the ${name} example")
   endif()
   math(EXPR len "${e} - ${b}")
   string(SUBSTRING "${readme}" ${b} ${len} block)
   string(FIND "${block}" "```cpp\n" open)
   string(FIND "${block}" "\n```" close REVERSE)
   if(open EQUAL -1 OR close EQUAL -1 OR close LESS open)
-    fail("README.md: no ```cpp block between '${begin_marker}' and '${end_marker}'")
+    fail("${page}: no ```cpp block between '${begin_marker}' and '${end_marker}'")
   endif()
   math(EXPR from "${open} + 7")
   math(EXPR len "${close} - ${from} + 1")
@@ -190,7 +191,7 @@ endif()
 wanted(readme w)
 if(w)
   begin_check(readme)
-  readme_example(minimal ${WORK_DIR}/readme-src/minimal.cpp)
+  doc_example(README.md minimal ${WORK_DIR}/readme-src/minimal.cpp)
   build_project(readme ${SOURCE_DIR}/tests/package/readme
                 -DCMAKE_PREFIX_PATH=${prefix} -DEXAMPLE_SOURCE=${WORK_DIR}/readme-src/minimal.cpp)
   expect_from_prefix(readme)
@@ -201,7 +202,7 @@ wanted(testing w)
 if(w)
   begin_check(testing)
   # IDEMKAFKA_TEST_PG from the environment when set (CI), else the kit starts its own cluster.
-  readme_example(harness ${WORK_DIR}/readme-src/harness.cpp)
+  doc_example(docs/testing-handlers.md harness ${WORK_DIR}/readme-src/harness.cpp)
   build_project(testing ${SOURCE_DIR}/tests/package/testing -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
                 -DHARNESS_EXAMPLE=${WORK_DIR}/readme-src/harness.cpp)
   expect_from_prefix(testing)

@@ -88,7 +88,7 @@ TEST_CASE("schema: migrate --offsets --outbox, then a consumer under a least-pri
     CHECK(has(m.out, "consumer_offset\" exists"));
     CHECK(has(m.out, "outbox\" exists"));
 
-    // The role has exactly the privileges README's "Least privilege" lists for
+    // The role has exactly the privileges docs/operations.md's "Least privilege" lists for
     // claims + offsets + outbox with maintenance off; nothing else.
     const std::string role = unique_name("ik_runtime");
     DropRole drop_role{role};

@@ -122,7 +122,7 @@ TEST_CASE("cloud_event_id maps source and id to pinned UUIDs", "[unit][producer_
     CHECK(EventId(b) == cloud_event_namespace());
     CHECK(cloud_event_namespace().to_string() == "9d340a48-9e6d-5ad6-9ea3-d51fd47669b9");
 
-    // Computed independently with Python's uuid.uuid5 (README, "Producers' event ids"):
+    // Computed independently with Python's uuid.uuid5 (docs/event-ids.md, "Producers' event ids"):
     // these values are the dedup keys of events already claimed; they never change.
     struct Vector {
         const char* source;
