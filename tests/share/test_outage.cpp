@@ -132,11 +132,13 @@ TEST_CASE("share: a downstream outage of a few seconds over every key: exact eff
     const auto topic = share_topic("share_handler_outage", 2);
     const auto group = unique_name("share_handler_outage_g");
     share_setting(group, "delivery-limit", std::to_string(delivery_limit));
+    share_setting(group, "lock-duration-ms", "4000");
     const auto table = make_effect_table(unique_name("share_effects"));
     publish(topic, new_events("down", n));
 
     auto cfg = share_config(group, topic);
     cfg.delivery_limit = delivery_limit;
+    cfg.lock_duration = 4000ms; // a batch budget of 2 s: the outage outlasts it, the members pause
     cfg.members = 2;
     cfg.consumer.max_batch = 50;
     cfg.consumer.circuit_breaker.backoff = 500ms;
