@@ -351,8 +351,9 @@ bool ShareEngine::Impl::rerun_in_hand(Member& m, std::vector<Item>& chunk, const
     if (m.probing) {
         settle_probe(m); // the transaction just run was the probe
         if (m.probing) { // only records that had failed before failed: probe on after the circuit's wait
-            const auto wait = std::min(circuit.round_wait(), std::chrono::duration_cast<milliseconds>(
-                                                                 deadline - Clock::now() - milliseconds(50)));
+            const auto wait =
+                std::min(circuit.round_wait(),
+                         std::chrono::duration_cast<milliseconds>(deadline - Clock::now() - milliseconds(50)));
             if (wait.count() > 0)
                 std::this_thread::sleep_for(wait);
         }
@@ -394,8 +395,8 @@ void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batc
     std::stable_sort(msgs.begin(), msgs.end(), [](const rd_kafka_message_t* a, const rd_kafka_message_t* b) {
         return kafka::ShareMember::delivery_count(*a) > kafka::ShareMember::delivery_count(*b);
     });
-    const auto last_end = static_cast<std::size_t>(
-        std::count_if(msgs.begin(), msgs.end(), [this](const rd_kafka_message_t* msg) {
+    const auto last_end =
+        static_cast<std::size_t>(std::count_if(msgs.begin(), msgs.end(), [this](const rd_kafka_message_t* msg) {
             return kafka::ShareMember::delivery_count(*msg) >= share_cfg.delivery_limit;
         }));
     acks.assign(msgs.size(), kafka::Ack::release);

@@ -33,8 +33,8 @@ void check_exact(const Consumer& c, const std::string& table, int n)
     const auto& s = c.share_metrics();
     WARN(fmt::format("{} records: {} effects, {} dead letters, {} handler failures, {} released, {} outages, {} "
                      "pauses, {} resumes",
-                     n, effects(table), m.dead_lettered_total(), m.handler_failures, s.released.get(),
-                     s.outages.get(), s.acquisition_pauses.get(), s.acquisition_resumes.get()));
+                     n, effects(table), m.dead_lettered_total(), m.handler_failures, s.released.get(), s.outages.get(),
+                     s.acquisition_pauses.get(), s.acquisition_resumes.get()));
     CHECK(m.dead_lettered_total() == 0);
     CHECK(s.delivery_limit_dead_letters.get() == 0);
     CHECK(s.archived_without_dead_letter.get() == 0);
@@ -88,8 +88,7 @@ private:
 
 } // namespace
 
-TEST_CASE("share: PostgreSQL away for a few seconds spends no deliveries: exact effects, no dead letter",
-          "[share]")
+TEST_CASE("share: PostgreSQL away for a few seconds spends no deliveries: exact effects, no dead letter", "[share]")
 {
     constexpr int n = 600;
     const auto topic = share_topic("share_db_outage", 2);
@@ -173,8 +172,7 @@ TEST_CASE("share: a downstream outage of a few seconds over every key: exact eff
     CHECK(c.share_metrics().acquisition_resumes.get() >= 1);
 }
 
-TEST_CASE("share: records given back past the batch budget are tried before they reach the delivery limit",
-          "[share]")
+TEST_CASE("share: records given back past the batch budget are tried before they reach the delivery limit", "[share]")
 {
     constexpr int n = 400;
     const auto topic = share_topic("share_budget", 4);
