@@ -35,7 +35,10 @@ struct IDEMKAFKA_API ShareConsumerConfig {
     /// Refused here: offsets_in_database, Ordering::key and workers other
     /// than 1 (parallelism comes from `members`). Not used: pipeline,
     /// commit_interval, max_batch_wait, the prefetch caps, the circuit
-    /// breaker (not applied to share groups yet). max_attempts applies up to
+    /// breaker's probe_records (a probe is one poll's records). The circuit
+    /// breaker is one for all members: while it is open they keep their
+    /// records in hand and acquire no more (docs/share-groups.md, "Outages").
+    /// max_attempts applies up to
     /// `delivery_limit`. db_timeout, lock_timeout and dead_letter_timeout left
     /// at ConsumerConfig's defaults are derived from the batch budget (a
     /// third of it each); set larger than the budget, they are refused.
@@ -85,6 +88,16 @@ struct IDEMKAFKA_API ShareMetrics {
     /// Records with an error from librdkafka (corrupt or undecompressable
     /// batches), acknowledged by librdkafka itself; each is logged.
     Metrics::Counter record_errors;
+    /// Outages detected: the circuit breaker opened (handler calls failing
+    /// across many records), or PostgreSQL failed outside the handlers. Each
+    /// is logged.
+    Metrics::Counter outages;
+    /// Times a member stopped acquiring records for an outage (no poll until
+    /// its backoff is over: acquiring would only spend deliveries). Logged.
+    Metrics::Counter acquisition_pauses;
+    /// Times a member acquired records again after such a pause (a probe of
+    /// the circuit breaker, or PostgreSQL back). Logged.
+    Metrics::Counter acquisition_resumes;
 };
 
 namespace detail {

@@ -91,9 +91,8 @@ ConsumerConfig effective_consumer_config(const ShareConsumerConfig& config)
         c.dead_letter_timeout = third;
     c.max_batch_duration = budget;
     c.max_attempts = std::min(c.max_attempts, config.delivery_limit);
-    // The broker counts deliveries; a failure is answered by a RELEASE at
-    // once, so the circuit breaker's pause has nothing to hold back yet.
-    c.circuit_breaker.enabled = false;
+    // The circuit breaker stays as configured: while it is open the members
+    // keep their records in hand and acquire no more (src/share/).
     return c;
 }
 

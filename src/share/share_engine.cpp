@@ -18,6 +18,14 @@
 //     delivery is dead-lettered instead of released.
 //  4. ShareMember::commit() sends the acknowledgements and reads the broker's
 //     answer per partition (refused: a lock lapsed; counted and logged).
+//
+// Outages (docs/share-groups.md, "Outages"): the broker counts deliveries,
+// so a record acquired only to fail for an outage spends one. One circuit
+// breaker for all members tells an outage (handler calls failing across many
+// records) from poison; while it is open, or after PostgreSQL failed, a member
+// keeps the records in hand and runs them again once the circuit's backoff
+// is over (a probe) or PostgreSQL is back, while the batch budget lasts, and
+// acquires nothing more until then (may_acquire()).
 
 #include "idemkafka/share_consumer.hpp"
 
@@ -72,6 +80,8 @@ struct ShareEngine::Impl {
     std::optional<OffsetStore> no_offsets;
     milliseconds budget;
     std::size_t slot_cap;
+    // One for all members: an outage shows across them, and one probe at a time.
+    Circuit circuit;
 
     // One member of the share group: a thread, a share consumer and a
     // PostgreSQL connection, with the consumer's pieces of its own.
@@ -80,11 +90,10 @@ struct ShareEngine::Impl {
             : n(index), first_slot(index * e.slot_cap),
               ledger(Backoff{e.cfg.retry_backoff, e.cfg.retry_backoff_max}, db_backoff_shape),
               intake(e.cfg, e.stage, e.metrics, e.log), dead_letters(e.cfg, ledger, e.metrics, e.log, e.secrets),
-              circuit(e.cfg.circuit_breaker),
               // stop() abandons a running transaction before its next handler call: what
               // committed is ACCEPTed, the rest RELEASEd (another delivery, at once).
               claims(ClaimTransaction::Setup{e.cfg, e.stage, e.metrics, e.store, e.no_offsets, ledger, dead_letters,
-                                             circuit, e.log, [&stop = e.stop] { return stop.load(); }, false})
+                                             e.circuit, e.log, [&stop = e.stop] { return stop.load(); }, false})
         {
             intake.count_deliveries();
         }
@@ -93,11 +102,12 @@ struct ShareEngine::Impl {
         PartitionLedger ledger;
         Intake intake;
         DeadLetterer dead_letters;
-        Circuit circuit;
         ClaimTransaction claims;
         Worker worker;
         GrowingBackoff db_backoff{db_backoff_shape};
         Clock::time_point db_retry_at{};
+        bool probing = false; // this member runs the circuit breaker's probe
+        bool paused = false;  // not acquiring: an outage
         std::unique_ptr<kafka::ShareMember> kafka;
     };
     std::vector<std::unique_ptr<Member>> members;
@@ -107,18 +117,28 @@ struct ShareEngine::Impl {
           secrets(secrets_of(cfg.postgres,
                              {&cfg.kafka, &cfg.dead_letter_kafka, cfg.outbox ? &cfg.outbox->kafka : nullptr})),
           log(with_context(cfg.log ? cfg.log : stderr_sink(), {{log_field::group, cfg.group_id}}, secrets)),
-          store(cfg.schema, cfg.table), budget(share_cfg.effective_batch_budget()), slot_cap(cfg.max_batch)
+          store(cfg.schema, cfg.table), budget(share_cfg.effective_batch_budget()), slot_cap(cfg.max_batch),
+          circuit(cfg.circuit_breaker)
     {
     }
 
     void connect(Member& m, bool first);
     bool ensure_db(Member& m);
+    bool may_acquire(Member& m);
+    bool circuit_allows(Member& m, Clock::time_point now);
+    void note_outage();
+    void settle_probe(Member& m);
+    bool await_circuit(Member& m, Clock::time_point deadline);
+    bool rerun_in_hand(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries,
+                       Clock::time_point deadline);
+    void db_outage(Member& m);
     void start();
     void member_loop(Member& m);
     void process(Member& m, const kafka::ShareMember::Batch& batch, Clock::time_point acquired_at);
     void run_chunk(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries, Clock::time_point deadline,
                    std::vector<kafka::Ack>& acks);
-    void run_claims(Member& m, std::vector<Item>& chunk, Clock::time_point deadline);
+    void run_claims(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries,
+                    Clock::time_point deadline);
     void settle(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries, std::vector<kafka::Ack>& acks);
     void last_delivery(Member& m, std::vector<Item*>& items, std::vector<kafka::Ack*>& acks);
     void acknowledge(Member& m, const std::vector<const rd_kafka_message_t*>& msgs, const std::vector<kafka::Ack>& acks,
@@ -137,15 +157,16 @@ void ShareEngine::Impl::connect(Member& m, bool first)
     m.claims.prepare(m.worker);
 }
 
-// True when the member has a connection; otherwise one reconnect is tried
-// once its backoff has passed. Nothing is polled without one: records would
-// only be acquired to be released, each costing a delivery.
+// True when the member has a connection and PostgreSQL's backoff is over;
+// otherwise one reconnect is tried once its backoff has passed. Nothing is
+// polled without one: records would only be acquired to be released, each
+// costing a delivery.
 bool ShareEngine::Impl::ensure_db(Member& m)
 {
-    if (m.worker.db)
-        return true;
     if (Clock::now() < m.db_retry_at)
         return false;
+    if (m.worker.db)
+        return true;
     try {
         connect(m, false);
         metrics.db_reconnects.add();
@@ -184,7 +205,7 @@ void ShareEngine::Impl::start()
 void ShareEngine::Impl::member_loop(Member& m)
 {
     while (!stop.load()) {
-        if (!ensure_db(m)) {
+        if (!may_acquire(m)) {
             std::this_thread::sleep_for(std::min(milliseconds(100), poll_timeout));
             continue;
         }
@@ -194,8 +215,154 @@ void ShareEngine::Impl::member_loop(Member& m)
             metrics.kafka_errors.add();
         if (batch.size() > 0)
             process(m, batch, poll_start);
+        if (m.probing && batch.size() > 0)
+            settle_probe(m);
     }
     m.kafka->close();
+}
+
+// Whether the member may acquire records now: not while PostgreSQL is away
+// or its backoff runs, nor while the circuit breaker is open (unless this
+// member runs its probe): records acquired then would only be released,
+// each having spent a delivery. Pauses and resumes are counted and logged.
+bool ShareEngine::Impl::may_acquire(Member& m)
+{
+    const auto now = Clock::now();
+    note_outage();
+    const bool db = ensure_db(m);
+    const bool ok = db && circuit_allows(m, now);
+    if (!ok && !m.paused) {
+        m.paused = true;
+        share.acquisition_pauses.add();
+        say(log, LogLevel::warning, {},
+            "share member {} stops acquiring records ({}): acquired now, they would only be released, each "
+            "having spent a delivery",
+            m.n, db ? "the circuit breaker is open: an outage" : "PostgreSQL is away; reconnecting after a backoff");
+    } else if (ok && m.paused) {
+        m.paused = false;
+        share.acquisition_resumes.add();
+        say(log, LogLevel::info, {}, "share member {} acquires records again{}", m.n,
+            m.probing ? " (the circuit breaker's probe)" : "");
+    }
+    return ok;
+}
+
+bool ShareEngine::Impl::circuit_allows(Member& m, Clock::time_point now)
+{
+    if (!circuit.enabled() || m.probing)
+        return true;
+    const auto state = circuit.state();
+    if (state == Circuit::State::closed)
+        return true;
+    if (state == Circuit::State::open && circuit.probe_due(now)) {
+        m.probing = true;
+        say(log, LogLevel::info, {}, "circuit breaker probing: share member {} runs the next batch", m.n);
+        return true;
+    }
+    return false; // open, or another member probes
+}
+
+// Once per opening of the circuit (from closed): counted and logged.
+void ShareEngine::Impl::note_outage()
+{
+    const auto e = circuit.take_opened();
+    if (!e)
+        return;
+    metrics.circuit_opened.add();
+    metrics.circuit_open.set(1);
+    share.outages.add();
+    say(log, LogLevel::warning, error_field(e->last_error),
+        "circuit breaker open: {} of {} handler attempts failed within {} ms, on {} or more records: taken for an "
+        "outage, not the records' fault. Members keep the records in hand and run them again after {} ms (a probe), "
+        "while their batch budget ({} ms) lasts, and acquire nothing more until the circuit closes. Last error: {}",
+        e->failures, e->attempts, e->span.count(), e->keys, e->wait.count(), budget.count(), e->last_error);
+}
+
+void ShareEngine::Impl::settle_probe(Member& m)
+{
+    const auto p = circuit.settle_probe(Clock::now());
+    using Outcome = Circuit::Probe::Outcome;
+    if (p.outcome == Outcome::closed) {
+        m.probing = false;
+        metrics.circuit_open.set(0);
+        say(log, LogLevel::info, {},
+            "circuit breaker closed after {} ms: {} handler call(s) of share member {}'s probe succeeded ({} "
+            "failed); every member acquires records again",
+            p.open_for.count(), p.successes, m.n, p.failures);
+    } else if (p.outcome == Outcome::reopened) {
+        m.probing = false;
+        say(log, LogLevel::warning, error_field(p.last_error),
+            "circuit breaker probe failed ({} handler call(s) failed, none succeeded): open again, the next probe in "
+            "{} ms. Last error: {}",
+            p.failures, p.wait.count(), p.last_error);
+    }
+    if (p.gave_up) {
+        metrics.circuit_gave_up.add();
+        say(log, LogLevel::warning, error_field(p.last_error),
+            "circuit breaker gives up: open for {} ms (give_up_after {} ms) and no handler call succeeded; the "
+            "probes' failures count from now on. Last error: {}",
+            p.open_for.count(), cfg.circuit_breaker.give_up_after.count(), p.last_error);
+    }
+    // unsettled or passed: this member's next batch probes again
+}
+
+// Waits, within `deadline`, until the circuit lets the records in hand run
+// again: closed (another member's probe succeeded), or its backoff over and
+// this member the one to probe. False when the deadline or a stop came first.
+bool ShareEngine::Impl::await_circuit(Member& m, Clock::time_point deadline)
+{
+    for (;;) {
+        note_outage();
+        const auto now = Clock::now();
+        if (circuit_allows(m, now))
+            return true;
+        if (stop.load() || now + milliseconds(50) >= deadline)
+            return false;
+        std::this_thread::sleep_for(milliseconds(50));
+    }
+}
+
+// After a transaction in which the circuit opened: the records it gave back
+// for the outage (not those whose own failure counted) run again once the
+// circuit lets them, while the budget lasts, instead of being released.
+// False when there were none, or the budget ran out first.
+bool ShareEngine::Impl::rerun_in_hand(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries,
+                                      Clock::time_point deadline)
+{
+    if (!circuit.enabled() || (circuit.state() == Circuit::State::closed && !m.probing))
+        return false;
+    auto& w = m.worker;
+    std::vector<std::size_t> again;
+    for (std::size_t i : w.items) {
+        const auto& it = chunk[i];
+        if (it.state != ItemState::pending)
+            continue;
+        const auto h = std::find_if(w.holds.begin(), w.holds.end(), [&](const auto& e) { return e.first == it.part; });
+        if (h == w.holds.end() || h->second.failures <= deliveries[i] - 1)
+            again.push_back(i); // its failure did not count: the outage's
+    }
+    if (again.empty())
+        return false;
+    const auto held = w.holds;
+    Holds keep; // records whose own failure counted stay held: released, as before
+    for (const auto& [part, hold] : held)
+        if (std::none_of(again.begin(), again.end(), [&, p = part](std::size_t i) { return chunk[i].part == p; }))
+            keep.add(part, hold.offset, hold.failures, hold.wait);
+    if (m.probing) {
+        settle_probe(m); // the transaction just run was the probe
+        if (m.probing) { // only records that had failed before failed: probe on after the circuit's wait
+            const auto wait =
+                std::min(circuit.round_wait(),
+                         std::chrono::duration_cast<milliseconds>(deadline - Clock::now() - milliseconds(50)));
+            if (wait.count() > 0)
+                std::this_thread::sleep_for(wait);
+        }
+    }
+    if (!await_circuit(m, deadline))
+        return false;
+    w.reset(keep);
+    w.items = std::move(again);
+    return true;
 }
 
 // The records of one poll, in chunks of at most max_batch (a poll may return
@@ -222,12 +389,16 @@ void ShareEngine::Impl::process(Member& m, const kafka::ShareMember::Batch& batc
     }
     // Records on their last delivery first, in transactions of their own: a
     // stop() or a slow neighbour that ends the others' transaction must not
-    // take them along (they could only be dead-lettered then).
-    const auto on_last = [this](const rd_kafka_message_t* msg) {
-        return kafka::ShareMember::delivery_count(*msg) >= share_cfg.delivery_limit;
-    };
+    // take them along (they could only be dead-lettered then). Then the
+    // others by delivery count, highest first: a record given back past an
+    // earlier budget is tried before the fresh ones of its batch.
+    std::stable_sort(msgs.begin(), msgs.end(), [](const rd_kafka_message_t* a, const rd_kafka_message_t* b) {
+        return kafka::ShareMember::delivery_count(*a) > kafka::ShareMember::delivery_count(*b);
+    });
     const auto last_end =
-        static_cast<std::size_t>(std::stable_partition(msgs.begin(), msgs.end(), on_last) - msgs.begin());
+        static_cast<std::size_t>(std::count_if(msgs.begin(), msgs.end(), [this](const rd_kafka_message_t* msg) {
+            return kafka::ShareMember::delivery_count(*msg) >= share_cfg.delivery_limit;
+        }));
     acks.assign(msgs.size(), kafka::Ack::release);
     for (std::size_t start = 0; start < msgs.size();) {
         const std::size_t end = std::min(start < last_end ? last_end : msgs.size(), start + slot_cap);
@@ -264,14 +435,12 @@ void ShareEngine::Impl::run_chunk(Member& m, std::vector<Item>& chunk, const std
     auto& w = m.worker;
     const Holds initial = m.claims.screen(m.intake, w, chunk);
     w.reset(initial);
-    // Records on their last delivery first: a slow neighbour must not use up their budget.
+    // Highest delivery count first (the chunk is in that order): a slow
+    // neighbour must not use up the budget of a record on its last delivery,
+    // nor of one given back before.
     for (std::size_t i = 0; i < chunk.size(); ++i)
-        if (deliveries[i] >= share_cfg.delivery_limit)
-            w.items.push_back(i);
-    for (std::size_t i = 0; i < chunk.size(); ++i)
-        if (deliveries[i] < share_cfg.delivery_limit)
-            w.items.push_back(i);
-    run_claims(m, chunk, deadline);
+        w.items.push_back(i);
+    run_claims(m, chunk, deliveries, deadline);
 
     settle(m, chunk, deliveries, acks);
     m.ledger.revoke(own);
@@ -326,9 +495,11 @@ void ShareEngine::Impl::settle(Member& m, std::vector<Item>& chunk, const std::v
 }
 
 // ClaimTransaction::run(), again after a database failure (reconnected, after
-// a backoff) while the budget lasts: a failure of PostgreSQL's must not cost
-// the records a delivery.
-void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, Clock::time_point deadline)
+// a backoff) or an outage the circuit breaker saw, while the budget lasts: an
+// outage must not cost the records a delivery. A database failure that
+// outlasts the budget stops the member's acquisitions for a backoff.
+void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, const std::vector<int>& deliveries,
+                                   Clock::time_point deadline)
 {
     auto& w = m.worker;
     for (;;) {
@@ -344,6 +515,9 @@ void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, Clock::t
             metrics.duplicates.add(w.info.duplicates);
             if (cfg.hooks.after_db_commit)
                 cfg.hooks.after_db_commit(w.info); // may throw: nothing of the batch is acknowledged then
+            note_outage();
+            if (rerun_in_hand(m, chunk, deliveries, deadline))
+                continue;
             return;
         }
         if (w.error)
@@ -353,13 +527,31 @@ void ShareEngine::Impl::run_claims(Member& m, std::vector<Item>& chunk, Clock::t
         if (w.lost_connection)
             w.disconnect();
         const auto wait = m.db_backoff.next();
-        if (stop.load() || Clock::now() + wait >= deadline)
+        if (stop.load() || Clock::now() + wait >= deadline) {
+            db_outage(m);
             return; // w.failed: released
+        }
         std::this_thread::sleep_for(wait);
         if (!w.db && !ensure_db(m))
             continue; // w.failed stays: tried again after the next backoff
         w.failed = w.lost_connection = w.abandoned = false;
     }
+}
+
+// PostgreSQL failed for longer than the batch's budget: its records are
+// released (one delivery each, spent when they were acquired), and the
+// member acquires nothing until PostgreSQL's backoff is over.
+void ShareEngine::Impl::db_outage(Member& m)
+{
+    if (stop.load())
+        return;
+    const auto wait = m.db_backoff.upcoming();
+    m.db_retry_at = Clock::now() + wait;
+    share.outages.add();
+    say(log, LogLevel::warning, {},
+        "PostgreSQL failed for the whole batch budget ({} ms) of share member {}: an outage; its records are "
+        "released, and it acquires nothing for {} ms (then after each failure a longer backoff)",
+        budget.count(), m.n, wait.count());
 }
 
 // Records on their last delivery that cannot be accepted: a release would
