@@ -167,6 +167,12 @@ struct Worker : pg::Session {
     // offsets_in_database: the positions the final transaction stored, for
     // the poll thread to note in their states after the batch.
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
+    // The session's settings as open_for_writes_sql() leaves them
+    // (pg::session_state_sql(), read at prepare()), and whether a handler may
+    // have changed them since: until a claim transaction's arm reads them
+    // unchanged, every claim transaction puts them back first.
+    std::string clean_session;
+    bool session_dirty = true;
 
     /// Ready for the next batch: no records, no holds but `holds`, no outcome.
     void reset(const Holds& initial);

@@ -110,7 +110,38 @@ namespace {
 constexpr const char* durable_commit =
     "CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', true) END";
 
+// What a handler can leave on the session that open_for_writes_sql() puts back,
+// as one text. First in the arm statement's select list: read before it raises
+// synchronous_commit for the COMMIT.
+constexpr const char* session_state =
+    "concat_ws('|', session_user, current_user, current_setting('search_path'), "
+    "current_setting('statement_timeout'), current_setting('synchronous_commit'), "
+    "current_setting('default_transaction_isolation'), current_setting('idle_in_transaction_session_timeout'), "
+    "current_setting('lock_timeout'), current_setting('session_replication_role'), "
+    "current_setting('transaction_timeout', true))";
+
+// For the transaction only: session_replication_role origin where it was replica.
+constexpr const char* origin_role = "CASE WHEN current_setting('session_replication_role') = 'replica' THEN "
+                                    "set_config('session_replication_role', 'origin', true) END";
+
 } // namespace
+
+std::string session_state_sql()
+{
+    return session_state;
+}
+
+std::string reopen_for_writes_sql()
+{
+    return fmt::format("SET TRANSACTION READ WRITE; SELECT {}, {}", durable_commit, origin_role);
+}
+
+bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept
+{
+    PGconn* conn = RawConnection::of(tx);
+    const char* reported = conn ? PQparameterStatus(conn, "default_transaction_read_only") : nullptr;
+    return reported && std::strcmp(reported, "on") == 0;
+}
 
 std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version)
 {
@@ -121,14 +152,12 @@ std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int serv
     // not fire under replica. idle_in_transaction_session_timeout is the library's: 0 (a
     // server default shorter than a handler call would end the batch at every attempt; a
     // frozen member's session is ended by the group, see end_frozen_members).
-    return fmt::format(
-        "SET TRANSACTION READ WRITE; RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; "
-        "RESET statement_timeout; {}RESET synchronous_commit; RESET default_transaction_isolation; "
-        "RESET idle_in_transaction_session_timeout; SET LOCAL idle_in_transaction_session_timeout = 0; "
-        "SET default_transaction_read_only = on; SET lock_timeout = {}; SELECT {}, CASE WHEN "
-        "current_setting('session_replication_role') = 'replica' THEN set_config('session_replication_role', "
-        "'origin', true) END",
-        server_version >= 170000 ? "RESET transaction_timeout; " : "", lock_timeout.count(), durable_commit);
+    return fmt::format("SET TRANSACTION READ WRITE; RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; "
+                       "RESET statement_timeout; {}RESET synchronous_commit; RESET default_transaction_isolation; "
+                       "SET idle_in_transaction_session_timeout = 0; SET default_transaction_read_only = on; "
+                       "SET lock_timeout = {}; SELECT {}, {}",
+                       server_version >= 170000 ? "RESET transaction_timeout; " : "", lock_timeout.count(),
+                       durable_commit, origin_role);
 }
 
 void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout)
@@ -171,9 +200,9 @@ CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE ON {table}
                         fmt::arg("table", guard_table)));
     tx.commit();
     // synchronous_commit again: a handler may have set it off inside the transaction.
-    conn.prepare(arm_statement,
-                 fmt::format("SELECT set_config('{}', 'on', true), {} FROM {} WHERE xid = txid_current_if_assigned()",
-                             commit_setting, durable_commit, guard_table));
+    conn.prepare(arm_statement, fmt::format("SELECT {}, set_config('{}', 'on', true), {} FROM {} WHERE xid = "
+                                            "txid_current_if_assigned()",
+                                            session_state, commit_setting, durable_commit, guard_table));
 }
 
 std::string commit_guard_cte()
@@ -188,10 +217,18 @@ void guard_transaction(pqxx::dbtransaction& tx)
     tx.exec(commit_guard_cte() + "SELECT 1");
 }
 
-bool arm_commit(pqxx::dbtransaction& tx)
+std::optional<std::string> arm_commit_state(pqxx::dbtransaction& tx)
 {
     // No row: the guard's update went with the transaction that made it.
-    return !exec_prepared(tx, arm_statement).empty();
+    const auto r = exec_prepared(tx, arm_statement);
+    if (r.empty())
+        return std::nullopt;
+    return r[0][0].as<std::string>();
+}
+
+bool arm_commit(pqxx::dbtransaction& tx)
+{
+    return arm_commit_state(tx).has_value();
 }
 
 bool replaced(const pqxx::dbtransaction& tx) noexcept

@@ -6,6 +6,7 @@
 // had succeeded, and no later statement may commit outside the transaction.
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include <pqxx/pqxx>
@@ -71,8 +72,29 @@ void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_tim
 
 /// The statements open_for_writes() runs on a server of `server_version`
 /// (PQserverVersion), for a text of several statements that must begin with
-/// them (no "; " at the end).
+/// them (no "; " at the end). idle_in_transaction_session_timeout is set to 0
+/// for the session.
 std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version);
+
+/// What open_for_writes_sql() does for the transaction only (read-write,
+/// synchronous_commit at least local, session_replication_role origin), for a
+/// session whose settings are known to be as open_for_writes_sql() leaves
+/// them: what arm_commit_state() read at the end of the session's last claim
+/// transaction equalled session_state_sql() read after open_for_writes_sql(),
+/// and read_only_by_default(). Same form.
+std::string reopen_for_writes_sql();
+
+/// An expression (for a select list) whose text is the session's settings
+/// that open_for_writes_sql() puts back: the roles, search_path,
+/// statement_timeout, synchronous_commit, default_transaction_isolation,
+/// idle_in_transaction_session_timeout, lock_timeout,
+/// session_replication_role, transaction_timeout.
+std::string session_state_sql();
+
+/// The server reports (PostgreSQL 14 and later, no round trip) read-only as
+/// the default of the session's transactions, as guard_session() sets it.
+/// False before PostgreSQL 14.
+bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept;
 
 /// The commit guard. The claims of a transaction are taken before its first
 /// handler call, so a COMMIT run by a handler (COMMIT, END, COMMIT AND CHAIN,
@@ -101,6 +123,10 @@ void guard_transaction(pqxx::dbtransaction& tx);
 /// statement began (a handler ran ROLLBACK; BEGIN or ROLLBACK AND CHAIN): it
 /// must be rolled back, not committed.
 bool arm_commit(pqxx::dbtransaction& tx);
+/// arm_commit(), returning session_state_sql() as the handlers left it (read
+/// before the guard raises synchronous_commit), or nullopt where arm_commit()
+/// returns false.
+std::optional<std::string> arm_commit_state(pqxx::dbtransaction& tx);
 
 /// True when the transaction the claim statement began has ended since, as
 /// the server last reported (no round trip): the transaction-local
