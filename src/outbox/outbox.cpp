@@ -6,11 +6,11 @@
 #include <fmt/format.h>
 
 #include "idemkafka/error.hpp"
+#include "idemkafka/store.hpp"
 #include "observe/trace.hpp"
 #include "outbox/row_format.hpp"
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
-#include "schema/ddl.hpp"
 
 namespace idemkafka {
 namespace {
@@ -44,24 +44,6 @@ Outbox::Outbox(std::string schema, std::string table) : schema_(std::move(schema
                               "CASE WHEN $3::boolean THEN decode($4, 'hex') END, decode($5, 'hex'), "
                               "CASE WHEN $6::boolean THEN decode($7, 'hex') END)",
                               qualified_);
-}
-
-void Outbox::ensure_schema(pqxx::work& tx) const
-{
-    try {
-        // Concurrent CREATE ... IF NOT EXISTS can still fail on the catalog's
-        // unique indexes; the lock every idemkafka table shares serialises them.
-        tx.exec(detail::ddl::schema_lock);
-        tx.exec(detail::ddl::create_schema(schema_q_));
-        // Table and indexes are created together (detail::ddl::outbox_table), so
-        // an existing table has its indexes.
-        if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
-            return;
-        for (const auto& sql : detail::ddl::outbox_table(qualified_))
-            tx.exec(sql);
-    } catch (const pqxx::sql_error& e) {
-        throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
-    }
 }
 
 void Outbox::ensure_schema(const std::string& conninfo) const

@@ -6,7 +6,6 @@
 #include "idemkafka/store.hpp"
 #include "pg/arrays.hpp"
 #include "pg/exec.hpp"
-#include "schema/ddl.hpp"
 
 namespace idemkafka {
 
@@ -21,20 +20,6 @@ OffsetStore::OffsetStore(const std::string& schema, const std::string& table)
         qualified_ = schema_q_ + "." + quote_identifier(table);
     } catch (const ConfigError& e) {
         throw ConfigError(std::string("offsets_table: ") + e.what());
-    }
-}
-
-void OffsetStore::ensure_schema(pqxx::work& tx) const
-{
-    try {
-        tx.exec(detail::ddl::schema_lock);
-        tx.exec(detail::ddl::create_schema(schema_q_));
-        if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
-            return;
-        for (const auto& sql : detail::ddl::offsets_table(qualified_))
-            tx.exec(sql);
-    } catch (const pqxx::sql_error& e) {
-        throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
     }
 }
 

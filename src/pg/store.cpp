@@ -8,7 +8,6 @@
 #include "pg/claims.hpp"
 #include "pg/exec.hpp"
 #include "pg/transaction.hpp"
-#include "schema/ddl.hpp"
 
 namespace idemkafka {
 
@@ -48,23 +47,6 @@ ProcessedEventStore::ProcessedEventStore(std::string schema, std::string table)
         throw ConfigError(std::string("table: ") + e.what());
     }
     qualified_ = schema_q_ + "." + table_q_;
-}
-
-void ProcessedEventStore::ensure_schema(pqxx::work& tx) const
-{
-    try {
-        // Concurrent CREATE ... IF NOT EXISTS can still fail on the catalog's
-        // unique indexes; one lock makes start-up of many instances safe.
-        tx.exec(detail::ddl::schema_lock);
-        tx.exec(detail::ddl::create_schema(schema_q_));
-        if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified_)[0][0].as<bool>())
-            return;
-        // A plain table, as Maintenance::migrate() creates one in purge mode.
-        for (const auto& sql : detail::ddl::claims_table(schema_, table_, RetentionMode::purge))
-            tx.exec(sql);
-    } catch (const pqxx::sql_error& e) {
-        throw DatabaseError(fmt::format("creating {} failed: {}", qualified_, e.what()));
-    }
 }
 
 void ProcessedEventStore::ensure_schema(const std::string& conninfo) const
