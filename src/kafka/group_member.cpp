@@ -471,6 +471,13 @@ void GroupMember::hold(MessagePtr m)
     held_bytes_ += bytes_of(*m);
     auto& l = queue_of(rd_kafka_topic_name(m->rkt), m->partition);
     l.held.push_back(std::move(m));
+    count_held();
+}
+
+void GroupMember::count_held() noexcept
+{
+    metrics_.prefetched_records.set(static_cast<std::int64_t>(held_records_));
+    metrics_.prefetched_bytes.set(static_cast<std::int64_t>(held_bytes_));
 }
 
 MessagePtr GroupMember::next_held()
@@ -485,6 +492,7 @@ MessagePtr GroupMember::next_held()
         l.held.pop_front();
         held_records_ -= 1;
         held_bytes_ -= bytes_of(*m);
+        count_held();
         return m;
     }
     return nullptr;
@@ -497,6 +505,7 @@ void GroupMember::drop_held(Queue& l)
         held_bytes_ -= bytes_of(*m);
     }
     l.held.clear();
+    count_held();
 }
 
 // librdkafka's pause drops what its queue holds of the partition and resumes
@@ -537,6 +546,7 @@ void GroupMember::forget_queues()
     errors_.clear();
     held_records_ = held_bytes_ = 0;
     next_queue_ = last_queue_ = 0;
+    count_held();
 }
 
 void GroupMember::consumer_error(const rd_kafka_message_t& m)

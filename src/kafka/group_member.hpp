@@ -203,6 +203,7 @@ private:
     void hold(MessagePtr m);
     MessagePtr next_held();
     void drop_held(Queue& l);
+    void count_held() noexcept; // the prefetched_* gauges
     void set_paused(std::string_view topic, std::int32_t partition, bool paused);
     void forget_queues();
 
