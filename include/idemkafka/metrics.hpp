@@ -136,10 +136,11 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// a whole instead: rewound to its first parked record and paused for
     /// the retry backoff.
     std::uint64_t parking_overflows = 0;
-    /// Times a partition's fetch was paused because the records held for it
-    /// (waiting behind its running unit) reached the consumer's share of
-    /// max_prefetch_records or max_prefetch_bytes; it resumes once they are
-    /// handed out (see prefetched_records).
+    /// Times a partition's fetch was paused because its records could not go
+    /// to processing (they wait behind its running unit) while the records
+    /// held filled the consumer's half of max_prefetch_records or
+    /// max_prefetch_bytes; it resumes once half of the partition's held
+    /// records have gone to processing (see prefetched_records).
     std::uint64_t prefetch_pauses = 0;
     /// Times the circuit breaker opened from closed: handler failures across
     /// keys judged an outage (see ConsumerConfig::circuit_breaker). A failed

@@ -212,7 +212,7 @@ void busy_partition_bounded(std::size_t max_records, std::size_t max_bytes)
     const auto topic = unique_name("busy");
     const auto group = unique_name("g");
     const int partitions = 2;
-    const int total = 8000;
+    const int total = 6000;
     create_topic(topic, partitions);
     publish_keyed(topic, total, 40);
     KeyedEffects effects;
@@ -275,12 +275,12 @@ void busy_partition_bounded(std::size_t max_records, std::size_t max_bytes)
 
 TEST_CASE("fairness: records held behind a busy partition stay within max_prefetch_records", "[integration][fairness]")
 {
-    busy_partition_bounded(200, std::size_t{32} << 20);
+    busy_partition_bounded(1000, std::size_t{32} << 20);
 }
 
 TEST_CASE("fairness: records held behind a busy partition stay within max_prefetch_bytes", "[integration][fairness]")
 {
-    busy_partition_bounded(10000, 16 * 1024);
+    busy_partition_bounded(10000, 64 * 1024);
 }
 
 namespace {
