@@ -136,6 +136,12 @@ struct IDEMKAFKA_API MetricsSnapshot {
     /// a whole instead: rewound to its first parked record and paused for
     /// the retry backoff.
     std::uint64_t parking_overflows = 0;
+    /// Times a partition's fetch was paused because its records could not go
+    /// to processing (they wait behind its running unit) while the records
+    /// held filled the consumer's half of max_prefetch_records or
+    /// max_prefetch_bytes; it resumes once half of the partition's held
+    /// records have gone to processing (see prefetched_records).
+    std::uint64_t prefetch_pauses = 0;
     /// Times the circuit breaker opened from closed: handler failures across
     /// keys judged an outage (see ConsumerConfig::circuit_breaker). A failed
     /// probe that opens it again does not count again.
@@ -186,6 +192,16 @@ struct IDEMKAFKA_API MetricsSnapshot {
     std::int64_t in_flight_records = 0;
     /// Key and payload bytes of those records (bounded by about 2 x max_batch_bytes).
     std::int64_t in_flight_bytes = 0;
+    /// Records taken from the Kafka client and held per partition for the
+    /// round-robin, not handed to processing yet (those of a partition whose
+    /// earlier records still run wait here). At most half of
+    /// max_prefetch_records, plus one record per partition whose fetch is
+    /// paused for it (prefetch_pauses); librdkafka's own queue, the other
+    /// half of the cap, is not included.
+    std::int64_t prefetched_records = 0;
+    /// Key and payload bytes of those records: at most half of
+    /// max_prefetch_bytes, plus one record per partition paused for it.
+    std::int64_t prefetched_bytes = 0;
     /// Ordering::key: records parked now behind a failed record of their key
     /// (also counted in in_flight_records), and the keys parked now.
     std::int64_t parked_records = 0;
@@ -255,8 +271,8 @@ public:
         db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
         batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka, positions_lost,
         frozen_members_ended, lost_sessions_ended, db_timeouts, lock_timeouts, handler_aborted_transactions,
-        long_call_waits, stuck_calls, revoke_abandons, parked, parking_overflows, circuit_opened, circuit_gave_up,
-        beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        long_call_waits, stuck_calls, revoke_abandons, parked, parking_overflows, prefetch_pauses, circuit_opened,
+        circuit_gave_up, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
     //@}
     /// Records dead-lettered, indexed by DeadLetterReason.
     std::array<Counter, dead_letter_reason_count> dead_lettered;
@@ -287,6 +303,8 @@ public:
     Gauge lag{{-1}};
     Gauge in_flight_records;
     Gauge in_flight_bytes;
+    Gauge prefetched_records;
+    Gauge prefetched_bytes;
     Gauge parked_records;
     Gauge parked_keys;
     Gauge oldest_claim_unix_ms{{-1}};

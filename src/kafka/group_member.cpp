@@ -102,6 +102,8 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     // librdkafka's queue the other half: together they stay within the caps.
     hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
     hold_max_bytes_ = std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2);
+    max_prefetch_records_ = cfg.max_prefetch_records;
+    max_prefetch_bytes_ = cfg.max_prefetch_bytes;
     const std::size_t queue_records = std::max<std::size_t>(1, cfg.max_prefetch_records - hold_max_records_);
     const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
     auto props = client_properties(cfg, queue_records, queue_bytes);
@@ -282,8 +284,11 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
             rd_kafka_pause_partitions(rk_.get(), list);
         else
             rd_kafka_resume_partitions(rk_.get(), list);
-        for (int i = 0; i < list->cnt; ++i)
+        for (int i = 0; i < list->cnt; ++i) {
             set_paused(list->elems[i].topic, list->elems[i].partition, paused);
+            if (auto* l = find_queue(list->elems[i].topic, list->elems[i].partition))
+                l->full = false; // resumed (or paused) above with the rest
+        }
         return;
     }
 
@@ -415,7 +420,9 @@ void GroupMember::on_stats(std::string_view json) noexcept
 // their share of the prefetch caps; each call also serves the callbacks), then
 // the next queue's oldest record goes out. Only when no queue has one to give
 // does the poll wait: held records of paused partitions never keep it from
-// serving a rebalance.
+// serving a rebalance. What that wait brings is held even past the caps'
+// share; a record that cannot go out then (its partition deferred) pauses
+// its partition's fetch, or every poll would hold one more for good.
 MessagePtr GroupMember::poll(milliseconds timeout)
 {
     while (errors_.empty() && held_records_ < hold_max_records_ && held_bytes_ < hold_max_bytes_) {
@@ -434,7 +441,10 @@ MessagePtr GroupMember::poll(milliseconds timeout)
     MessagePtr m(rd_kafka_consumer_poll(rk_.get(), static_cast<int>(timeout.count())));
     if (!m || m->err)
         return m;
-    hold(std::move(m));
+    Queue* l = hold(std::move(m));
+    if (l && l->deferred && !l->paused && !l->full &&
+        (held_records_ >= hold_max_records_ || held_bytes_ >= hold_max_bytes_))
+        pause_full(*l);
     return next_held();
 }
 
@@ -448,7 +458,7 @@ GroupMember::Queue& GroupMember::queue_of(std::string_view topic, std::int32_t p
             last_queue_ = i;
             return queues_[i];
         }
-    queues_.push_back(Queue{std::string(topic), partition, false, false, {}});
+    queues_.push_back(Queue{std::string(topic), partition, false, false, false, 0, {}});
     last_queue_ = queues_.size() - 1;
     return queues_.back();
 }
@@ -461,16 +471,70 @@ GroupMember::Queue* GroupMember::find_queue(std::string_view topic, std::int32_t
     return nullptr;
 }
 
-void GroupMember::hold(MessagePtr m)
+GroupMember::Queue* GroupMember::hold(MessagePtr m)
 {
     if (m->err || !m->rkt) {
         errors_.push_back(std::move(m));
-        return;
+        return nullptr;
     }
     held_records_ += 1;
     held_bytes_ += bytes_of(*m);
     auto& l = queue_of(rd_kafka_topic_name(m->rkt), m->partition);
     l.held.push_back(std::move(m));
+    count_held();
+    return &l;
+}
+
+void GroupMember::count_held() noexcept
+{
+    metrics_.prefetched_records.set(static_cast<std::int64_t>(held_records_));
+    metrics_.prefetched_bytes.set(static_cast<std::int64_t>(held_bytes_));
+}
+
+// librdkafka's pause drops what its queue holds of the partition (a version
+// barrier: nothing fetched before it comes out of a poll) and fetches again,
+// on resume, after the last record it handed out: the held ones, which go
+// out first. No record is lost or reordered.
+void GroupMember::pause_full(Queue& l)
+{
+    l.full = true;
+    l.resume_at = l.held.size() / 2;
+    auto list = make_list(1);
+    rd_kafka_topic_partition_list_add(list.get(), l.topic.c_str(), l.partition);
+    rd_kafka_pause_partitions(rk_.get(), list.get());
+    metrics_.prefetch_pauses.add();
+    log_full_pause(l);
+}
+
+// Once half of what the partition held has gone out (see poll()): its fetch
+// resumes while the rest still goes out, so that a fetch that waits behind
+// another partition's (up to fetch.wait.max.ms) leaves it idle less often.
+// An owner's pause outlives this one: its resume comes from the owner.
+void GroupMember::resume_full(Queue& l)
+{
+    l.full = false;
+    if (l.paused)
+        return;
+    auto list = make_list(1);
+    rd_kafka_topic_partition_list_add(list.get(), l.topic.c_str(), l.partition);
+    rd_kafka_resume_partitions(rk_.get(), list.get());
+}
+
+// At most a line every 10 s; it counts the pauses it did not log.
+void GroupMember::log_full_pause(const Queue& l)
+{
+    ++full_pauses_unlogged_;
+    const auto now = Clock::now();
+    if (now < next_full_log_)
+        return;
+    next_full_log_ = now + std::chrono::seconds(10);
+    const auto others = std::exchange(full_pauses_unlogged_, 0) - 1;
+    say(log_, LogLevel::info, {{log_field::topic, l.topic}, {log_field::partition, std::to_string(l.partition)}},
+        "fetching {}/{} paused: its records wait for its earlier ones to finish, and the {} record(s) ({} bytes) "
+        "held fill the consumer's half of max_prefetch_records ({}) or max_prefetch_bytes ({}); it resumes once "
+        "half of its {} have gone to processing (prefetch_pauses counts this){}",
+        l.topic, l.partition, held_records_, held_bytes_, max_prefetch_records_, max_prefetch_bytes_, l.held.size(),
+        others > 0 ? fmt::format("; {} other pause(s) since the last such line", others) : std::string());
 }
 
 MessagePtr GroupMember::next_held()
@@ -485,6 +549,9 @@ MessagePtr GroupMember::next_held()
         l.held.pop_front();
         held_records_ -= 1;
         held_bytes_ -= bytes_of(*m);
+        count_held();
+        if (l.full && l.held.size() <= l.resume_at)
+            resume_full(l);
         return m;
     }
     return nullptr;
@@ -497,6 +564,7 @@ void GroupMember::drop_held(Queue& l)
         held_bytes_ -= bytes_of(*m);
     }
     l.held.clear();
+    count_held();
 }
 
 // librdkafka's pause drops what its queue holds of the partition and resumes
@@ -518,7 +586,7 @@ void GroupMember::set_paused(std::string_view topic, std::int32_t partition, boo
 bool GroupMember::held_back(const TopicPartition& tp)
 {
     const auto& q = queue_of(tp.topic, tp.partition);
-    return q.paused || q.deferred;
+    return q.paused || q.deferred || q.full;
 }
 
 void GroupMember::defer(const TopicPartition& tp, bool defer)
@@ -537,6 +605,7 @@ void GroupMember::forget_queues()
     errors_.clear();
     held_records_ = held_bytes_ = 0;
     next_queue_ = last_queue_ = 0;
+    count_held();
 }
 
 void GroupMember::consumer_error(const rd_kafka_message_t& m)
@@ -598,6 +667,10 @@ GroupMember::SeekResult GroupMember::seek(const TopicPartition& tp, std::int64_t
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition)->offset = offset;
     ErrorPtr e(rd_kafka_seek_partitions(rk_.get(), list.get(), 5000));
+    // Nothing is held of it any more: a fetch paused for the caps resumes,
+    // from the seek's position (as after any seek, a failed one is sent again).
+    if (auto* l = find_queue(tp.topic, tp.partition); l && l->full)
+        resume_full(*l);
     if (e && rd_kafka_error_code(e.get()) == RD_KAFKA_RESP_ERR__TIMED_OUT) {
         // The call only stopped waiting for the reply: the seek is queued and
         // its version barrier is set, so nothing fetched before it is
@@ -621,6 +694,10 @@ GroupMember::SeekResult GroupMember::seek(const TopicPartition& tp, std::int64_t
 
 void GroupMember::pause(const TopicPartition& tp, bool pause)
 {
+    if (auto* l = find_queue(tp.topic, tp.partition); !pause && l && l->full) {
+        l->paused = false; // its fetch resumes once half its held records went out
+        return;
+    }
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), tp.topic.c_str(), tp.partition);
     if (pause)
@@ -643,9 +720,15 @@ void GroupMember::pause_assignment(bool pause, const std::set<TopicPartition>& k
         return;
     }
     auto resume = make_list(list->cnt);
-    for (int i = 0; i < list->cnt; ++i)
-        if (!keep_paused.count({list->elems[i].topic, list->elems[i].partition}))
-            rd_kafka_topic_partition_list_add(resume.get(), list->elems[i].topic, list->elems[i].partition);
+    for (int i = 0; i < list->cnt; ++i) {
+        const auto& p = list->elems[i];
+        if (keep_paused.count({p.topic, p.partition}))
+            continue;
+        if (auto* l = find_queue(p.topic, p.partition); l && l->full)
+            l->paused = false; // its fetch resumes once half its held records went out
+        else
+            rd_kafka_topic_partition_list_add(resume.get(), p.topic, p.partition);
+    }
     rd_kafka_resume_partitions(rk_.get(), resume.get());
     for (int i = 0; i < resume->cnt; ++i)
         set_paused(resume->elems[i].topic, resume->elems[i].partition, false);

@@ -9,7 +9,9 @@
 // runs of one partition (a fetch response's share of it), so poll() takes
 // what the client has ready into one queue per partition and returns the
 // next partition's head in turn. Per partition the order stays the offset
-// order; what is held counts against the prefetch caps.
+// order; what is held counts against the prefetch caps. A deferred
+// partition's records cannot go out: once they fill the caps' share, its
+// fetch is paused until half of what it held has gone out.
 
 #include <atomic>
 #include <chrono>
@@ -141,7 +143,8 @@ public:
     bool committed(std::vector<std::pair<TopicPartition, std::int64_t>>& tps, std::chrono::milliseconds timeout);
     /// The same, with each committed offset's metadata.
     bool committed(std::vector<OffsetCommit>& tps, std::chrono::milliseconds timeout);
-    /// True while the partition is paused or deferred by its owner.
+    /// True while the partition is paused or deferred by its owner, or its
+    /// fetch is paused for the prefetch caps.
     bool held_back(const TopicPartition& tp);
     /// The client's cached low and high watermarks (-1 when unknown).
     std::pair<std::int64_t, std::int64_t> watermarks(const TopicPartition& tp);
@@ -190,19 +193,28 @@ private:
     void on_stats(std::string_view json) noexcept;
     rd_kafka_resp_err_t commit_and_wait(rd_kafka_topic_partition_list_t* list, std::chrono::milliseconds bound);
 
-    // One partition's held records, oldest first.
+    // One partition's held records, oldest first. `full`: its fetch is
+    // paused because its records could not go out while the held ones
+    // filled the caps' share; resumed once it holds `resume_at` or fewer
+    // (half of what it held then).
     struct Queue {
         std::string topic;
         std::int32_t partition = 0;
         bool paused = false;
         bool deferred = false;
+        bool full = false;
+        std::size_t resume_at = 0;
         std::deque<MessagePtr> held;
     };
     Queue& queue_of(std::string_view topic, std::int32_t partition);
     Queue* find_queue(std::string_view topic, std::int32_t partition); // null: none, none created
-    void hold(MessagePtr m);
+    Queue* hold(MessagePtr m); // its queue (null: an error, kept for poll() to return)
     MessagePtr next_held();
     void drop_held(Queue& l);
+    void count_held() noexcept; // the prefetched_* gauges
+    void pause_full(Queue& l);
+    void resume_full(Queue& l);
+    void log_full_pause(const Queue& l);
     void set_paused(std::string_view topic, std::int32_t partition, bool paused);
     void forget_queues();
 
@@ -251,6 +263,10 @@ private:
     std::size_t held_bytes_ = 0;
     std::size_t hold_max_records_ = 1; // the share of the prefetch caps held here
     std::size_t hold_max_bytes_ = 1;
+    std::size_t max_prefetch_records_ = 0; // as configured, for the log line
+    std::size_t max_prefetch_bytes_ = 0;
+    std::uint64_t full_pauses_unlogged_ = 0; // pause_full(): lines are rate-limited
+    std::chrono::steady_clock::time_point next_full_log_{};
 
     bool stats_enabled_ = false;
     std::mutex stats_mu_;

@@ -76,6 +76,9 @@ constexpr CounterDesc counters[] = {
     {"parked", "Records parked behind a failed record of their key (Ordering::key).", &MetricsSnapshot::parked},
     {"parking_overflows", "Partitions held as a whole because their parked records did not fit (Ordering::key).",
      &MetricsSnapshot::parking_overflows},
+    {"prefetch_pauses",
+     "Times a partition's fetch was paused because the records held for it reached the prefetch caps' share.",
+     &MetricsSnapshot::prefetch_pauses},
     {"circuit_opened", "Times the circuit breaker opened: handler failures across keys judged an outage.",
      &MetricsSnapshot::circuit_opened},
     {"circuit_gave_up",
@@ -154,6 +157,11 @@ std::string MetricsSnapshot::to_prometheus(const std::string& group) const
     render_gauge(out, "in_flight_records", "Records taken from Kafka and not yet committed or skipped.", label,
                  in_flight_records);
     render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, in_flight_bytes);
+    render_gauge(out, "prefetched_records",
+                 "Records taken from the Kafka client and held per partition, not handed to processing yet.", label,
+                 prefetched_records);
+    render_gauge(out, "prefetched_bytes", "Key and payload bytes of the prefetched records held.", label,
+                 prefetched_bytes);
     render_gauge(out, "parked_records", "Records parked now behind a failed record of their key.", label,
                  parked_records);
     render_gauge(out, "parked_keys", "Keys parked now after a failed record.", label, parked_keys);
@@ -252,6 +260,7 @@ MetricsSnapshot Metrics::snapshot() const
     s.revoke_abandons = revoke_abandons.get();
     s.parked = parked.get();
     s.parking_overflows = parking_overflows.get();
+    s.prefetch_pauses = prefetch_pauses.get();
     s.circuit_opened = circuit_opened.get();
     s.circuit_gave_up = circuit_gave_up.get();
     s.circuit_open_seconds = static_cast<double>(circuit_open_ms.get()) / 1000.0;
@@ -270,6 +279,8 @@ MetricsSnapshot Metrics::snapshot() const
     s.partitions = partitions();
     s.in_flight_records = in_flight_records.get();
     s.in_flight_bytes = in_flight_bytes.get();
+    s.prefetched_records = prefetched_records.get();
+    s.prefetched_bytes = prefetched_bytes.get();
     s.parked_records = parked_records.get();
     s.parked_keys = parked_keys.get();
     s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();

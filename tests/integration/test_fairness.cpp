@@ -4,6 +4,7 @@
 // partition and per key, and held records across revokes (eager and
 // cooperative). Real PostgreSQL, real broker.
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -179,6 +181,106 @@ TEST_CASE("fairness: per-key workers over mixed batches keep every key in order"
     CHECK(scalar("SELECT count(*) FROM " + effects.table) == total);
     CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", effects.table)) == total);
     CHECK(effects.out_of_key_order() == 0);
+}
+
+namespace {
+
+// The most a consumer's prefetch gauges showed, noted at each look.
+struct Highest {
+    std::atomic<std::int64_t> records{0};
+    std::atomic<std::int64_t> bytes{0};
+    void note(const MetricsSnapshot& m)
+    {
+        raise(records, m.prefetched_records);
+        raise(bytes, m.prefetched_bytes);
+    }
+    static void raise(std::atomic<std::int64_t>& seen, std::int64_t now)
+    {
+        for (auto was = seen.load(); now > was && !seen.compare_exchange_weak(was, now);) {
+        }
+    }
+};
+
+// Ordering::partition with two workers: the first record of partition 0 runs
+// long, so the later records of its partition wait behind it while a lot of
+// traffic for it arrives (partition 1 goes on meanwhile). What the Kafka
+// adapter holds stays within its half of the prefetch caps, plus one record
+// per partition whose fetch is paused for it; then every record runs once, in
+// partition order, and nothing stays held.
+void busy_partition_bounded(std::size_t max_records, std::size_t max_bytes)
+{
+    const auto topic = unique_name("busy");
+    const auto group = unique_name("g");
+    const int partitions = 2;
+    const int total = 6000;
+    create_topic(topic, partitions);
+    publish_keyed(topic, total, 40);
+    KeyedEffects effects;
+
+    auto cfg = consumer_config(group, topic);
+    cfg.workers = 2;
+    cfg.ordering = Ordering::partition;
+    cfg.max_batch = 50;
+    cfg.max_prefetch_records = max_records;
+    cfg.max_prefetch_bytes = max_bytes;
+    const std::size_t record_bytes = 256; // a record's key and payload are well under this
+    const auto bound_records = static_cast<std::int64_t>(max_records / 2 + partitions);
+    const auto bound_bytes = static_cast<std::int64_t>(max_bytes / 2 + partitions * record_bytes);
+    Highest highest;
+    const Metrics* metrics = nullptr;
+    const auto look = [&] {
+        const auto m = metrics->snapshot();
+        highest.note(m);
+        return m;
+    };
+    const auto over = [&] { return highest.records > bound_records || highest.bytes > bound_bytes; };
+    std::atomic<bool> slow{true};
+    std::atomic<bool> slow_done{false};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        effects.insert(tx, e, ctx);
+        if (ctx.partition() != 0 || !slow.exchange(false))
+            return;
+        // Until the caps are overrun (the failure), or partition 0 was paused
+        // for them and partition 1 has caught up meanwhile.
+        wait_until(
+            [&] {
+                const auto m = look();
+                const bool other_done =
+                    std::any_of(m.partitions.begin(), m.partitions.end(),
+                                [](const PartitionLag& p) { return p.partition == 1 && p.lag == 0; });
+                return over() || (m.prefetch_pauses > 0 && other_done);
+            },
+            30s);
+        slow_done = true;
+    });
+    metrics = &c.metrics();
+    run_until(c, [&] {
+        const auto m = look();
+        return slow_done && scalar("SELECT count(*) FROM " + effects.table) == total && m.lag == 0;
+    });
+    CAPTURE(highest.records.load(), highest.bytes.load(), bound_records, bound_bytes);
+    CHECK_FALSE(over());
+    const auto end = c.metrics().snapshot();
+    CHECK(end.prefetch_pauses > 0);
+    CHECK(end.prefetched_records == 0);
+    CHECK(end.prefetched_bytes == 0);
+    CHECK(end.claimed == total);
+    CHECK(scalar("SELECT count(*) FROM " + effects.table) == total);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", effects.table)) == total);
+    CHECK(effects.out_of_partition_order() == 0);
+    CHECK(effects.out_of_key_order() == 0);
+}
+
+} // namespace
+
+TEST_CASE("fairness: records held behind a busy partition stay within max_prefetch_records", "[integration][fairness]")
+{
+    busy_partition_bounded(1000, std::size_t{32} << 20);
+}
+
+TEST_CASE("fairness: records held behind a busy partition stay within max_prefetch_bytes", "[integration][fairness]")
+{
+    busy_partition_bounded(10000, 64 * 1024);
 }
 
 namespace {
