@@ -4,7 +4,9 @@
 // runs the handler on the claimed ones, writes the stored positions
 // (offsets_in_database) and commits. A failing record is held (or
 // dead-lettered) and the rest runs again without its partition's tail.
-// Private to the library.
+// Its member functions are defined by concern in src/consumer/claim_*.cpp
+// (the list at the top of claim_transaction.cpp); the worker it runs on is
+// in worker.hpp. Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +28,7 @@
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"
 #include "consumer/member_sessions.hpp"
+#include "consumer/worker.hpp"
 #include "core/circuit_breaker.hpp"
 #include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
@@ -78,105 +81,6 @@ template <class Connect> void connect_at_start(const Redactor& secrets, Connect&
 
 /// Thrown inside a transaction when the offset table refused our epoch.
 struct Fenced {};
-
-/// The handler call a worker runs now, for the poll thread's watch over
-/// calls that do not return (a call cannot be interrupted: only seen). The
-/// worker marks each call's start and end (an uncontended lock); the poll
-/// thread reads it now and then.
-class RunningCall {
-public:
-    /// What runs: since when, and its (first) record.
-    struct Seen {
-        Clock::time_point since;
-        std::string where;       // topic/partition@offset
-        LogFields fields;        // its log fields
-        std::size_t records = 1; // a batch handler call's records
-    };
-
-    /// `first` (of `records` in one call) runs from now; it must stay alive until end().
-    void begin(const Item& first, std::size_t records = 1) noexcept
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        item_ = &first;
-        records_ = records;
-        since_ = Clock::now();
-    }
-    /// The call returned (or threw).
-    void end() noexcept
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        item_ = nullptr;
-    }
-    /// The call running now, if any.
-    std::optional<Seen> seen() const
-    {
-        std::lock_guard<std::mutex> lock(mu_); // the item lives until end()
-        if (!item_)
-            return std::nullopt;
-        return Seen{since_, item_->where(), item_->log_fields(), records_};
-    }
-
-private:
-    mutable std::mutex mu_;
-    const Item* item_ = nullptr;
-    std::size_t records_ = 0;
-    Clock::time_point since_{};
-};
-
-/// Marks a handler call in a RunningCall for its scope.
-class CallScope {
-public:
-    CallScope(RunningCall& call, const Item& first, std::size_t records = 1) noexcept : call_(call)
-    {
-        call_.begin(first, records);
-    }
-    ~CallScope() { call_.end(); }
-    CallScope(const CallScope&) = delete;
-    CallScope& operator=(const CallScope&) = delete;
-
-private:
-    RunningCall& call_;
-};
-
-/// A worker: one PostgreSQL connection (its calls bounded by
-/// ConsumerConfig::db_timeout through the session's watch) and, per batch,
-/// its share of the records.
-struct Worker : pg::Session {
-    std::vector<std::size_t> items; // indices into the batch, in batch order
-    Holds holds;
-    BatchInfo info;
-    bool failed = false; // nothing of this worker's final transaction committed
-    bool lost_connection = false;
-    bool abandoned = false; // a forced stop abandoned it
-    // Set by the poll thread: a rebalance took partitions of this worker's
-    // records while a handler call ran past revoke_wait; its transaction
-    // rolls back at the next chance. Cleared when its outcome is merged.
-    std::atomic<bool> revoked{false};
-    bool fenced = false;                 // the offset table refused our epoch: we lost a partition
-    bool one_by_one = false;             // batch handler: one call per record (after a failed batch call)
-    std::vector<std::size_t> call_items; // batch handler: the records of the call
-    std::vector<std::size_t> call_slots; // and their Stage slots
-    std::vector<Context> call_contexts;
-    std::size_t calls_ok = 0;        // handler calls (records) of the last transaction that returned normally
-    std::size_t calls_recovered = 0; // of them, those of records that had failed before
-    // While the circuit breaker blames keys: those of the calls_ok calls.
-    bool watch_keys = false;
-    std::vector<std::uint64_t> ok_keys;
-    RunningCall call;         // the handler call running now
-    std::exception_ptr error; // an unexpected exception, rethrown on the poll thread
-    // offsets_in_database: the positions the final transaction stored, for
-    // the poll thread to note in their states after the batch.
-    std::vector<std::pair<PartitionState*, std::int64_t>> stored;
-    // The session's settings as open_for_writes_sql() leaves them
-    // (pg::session_state_sql(), read at prepare()), and whether a handler may
-    // have changed them since: until a claim transaction's arm reads them
-    // unchanged, every claim transaction puts them back first.
-    std::string clean_session;
-    bool session_dirty = true;
-
-    /// Ready for the next batch: no records, no holds but `holds`, no outcome.
-    void reset(const Holds& initial);
-};
 
 class ClaimTransaction {
 public:
@@ -248,10 +152,12 @@ public:
     /// counted and logged. Never throws.
     void end_frozen_members(pg::Session& w);
 
-private:
+    // The types of one attempt, for the claim_*.cpp files and their tests.
+
+    /// How an attempt (one transaction) ended.
     enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
-    // A failure of record `index`; nobody when no record is to blame (a
-    // conflict at the claim or at COMMIT).
+    /// A failure of record `index`; nobody when no record is to blame (a
+    /// conflict at the claim or at COMMIT).
     struct Failure {
         std::size_t index = 0;
         std::string what;
@@ -260,18 +166,19 @@ private:
     };
     static constexpr std::size_t nobody = SIZE_MAX;
 
+    /// The records of a batch (a worker's are Worker::items) and its time budget.
     struct Batch {
         std::vector<Item>& items;
         Clock::time_point deadline;
     };
 
-    // What reject_reused() did: records dead-lettered or held for their dead letter.
+    /// What reject_reused() did: records dead-lettered or held for their dead letter.
     struct Reused {
         std::size_t rejected = 0;
         bool held = false; // a dead letter was not acknowledged: its partition is held there
     };
 
-    // One attempt's records and where it stands.
+    /// One attempt's records and where it stands.
     struct Attempt {
         std::vector<EventId> ids;                // to claim, in id order
         std::vector<std::int64_t> fingerprints;  // payload_fingerprint: of ids, in their order
@@ -282,7 +189,7 @@ private:
         std::size_t claimed_override = SIZE_MAX; // over the time budget: the claims that stay
     };
 
-    // What ended a transaction by an exception, so what attempt() does next.
+    /// What ended a transaction by an exception, so what attempt() does next.
     enum class Fault {
         abandoned,    // a forced stop or a revoke
         replaced,     // a handler ended the transaction and began another
@@ -293,35 +200,41 @@ private:
         lock_timeout, // waited for a lock longer than lock_timeout
         other,        // any other error: rolled back, again after a backoff
     };
+    /// A Fault and the error's text.
     struct Classified {
         Fault fault;
         std::string what;
     };
 
+private:
+    // Drives attempt() in tests/integration/test_claim_transaction.cpp.
+    friend struct ClaimTransactionProbe;
+
+    // The transaction's skeleton (claim_transaction.cpp).
     Outcome attempt(Worker& w, Batch& b, Failure& failure);
-    Attempt collect(const Worker& w, const Batch& b) const;
     Outcome transact(Worker& w, Batch& b, Attempt& a, Failure& failure);
-    std::optional<Outcome> call_each(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
-    void over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k, std::size_t handled);
-    std::optional<Outcome> call_gathered(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
     Outcome commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a);
-    static Classified classify(const std::exception_ptr& error, bool in_handler);
-    Outcome recover(const Classified& c, Worker& w, const Attempt& a, Failure& failure);
     pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                        const std::vector<std::int64_t>& fingerprints, const std::string& before = {});
-    Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
-                         const pg::ClaimedIds& claimed);
-    void handler_failed(Worker& w, Batch& b, const Failure& f);
-    void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
-    bool retryable(const std::exception& e) const;
-    template <class Call> bool call_handler(std::size_t blame, Failure& failure, Call&& call);
-    bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
+    // Handler calls (claim_handler_calls.cpp).
+    std::optional<Outcome> call_each(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
+    void over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k, std::size_t handled);
     std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
                           std::size_t k, const pg::ClaimedIds& claimed);
-    std::vector<OffsetStore::Position> positions_of(const Worker& w, const Batch& b,
-                                                    std::vector<std::pair<PartitionState*, std::int64_t>>* of) const;
+    std::optional<Outcome> call_gathered(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
+    template <class Call> bool call_handler(std::size_t blame, Failure& failure, Call&& call);
+    bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
+    // A record's failure: retries and the circuit breaker (claim_failures.cpp).
+    void handler_failed(Worker& w, Batch& b, const Failure& f);
+    void not_counted(Worker& w, Batch& b, const Failure& f, Circuit::Verdict verdict);
+    // What ended a transaction early (claim_faults.cpp).
+    Outcome recover(const Classified& c, Worker& w, const Attempt& a, Failure& failure);
     Outcome db_error(Worker& w, const std::string& what);
     void lost_connection(Worker& w, const char* why);
+    // Reused ids (claim_reuse.cpp).
+    Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
+                         const pg::ClaimedIds& claimed);
+    // The member lock (member_sessions.cpp).
     void frozen_member_ended(int pid, std::int64_t idle_ms, bool ended, std::chrono::milliseconds stale);
     void mark_member(Worker& w);
     void end_lost_session(Worker& w, const Backend& lost);
