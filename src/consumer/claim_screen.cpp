@@ -61,21 +61,7 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
             throw replaced_by_hook();
         tx.commit();
     } catch (const std::exception& e) {
-        const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
-        s_.metrics.handler_failures.add();
-        if (failures >= s_.cfg.max_attempts) {
-            say(s_.log, LogLevel::error, it.log_fields(e.what()), "reconcile hook failed on {} (attempt {} of {}): {}",
-                where, failures, s_.cfg.max_attempts, e.what());
-            it.poison(DeadLetterReason::beyond_dedup_horizon,
-                      fmt::format("reconcile hook failed {} times: {}", failures, e.what()));
-            return;
-        }
-        s_.metrics.retries.add();
-        say(s_.log, LogLevel::warning, it.log_fields(e.what()),
-            "reconcile hook failed on {} (attempt {} of {}): {}; the record comes again", where, failures,
-            s_.cfg.max_attempts, e.what());
-        it.retry_later = true;
-        it.retry_failures = failures;
+        reconcile_failed(it, where, e);
         return;
     }
     if (outcome == ReconcileOutcome::skip) {
@@ -87,6 +73,28 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
     } else {
         s_.metrics.horizon_processed.add();
     }
+}
+
+// The reconcile hook threw (or left its transaction unusable): a failure of
+// the record, retried before any transaction until max_attempts, then its
+// dead letter.
+void ClaimTransaction::reconcile_failed(Item& it, const std::string& where, const std::exception& e)
+{
+    const int failures = s_.ledger.count_failure(*it.part, it.record.offset);
+    s_.metrics.handler_failures.add();
+    if (failures >= s_.cfg.max_attempts) {
+        say(s_.log, LogLevel::error, it.log_fields(e.what()), "reconcile hook failed on {} (attempt {} of {}): {}",
+            where, failures, s_.cfg.max_attempts, e.what());
+        it.poison(DeadLetterReason::beyond_dedup_horizon,
+                  fmt::format("reconcile hook failed {} times: {}", failures, e.what()));
+        return;
+    }
+    s_.metrics.retries.add();
+    say(s_.log, LogLevel::warning, it.log_fields(e.what()),
+        "reconcile hook failed on {} (attempt {} of {}): {}; the record comes again", where, failures,
+        s_.cfg.max_attempts, e.what());
+    it.retry_later = true;
+    it.retry_failures = failures;
 }
 
 } // namespace idemkafka::detail

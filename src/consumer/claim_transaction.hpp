@@ -234,6 +234,8 @@ private:
     // Reused ids (claim_reuse.cpp).
     Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
                          const pg::ClaimedIds& claimed);
+    // Screening (claim_screen.cpp).
+    void reconcile_failed(Item& it, const std::string& where, const std::exception& e);
     // The member lock (member_sessions.cpp).
     void frozen_member_ended(int pid, std::int64_t idle_ms, bool ended, std::chrono::milliseconds stale);
     void mark_member(Worker& w);
