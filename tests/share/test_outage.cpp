@@ -53,6 +53,15 @@ bool settle(const Consumer& c, const std::string& table, int n, Runner<Consumer>
         50s);
 }
 
+// Runs until settled, stops, and rethrows what run() threw.
+void drain(const Consumer& c, const std::string& table, int n, Runner<Consumer>& runner)
+{
+    REQUIRE(settle(c, table, n, runner));
+    runner.join();
+    if (auto error = runner.error())
+        std::rethrow_exception(error);
+}
+
 // The test database refuses connections and every session of the consumer
 // on it is ended, until lifted: PostgreSQL away, as a restart or a failover
 // shows it to a client. The test keeps one session of its own to lift it.
@@ -116,10 +125,7 @@ TEST_CASE("share: PostgreSQL away for a few seconds spends no deliveries: exact 
         DatabaseAway away;
         std::this_thread::sleep_for(6s); // the outage itself: what it lasts is the test's subject
     }
-    REQUIRE(settle(c, table, n, runner));
-    runner.join();
-    if (auto error = runner.error())
-        std::rethrow_exception(error);
+    drain(c, table, n, runner);
     check_exact(c, table, n);
     CHECK(c.share_metrics().outages.get() >= 1);
     CHECK(c.share_metrics().acquisition_pauses.get() >= 1);
@@ -160,10 +166,7 @@ TEST_CASE("share: a downstream outage of a few seconds over every key: exact eff
         insert_effect(tx, table, e, ctx);
     });
     Runner<Consumer> runner(c);
-    REQUIRE(settle(c, table, n, runner));
-    runner.join();
-    if (auto error = runner.error())
-        std::rethrow_exception(error);
+    drain(c, table, n, runner);
     CHECK(failed_calls.load() > 0);
     check_exact(c, table, n);
     CHECK(c.metrics().snapshot().circuit_opened >= 1);
@@ -191,10 +194,7 @@ TEST_CASE("share: records given back past the batch budget are tried before they
         insert_effect(tx, table, e, ctx);
     });
     Runner<Consumer> runner(c);
-    REQUIRE(settle(c, table, n, runner));
-    runner.join();
-    if (auto error = runner.error())
-        std::rethrow_exception(error);
+    drain(c, table, n, runner);
     CHECK(c.share_metrics().budget_given_back.get() > 0);
     check_exact(c, table, n);
 }
