@@ -470,8 +470,7 @@ void create_claims_table(pqxx::connection& conn, const std::string& schema, cons
     migrate_schema(conn, spec);
 }
 
-Tables prepare_tables(const std::string& conninfo, const std::string& schema, const std::string& mode,
-                      const ClaimsLayout& layout)
+Tables table_names(const std::string& schema, const std::string& mode, const ClaimsLayout& layout)
 {
     Tables t;
     t.schema = schema;
@@ -489,7 +488,14 @@ Tables prepare_tables(const std::string& conninfo, const std::string& schema, co
                                           t.effect_q);
     if (prefilled)
         t.claims_of_run = fmt::format("event_id >= '{}'::uuid", layout.run_ids_from.to_string());
+    return t;
+}
 
+Tables prepare_tables(const std::string& conninfo, const std::string& schema, const std::string& mode,
+                      const ClaimsLayout& layout)
+{
+    const Tables t = table_names(schema, mode, layout);
+    const bool prefilled = !layout.prefilled_table.empty();
     pqxx::connection conn(conninfo);
     if (!prefilled)
         create_claims_table(conn, schema, t.claims, layout.mode);

@@ -214,6 +214,11 @@ struct ClaimsLayout {
     EventId run_ids_from;
 };
 
+/// The names and statements of the tables of `mode` (what prepare_tables()
+/// returns), without touching the database: for a child process running the
+/// consumer of a run whose tables the bench prepared.
+Tables table_names(const std::string& schema, const std::string& mode, const ClaimsLayout& layout);
+
 /// Creates (if missing) and empties the tables of `mode`, then checkpoints, so
 /// every run starts from empty tables (or from the prefill alone) and no
 /// checkpoint of an earlier run's WAL lands inside it.

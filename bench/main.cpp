@@ -162,12 +162,16 @@ services and runs this; by hand, point it at your own:
                          -XX:+UseG1GC")
   --spring-concurrency N listener containers of the peer (default: the topic's
                          partitions)
-  --spring-kill N        kill -9 run: spring_per_record_kill9,
-                         spring_per_record_manual_kill9 and spring_batch_kill9
-                         (joining the default modes), the peer SIGKILLed N times at random
+  --kill N               kill -9 run (joining the default modes):
+                         idemkafka_per_event_kill9 and idemkafka_batch_kill9 (the
+                         library's consumer in a child process) and, with the
+                         Spring peer, spring_per_record_kill9,
+                         spring_per_record_manual_kill9 and spring_batch_kill9;
+                         the consumer's process SIGKILLed N times at random
                          moments and restarted, then run until idle; reports
-                         doubled and missing charges (not a failure: what the
-                         pattern gives)
+                         doubled and missing charges (for the peer not a failure:
+                         what the pattern gives; for the library a failure)
+  --spring-kill N        the same as --kill N
   --out PATH             JSON report (default bench/results/latest.json)
   --keep                 keep the bench schema in PostgreSQL afterwards
   --verbose              library and librdkafka info logs on stderr
@@ -211,7 +215,7 @@ struct Options {
     std::string spring_jar;
     std::string spring_java_opts = "-Xms256m -Xmx512m -XX:+UseG1GC";
     int spring_concurrency = 0;
-    int spring_kills = 0;
+    int kills = 0; ///< --kill / --spring-kill
 };
 
 [[noreturn]] void fail_usage(const std::string& why)
@@ -343,8 +347,10 @@ Options parse_options(int argc, char** argv)
             o.spring_java_opts = value();
         } else if (arg == "--spring-concurrency") {
             o.spring_concurrency = parse_list<int>(arg, value()).front();
-        } else if (arg == "--spring-kill") {
-            o.spring_kills = parse_list<int>(arg, value()).front();
+        } else if (arg == "--kill" || arg == "--spring-kill") {
+            o.kills = parse_list<int>(arg, value()).front();
+            if (o.kills < 0)
+                fail_usage(arg + ": at least 0");
         } else if (arg == "--out") {
             o.out = value();
         } else if (arg == "--plot-data") {
@@ -392,7 +398,7 @@ struct ModeSpec {
     bool fetch_order = false;  // floors: records in the order a consumer receives them
     std::string spring_mode{}; // spring: the peer's listener
     std::string spring_ack{};  // spring: the container's AckMode
-    bool kill9 = false;        // spring: the kill -9 run (--spring-kill)
+    bool kill9 = false;        // the kill -9 run (--kill)
     bool named_only = false;   // runs only when named in --modes
 };
 
@@ -456,6 +462,17 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     all.push_back(library_batch);
     const ModeSpec spring_batch = spring_mode("spring_batch", false, "batch", "MANUAL");
     all.push_back(spring_batch);
+    // The kill -9 run (--kill): the library's consumer in a child process,
+    // beside the peer's listeners under the same kill loop.
+    ModeSpec per_event_killed = all[5];
+    per_event_killed.name += "_kill9";
+    per_event_killed.kill9 = true;
+    per_event_killed.slow = false;
+    all.push_back(per_event_killed);
+    ModeSpec batch_killed = library_batch;
+    batch_killed.name += "_kill9";
+    batch_killed.kill9 = true;
+    all.push_back(batch_killed);
     for (ModeSpec killed : {spring_per_record, spring_per_record_manual, spring_batch}) {
         killed.name += "_kill9";
         killed.kill9 = true;
@@ -532,7 +549,7 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         else if (m.prefilled)
             wanted = o.prefill > 0;
         else if (m.kill9)
-            wanted = o.spring_kills > 0;
+            wanted = o.kills > 0;
         else
             wanted = o.full || in_default_set(m);
         if (wanted && m.kind == Kind::spring && !spring_runs_here(o, m))
@@ -605,15 +622,15 @@ void set_mode(Job& job, const ModeSpec& s)
     job.spring_ack_mode = s.spring_ack;
 }
 
-// The Spring peer's run: its containers (default: one per partition of the
-// topic) and, for a kill -9 mode, the kills.
+// For a kill -9 mode, the kills; for the Spring peer, its containers
+// (default: one per partition of the topic).
 void set_spring(Job& job, const ModeSpec& s, const Options& o, int partitions)
 {
+    job.kills = s.kill9 ? o.kills : 0;
+    job.kill_seed = static_cast<std::uint64_t>(job.serial) * 7919 + 17;
     if (s.kind != Kind::spring)
         return;
     job.spring_concurrency = o.spring_concurrency > 0 ? o.spring_concurrency : partitions;
-    job.spring_kills = s.kill9 ? o.spring_kills : 0;
-    job.spring_kill_seed = static_cast<std::uint64_t>(job.serial) * 7919 + 17;
 }
 
 // A mode that needs the run's topic: the Kafka modes, and the floor that
@@ -654,7 +671,7 @@ SpringPeer spring_peer(const Options& o, Report& report)
                                   {"jdbc_url", p.jdbc_url},
                                   {"concurrency", o.spring_concurrency > 0 ? fmt::format("{}", o.spring_concurrency)
                                                                            : std::string("partitions of the topic")},
-                                  {"kills", o.spring_kills}};
+                                  {"kills", o.kills}};
     return p;
 }
 
@@ -891,8 +908,10 @@ int run(const Options& o)
             if (!o.paced_every_dup && &data != &datasets.front())
                 break;
             for (const auto& s : specs) {
-                if (s.mixed || s.fetch_order || !runs_at(s, data.dup_percent()))
-                    continue; // mixed: their latency is the handler's time; the fetch order is a drain's
+                // mixed: their latency is the handler's time; the fetch order
+                // is a drain's; a kill -9 run measures no latency.
+                if (s.mixed || s.fetch_order || s.kill9 || !runs_at(s, data.dup_percent()))
+                    continue;
                 Job job;
                 set_mode(job, s);
                 job.data = &data;
@@ -974,6 +993,8 @@ int run(const Options& o)
 
 int main(int argc, char** argv)
 try {
+    if (argc > 1 && std::string(argv[1]) == "--child-consumer")
+        return ik::bench::run_child_consumer(argc - 2, argv + 2);
     const Options o = parse_options(argc, argv);
     if (!o.plot_data.empty()) {
         write_plot_data(std::cout, o.plot_data);

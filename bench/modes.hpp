@@ -90,10 +90,12 @@ struct Job {
     std::string spring_mode;
     std::string spring_ack_mode;
     int spring_concurrency = 1;
-    /// spring: SIGKILL the peer this many times at random moments, restarting
-    /// it each time, then run it until idle (the kill -9 run); 0: one clean run.
-    int spring_kills = 0;
-    std::uint64_t spring_kill_seed = 1;
+    /// The kill -9 run (spring, idemkafka): SIGKILL the consumer's process (the
+    /// peer's JVM, or a child running the library's consumer) this many times
+    /// at random moments, restarting it each time, then run it until idle;
+    /// 0: one clean run in the usual way.
+    int kills = 0;
+    std::uint64_t kill_seed = 1;
 };
 
 struct Result {
@@ -127,6 +129,10 @@ struct Result {
     double lag_spread_mean = -1;
     std::size_t lag_spread_samples = 0;
     std::size_t partitions = 0;      ///< partitions of the topic drained (Kafka modes)
+    /// The kill -9 run (Job::kills): effect rows beyond one per event, and
+    /// events without one, counted after the last incarnation; -1 otherwise.
+    std::int64_t kill_doubled = -1;
+    std::int64_t kill_missing = -1;
     std::vector<std::string> notes;  ///< measurement caveats (not failures)
     std::vector<std::string> errors; ///< lost or doubled records, failures
     bool ok() const { return errors.empty(); }
@@ -177,6 +183,13 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st);
 void run_idemkafka(const RunEnv& env, const Job& job, RunState& st);
 void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st);
 void run_spring(const RunEnv& env, const Job& job, RunState& st);
+/// The library's kill -9 run: run_child_consumer in a child process,
+/// SIGKILLed job.kills times and restarted (run_kill9).
+void run_idemkafka_kill9(const RunEnv& env, const Job& job, RunState& st);
+/// `idemkafka-bench --child-consumer ...` (argv after that flag): runs the
+/// consumer of one idemkafka mode until killed or idle, printing ASSIGNED and
+/// PROGRESS lines on stdout; the process's exit status.
+int run_child_consumer(int argc, char** argv);
 
 /// What a mode hands back to run_job; shared so the modes stay short.
 struct RunState {

@@ -84,10 +84,27 @@ ordered_json run_json(const Result& r)
                            {"max", round_to(r.lag_spread_max, 0)},
                            {"mean", round_to(r.lag_spread_mean, 0)},
                            {"samples", r.lag_spread_samples}};
+    if (r.kill_doubled >= 0)
+        j["kill9"] = {{"doubled", r.kill_doubled}, {"missing", r.kill_missing}};
     j["ok"] = r.ok();
     j["errors"] = r.errors;
     j["notes"] = r.notes;
     return j;
+}
+
+// The kill -9 runs side by side: charges doubled and missing per mode.
+void print_kill9(std::ostream& out, const Report& report)
+{
+    if (std::none_of(report.runs.begin(), report.runs.end(), [](const Result& r) { return r.kill_doubled >= 0; }))
+        return;
+    out << "\nkill -9: the consumer's process SIGKILLed at random moments and restarted, then run until idle; "
+           "charges (effect rows) against distinct events\n";
+    out << fmt::format("{:<32} {:>4} {:>8} {:>8} {:>8} {:>8}  {}\n", "mode", "dup%", "events", "unique", "doubled",
+                       "missing", "status");
+    for (const auto& r : report.runs)
+        if (r.kill_doubled >= 0)
+            out << fmt::format("{:<32} {:>4} {:>8} {:>8} {:>8} {:>8}  {}\n", r.mode, r.dup_percent, r.events,
+                               r.unique, r.kill_doubled, r.kill_missing, r.ok() ? "ok" : "ERROR: " + r.errors.front());
 }
 
 // The OK drain run of `mode` at `dup` and `events` (in `round`, or the
@@ -533,6 +550,8 @@ void print_tables(std::ostream& out, const Report& report, const ordered_json& s
                                    r.events, r.partitions ? r.events / r.partitions : 0, r.lag_spread_max,
                                    r.lag_spread_mean, r.lag_spread_samples);
     }
+
+    print_kill9(out, report);
 
     if (!report.paced.empty()) {
         out << fmt::format("\nlatency: produce timestamp -> effect committed, records produced during the run at "
