@@ -154,14 +154,20 @@ void run_kill9(const RunEnv& env, const Job& job, RunState& st, const std::strin
     std::uniform_int_distribution<int> delay_ms(100, 2500);
     st.first_taken_us = steady_us();
     st.ready();
-    for (int k = 0; k < job.kills; ++k)
-        incarnation(start, std::chrono::milliseconds(delay_ms(rng)));
+    // Records each incarnation reported processed before it was killed or went
+    // idle: shows whether the kills landed while records were being processed.
+    // A kill once the group has committed every record would test nothing:
+    // the kills stop there, and the note says how many there were.
+    const auto high = watermarks(env.services, job.topic).high_sum;
+    std::string seen;
+    int kills = 0;
+    for (; kills < job.kills && committed_sum(env.services, job.topic, group) < high; ++kills)
+        seen += fmt::format("{}{}", kills ? ", " : "", incarnation(start, std::chrono::milliseconds(delay_ms(rng))));
     // Until idle with every record's offset committed: a run that went idle in
     // a rebalance goes again, so what is missing was acknowledged, not unread.
-    const auto high = watermarks(env.services, job.topic).high_sum;
     std::int64_t unread = 0;
     for (int tries = 0; tries < 3; ++tries) {
-        incarnation(start, std::chrono::milliseconds(0));
+        seen += fmt::format("{}{}", seen.empty() ? "" : ", ", incarnation(start, std::chrono::milliseconds(0)));
         unread = high - committed_sum(env.services, job.topic, group);
         if (unread <= 0)
             break;
@@ -174,8 +180,14 @@ void run_kill9(const RunEnv& env, const Job& job, RunState& st, const std::strin
     if (unread > 0)
         throw std::runtime_error(
             fmt::format("{} left {} records of {} uncommitted (log {})", what, unread, job.topic, log));
-    st.result.notes.push_back(fmt::format("{} SIGKILLs of {}, then runs until idle with every offset committed{}",
-                                          job.kills, what, quiet ? "" : "; log " + log));
+    st.result.notes.push_back(fmt::format("{} SIGKILLs of {}{}, then runs until idle with every offset committed "
+                                          "(records processed per incarnation: {}){}",
+                                          kills, what,
+                                          kills < job.kills
+                                              ? fmt::format(" ({} asked: its group had committed every record)",
+                                                            job.kills)
+                                              : "",
+                                          seen, quiet ? "" : "; log " + log));
 }
 
 } // namespace idemkafka::bench

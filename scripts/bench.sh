@@ -27,9 +27,10 @@
 #       --modes idemkafka_per_event,spring_per_record,spring_per_record_manual,idemkafka_batch,spring_batch
 #                                         the library beside the Spring Kafka peer (bench/peers/spring)
 #                                         on a real Apache Kafka broker (scripts/kafka.sh)
-#   scripts/bench.sh --kafka real --events 20000 --dups 30 --partitions 4 --spring-kill 8 \
-#       --modes spring_per_record_kill9,spring_batch_kill9 --latency-seconds 0
-#                                         the peer SIGKILLed 8 times at random moments, restarted
+#   scripts/bench.sh --kafka real --events 20000 --dups 30 --partitions 4 --kill 8 \
+#       --modes idemkafka_batch_kill9,spring_per_record_kill9,spring_batch_kill9 --latency-seconds 0
+#                                         the library's consumer (a child process) and the peer
+#                                         SIGKILLed 8 times at random moments, restarted
 #
 # --kafka real|mock (default mock): the broker. real starts Apache Kafka 4.3.1 (KRaft) from
 # Maven-resolved jars; the Spring modes need it. With a real broker and Java 17 + Maven, the
