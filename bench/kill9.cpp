@@ -180,14 +180,12 @@ void run_kill9(const RunEnv& env, const Job& job, RunState& st, const std::strin
     if (unread > 0)
         throw std::runtime_error(
             fmt::format("{} left {} records of {} uncommitted (log {})", what, unread, job.topic, log));
-    st.result.notes.push_back(fmt::format("{} SIGKILLs of {}{}, then runs until idle with every offset committed "
-                                          "(records processed per incarnation: {}){}",
-                                          kills, what,
-                                          kills < job.kills
-                                              ? fmt::format(" ({} asked: its group had committed every record)",
-                                                            job.kills)
-                                              : "",
-                                          seen, quiet ? "" : "; log " + log));
+    st.result.notes.push_back(fmt::format(
+        "{} SIGKILLs of {}{}, then runs until idle with every offset committed "
+        "(records processed per incarnation: {}){}",
+        kills, what,
+        kills < job.kills ? fmt::format(" ({} asked: its group had committed every record)", job.kills) : "", seen,
+        quiet ? "" : "; log " + log));
 }
 
 } // namespace idemkafka::bench

@@ -128,7 +128,7 @@ struct Result {
     double lag_spread_max = -1;
     double lag_spread_mean = -1;
     std::size_t lag_spread_samples = 0;
-    std::size_t partitions = 0;      ///< partitions of the topic drained (Kafka modes)
+    std::size_t partitions = 0; ///< partitions of the topic drained (Kafka modes)
     /// The kill -9 run (Job::kills): effect rows beyond one per event, and
     /// events without one, counted after the last incarnation; -1 otherwise.
     std::int64_t kill_doubled = -1;

@@ -10,9 +10,9 @@
 #include <exception>
 #include <filesystem>
 #include <map>
-#include <stdexcept>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include <unistd.h>
@@ -68,13 +68,11 @@ public:
         auto decode = [this](std::string_view payload) { return decode_event(payload); };
         auto event_id = [](const BenchEvent& e) { return e.d.id; };
         if (job.batch_handler)
-            holder_.emplace(cfg, decode, event_id, [this](pqxx::work& tx, const Batch<BenchEvent>& batch) {
-                handle_batch(tx, batch);
-            });
+            holder_.emplace(cfg, decode, event_id,
+                            [this](pqxx::work& tx, const Batch<BenchEvent>& batch) { handle_batch(tx, batch); });
         else
-            holder_.emplace(cfg, decode, event_id, [this](pqxx::work& tx, const BenchEvent& e, const Context& ctx) {
-                handle(tx, e, ctx);
-            });
+            holder_.emplace(cfg, decode, event_id,
+                            [this](pqxx::work& tx, const BenchEvent& e, const Context& ctx) { handle(tx, e, ctx); });
     }
     LibraryConsumer(const LibraryConsumer&) = delete;
     LibraryConsumer& operator=(const LibraryConsumer&) = delete;
@@ -348,10 +346,10 @@ ChildSetup parse_child_args(int argc, char** argv)
             throw std::invalid_argument("--child-consumer: '" + arg + "' is not key=value");
         const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
         const std::map<std::string, std::string*> text = {{"brokers", &c.env.services.brokers},
-                                                           {"postgres", &c.env.services.postgres},
-                                                           {"schema", &c.env.schema},
-                                                           {"mode", &c.job.mode},
-                                                           {"topic", &c.job.topic}};
+                                                          {"postgres", &c.env.services.postgres},
+                                                          {"schema", &c.env.schema},
+                                                          {"mode", &c.job.mode},
+                                                          {"topic", &c.job.topic}};
         if (auto t = text.find(key); t != text.end())
             *t->second = value;
         else if (key == "serial")
@@ -435,9 +433,8 @@ void run_idemkafka_kill9(const RunEnv& env, const Job& job, RunState& st)
     const std::string dir =
         env.spring.work_dir.empty() ? std::filesystem::temp_directory_path().string() : env.spring.work_dir;
     const std::string log = fmt::format("{}/{}-{}-{}.log", dir, job.mode, job.serial, getpid());
-    run_kill9(env, job, st, "the library's consumer", group, log, [&](std::chrono::milliseconds idle_exit) {
-        return spawn_child(child_args(env, job, idle_exit), log);
-    });
+    run_kill9(env, job, st, "the library's consumer", group, log,
+              [&](std::chrono::milliseconds idle_exit) { return spawn_child(child_args(env, job, idle_exit), log); });
 }
 
 } // namespace idemkafka::bench

@@ -103,8 +103,8 @@ void print_kill9(std::ostream& out, const Report& report)
                        "missing", "status");
     for (const auto& r : report.runs)
         if (r.kill_doubled >= 0)
-            out << fmt::format("{:<32} {:>4} {:>8} {:>8} {:>8} {:>8}  {}\n", r.mode, r.dup_percent, r.events,
-                               r.unique, r.kill_doubled, r.kill_missing, r.ok() ? "ok" : "ERROR: " + r.errors.front());
+            out << fmt::format("{:<32} {:>4} {:>8} {:>8} {:>8} {:>8}  {}\n", r.mode, r.dup_percent, r.events, r.unique,
+                               r.kill_doubled, r.kill_missing, r.ok() ? "ok" : "ERROR: " + r.errors.front());
 }
 
 // The OK drain run of `mode` at `dup` and `events` (in `round`, or the
