@@ -225,8 +225,8 @@ std::optional<std::chrono::milliseconds> Maintenance::register_group(pqxx::conne
         return earlier;
     } catch (const pqxx::insufficient_privilege& e) {
         throw ConfigError(fmt::format("registering group {}'s retention in {} needs SELECT, INSERT and UPDATE on "
-                                        "it (see Least privilege in docs): {}",
-                                        consumer_group, registry_of(store_), e.what()));
+                                      "it (see Least privilege in docs): {}",
+                                      consumer_group, registry_of(store_), e.what()));
     } catch (...) {
         rethrow_as_database_error("retention registry");
     }
