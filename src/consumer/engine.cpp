@@ -2,10 +2,10 @@
 // work from the poll thread to free workers, with no barrier between them.
 //
 // A record's path, in order:
-//  1. run() -> fill_batch(): kafka::GroupMember::poll() returns it; the
+//  1. run() -> fill_room(): kafka::GroupMember::poll() returns it; the
 //     PartitionLedger admits it (records fetched before a rewind are stale)
 //     and takes it: until its outcome is merged the committed position stays
-//     at or before it. It waits in `batch`, the waiting room.
+//     at or before it. It waits in the WaitingRoom.
 //  2. dispatch(): a free worker takes the next unit: waiting records whose
 //     lane (their partition; with Ordering::key, their key in it) is in no
 //     busy unit, in poll order, up to unit_cap. Records behind a busy lane
@@ -22,7 +22,7 @@
 //     and the ledger moves the position past every finished record. With
 //     Ordering::key a failed record parks only its key: its records wait in
 //     Parking, the partition's other keys go on, and the position stays at
-//     the first parked record; when the backoff is over fill_batch() takes
+//     the first parked record; when the backoff is over fill_room() takes
 //     them again.
 //  6. flush_commits(): the ledger's moved positions go to Kafka as an offset
 //     commit (kafka::GroupMember::commit); a failed commit is sent again.
@@ -67,11 +67,11 @@ Engine::Impl::~Impl()
     // safe). The close below serves the last revoke, which must find every
     // worker idle and no unit left to merge.
     abandon_units();
-    batch.clear();
+    room.clear();
     if (kafka) {
         // Leave the group without committing anything, as a crash would
         // (but without the session timeout).
-        no_commit = true;
+        fault.stop_commits();
         kafka->close(cfg.shutdown_timeout);
     }
 }
@@ -82,79 +82,56 @@ void Engine::Impl::abandon_units() noexcept
         return;
     pool->wait_all();
     (void)pool->take_done(); // ended: what they did is not merged
-    for (std::size_t n = 0; n < units.size(); ++n) {
-        if (!busy[n])
+    for (std::size_t n = 0; n < dispatcher.workers(); ++n) {
+        if (!dispatcher.busy(n))
             continue;
         if (kafka)
             release_lanes(n);
-        units[n].clear();
-        workers[n].revoked = false;
-        busy[n] = false;
+        free_worker(n);
     }
-    busy_units = 0;
-    unit_finished = false;
-    retire_waits.clear();
+    wake.clear();
     ledger.release_retired(); // the states of partitions revoked while the units ran
-}
-
-bool Engine::Impl::forced() noexcept
-{
-    const int stops = stop_requests.load();
-    if (stops >= 2)
-        return true;
-    if (stops == 0)
-        return false;
-    const auto now = Clock::now().time_since_epoch().count();
-    Clock::rep seen = 0;
-    stop_seen.compare_exchange_strong(seen, now);
-    seen = stop_seen.load();
-    return Clock::duration(now - seen) >= cfg.shutdown_timeout;
 }
 
 void Engine::Impl::flush_commits()
 {
     const auto now = Clock::now();
-    next_commit_at = now + cfg.commit_interval;
+    pacer.attempted(now);
     // The group is rebalancing (GroupMember::commits_held()): the positions
     // stay in the ledger for the first commit after it.
     if (kafka->commits_held())
         return;
     kafka->commit(ledger.take_commits(nullptr), true, sync_commit_bound);
-    if (uncommitted_since)
-        metrics.commit_delay_seconds.observe(std::chrono::duration<double>(now - *uncommitted_since).count());
-    uncommitted_since.reset();
+    if (const auto waited = pacer.sent(now))
+        metrics.commit_delay_seconds.observe(waited->count());
 }
 
 void Engine::Impl::housekeeping()
 {
     const auto now = Clock::now();
     watch_calls(now);
-    const bool tick = now >= next_lag_update;
+    const bool tick = pacer.tick(now);
     if (tick) {
         metrics.loop_heartbeat_unix_ms.set(
             std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
         update_lag(ledger, *kafka, metrics);
         watch_fetch_stalls(ledger, *kafka, metrics, log, cfg.fetch_stall_after);
-        if (maintenance)
-            metrics.expired_partitions_kept.set(static_cast<std::int64_t>(maintenance->expired_partitions_kept()));
-        next_lag_update = now + milliseconds(200);
+        if (const auto kept = sidecars.expired_partitions_kept())
+            metrics.expired_partitions_kept.set(static_cast<std::int64_t>(*kept));
     }
     // Each tick also resends failed commits of an idle partition.
-    if (now >= next_commit_at && (tick || uncommitted_since))
+    if (pacer.due(now, tick))
         flush_commits();
     const auto due = ledger.due(now);
     for (auto* ps : due.seek)
         seek(*ps);
-    if (!db_pause && !circuit_pause)
+    if (!db.closed() && !circuit.paused())
         for (auto* ps : due.resume)
             kafka->pause(ps->tp, false);
 }
 
-void Engine::Impl::fill_batch()
+void Engine::Impl::fill_room()
 {
-    fill_bytes = 0;
-    for (const auto& it : batch)
-        fill_bytes += it.bytes();
     // Ordering::partition: once a busy partition has a unit's worth waiting,
     // its later records stay in the Kafka adapter's hands until its unit is
     // merged, so they do not fill the waiting room ahead of records that
@@ -162,34 +139,29 @@ void Engine::Impl::fill_batch()
     // the waiting room holds a unit's worth (no partition has one before).
     std::map<const PartitionState*, std::size_t> waiting_of;
     take_parked();
-    while (batch.size() < batch_limit && fill_bytes < cfg.max_batch_bytes) {
+    while (!room.full()) {
         // A unit ended: merge it (and hand its worker the next one) first.
-        // `polling` is set before the check: a worker ending from here on
-        // sees it and wakes the poll below.
-        polling = true;
-        if (unit_finished.load()) {
-            polling = false;
+        // A worker ending from here on wakes the poll below.
+        if (!wake.begin_poll())
             return;
-        }
         // A free worker and records it may take: take what librdkafka holds
         // already, without waiting, then hand it out.
         milliseconds timeout = idle_poll;
         if (dispatch_due())
             timeout = milliseconds(0);
-        else if (dispatch_dirty && !batch.empty())
-            timeout =
-                std::min(idle_poll, std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
-                                                                  waiting_since + cfg.max_batch_wait - Clock::now())));
+        else if (dispatcher.dirty() && !room.empty())
+            timeout = std::min(
+                idle_poll, std::max(milliseconds(0),
+                                    std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
-        polling = false;
-        last_polled = Clock::now();
-        if (deferred_error)
-            std::rethrow_exception(std::exchange(deferred_error, nullptr));
+        wake.end_poll();
+        keepalive.polled(Clock::now());
+        fault.rethrow();
         if (!m)
             return;
         if (m->err) {
             kafka->consumer_error(*m);
-            if (batch.empty())
+            if (room.empty())
                 return;
             continue;
         }
@@ -197,13 +169,13 @@ void Engine::Impl::fill_batch()
         if (ps && cfg.ordering == Ordering::partition) {
             if (!waiting_of.empty())
                 ++waiting_of[ps];
-            else if (ps->unit != 0 && batch.size() >= unit_cap)
-                for (const auto& it : batch)
+            else if (ps->unit != 0 && room.size() >= dispatcher.unit_cap())
+                for (const auto& it : room)
                     ++waiting_of[it.part];
-            if (ps->unit != 0 && !waiting_of.empty() && waiting_of[ps] >= unit_cap)
+            if (ps->unit != 0 && !waiting_of.empty() && waiting_of[ps] >= dispatcher.unit_cap())
                 kafka->defer(ps->tp, true);
         }
-        if (stop_requests.load())
+        if (stop.requested())
             return;
     }
 }
@@ -212,20 +184,16 @@ void Engine::Impl::take_parked()
 {
     // Parked keys whose backoff is over run first, in their order (not
     // while PostgreSQL is away: they would only be rewound).
-    if (parking.empty() || db_pause)
+    if (parking.empty() || db.closed())
         return;
-    const auto before = batch.size();
-    parking.take_due(Clock::now(), batch);
-    if (batch.size() == before)
+    const auto now = Clock::now();
+    const auto first = room.add_from([&](std::vector<Item>& records) { parking.take_due(now, records); }, now);
+    if (room.size() == first)
         return;
-    for (auto i = before; i < batch.size(); ++i) {
-        fill_bytes += batch[i].bytes();
+    for (auto i = first; i < room.size(); ++i)
         if (decode_ahead())
-            decode(batch[i]);
-    }
-    if (before == 0)
-        waiting_since = Clock::now();
-    dispatch_dirty = true;
+            decode(room[i]);
+    dispatcher.changed();
     count_parked();
 }
 
@@ -248,29 +216,18 @@ PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
         count_parked();
         return nullptr;
     }
-    fill_bytes += it.bytes();
-    if (batch.empty())
-        waiting_since = Clock::now();
-    batch.push_back(std::move(it));
+    auto& waiting = room.add(std::move(it), Clock::now());
     if (decode_ahead())
-        decode(batch.back()); // while the workers run
-    dispatch_dirty = true;
+        decode(waiting); // while the workers run
+    dispatcher.changed();
     return ps;
 }
 
 void Engine::Impl::count_in_flight()
 {
-    std::int64_t bytes = static_cast<std::int64_t>(parking.bytes());
-    std::size_t records = batch.size() + parking.records();
-    for (const auto& it : batch)
-        bytes += static_cast<std::int64_t>(it.bytes());
-    for (const auto& unit : units) {
-        records += unit.size();
-        for (const auto& it : unit)
-            bytes += static_cast<std::int64_t>(it.bytes());
-    }
-    metrics.in_flight_records.set(static_cast<std::int64_t>(records));
-    metrics.in_flight_bytes.set(bytes);
+    const auto [unit_records, unit_bytes] = dispatcher.in_units();
+    metrics.in_flight_records.set(static_cast<std::int64_t>(room.size() + parking.records() + unit_records));
+    metrics.in_flight_bytes.set(static_cast<std::int64_t>(room.bytes() + parking.bytes() + unit_bytes));
     count_parked();
 }
 
@@ -282,7 +239,7 @@ void Engine::Impl::count_parked()
 
 void Engine::Impl::merge_finished()
 {
-    unit_finished = false; // a unit ending from here on sets it again
+    wake.clear(); // a unit ending from here on is seen again
     for (auto n : pool->take_done())
         merge_unit(n);
 }
@@ -290,7 +247,7 @@ void Engine::Impl::merge_finished()
 void Engine::Impl::drain()
 {
     merge_finished();
-    while (busy_units > 0) {
+    while (dispatcher.busy_units() > 0) {
         await_unit();
         merge_finished();
     }
@@ -298,35 +255,22 @@ void Engine::Impl::drain()
 
 void Engine::Impl::merge_unit(std::size_t n)
 {
-    auto& unit = units[n];
-    // However the merge ends, the worker is free; the states of partitions
-    // revoked while it ran go once no unit needs them.
+    auto& unit = dispatcher.unit(n);
+    // However the merge ends, the worker is free, its lanes before the
+    // holds: a parked key's records may run again at once.
     struct Release {
         Impl& self;
         std::size_t n;
-        ~Release()
-        {
-            self.units[n].clear();
-            self.workers[n].revoked = false;
-            self.busy[n] = false;
-            --self.busy_units;
-            self.dispatch_dirty = true;
-            self.worker_freed = true;
-            self.retire_waits.erase(n);
-            if (self.retire_waits.empty())
-                self.ledger.release_retired();
-        }
+        ~Release() { self.free_worker(n); }
     } release{*this, n};
-    release_lanes(n); // before the holds: a parked key's records may run again at once
+    release_lanes(n);
 
     const Merged merged = merge_worker(n);
     const Holds& holds = merged.holds;
     apply_holds(holds);
     pause_fenced();
     if (!holds.empty())
-        batch.erase(std::remove_if(batch.begin(), batch.end(),
-                                   [&](const Item& it) { return holds.covers(it.part, it.record.offset); }),
-                    batch.end());
+        room.drop_if([&](const Item& it) { return holds.covers(it.part, it.record.offset); });
     park_keys(holds);
     if (merged.failed && !forced())
         db_hold();
@@ -341,16 +285,16 @@ void Engine::Impl::merge_unit(std::size_t n)
         committed(merged.info);
     if (!store_positions(complete_unit(unit, holds), n))
         return; // not stored: Kafka must not get ahead of the database either
-    if (merged.info.records && !uncommitted_since)
-        uncommitted_since = committed_at;
-    if (committed_at >= next_commit_at)
+    if (merged.info.records)
+        pacer.db_committed(committed_at);
+    if (pacer.due_after_merge(committed_at))
         flush_commits();
 }
 
 Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
 {
     auto& w = workers[n];
-    const auto& unit = units[n];
+    const auto& unit = dispatcher.unit(n);
     Merged m;
     // A rewind that overtook records of the unit while it ran (another
     // unit's hold, with Ordering::key) dropped them from there on: the
@@ -398,8 +342,8 @@ void Engine::Impl::committed(const BatchInfo& info)
     metrics.duplicates.add(info.duplicates);
     if (cfg.hooks.after_db_commit)
         cfg.hooks.after_db_commit(info); // may throw: then nothing after it happens
-    if (outbox_relay && info.claimed)
-        outbox_relay->wake(); // handlers may have enqueued: publish now, not at the next poll
+    if (info.claimed)
+        sidecars.wake_relay(); // handlers may have enqueued
 }
 
 std::set<PartitionState*> Engine::Impl::complete_unit(std::vector<Item>& unit, const Holds& holds)
@@ -451,91 +395,66 @@ bool Engine::Impl::store_positions(std::set<PartitionState*> moved, std::size_t 
     return stored == StoredPositions::Stored::yes;
 }
 
-void Engine::Impl::rewind_batch()
+void Engine::Impl::rewind_room()
 {
     Holds holds;
-    for (const auto& it : batch)
+    for (const auto& it : room)
         holds.add(it.part, it.record.offset, 0);
     apply_holds(holds);
-    batch.clear();
+    room.clear();
     count_in_flight();
 }
 
 void Engine::Impl::start()
 {
     workers = std::vector<Worker>(cfg.workers);
-    // A hand-over per record costs two thread wake-ups, more than the
-    // overlap saves: max_batch = 1 runs one record after the other.
-    pipelined = cfg.pipeline && cfg.max_batch > 1;
-    // max_batch spread over the workers: a unit is a worker's share of a
-    // full waiting room, each worker with Stage slots of its own.
-    unit_cap = std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers);
     // With several workers the waiting room holds two batches: records behind
     // a slow call's lanes wait there, and the others must still find room.
-    room_limit = batch_limit = cfg.workers > 1 ? 2 * cfg.max_batch : cfg.max_batch;
-    slots.emplace(room_limit + cfg.workers * unit_cap);
-    stage.reserve(room_limit + cfg.workers * unit_cap);
-    units.resize(cfg.workers);
-    unit_deadlines.resize(cfg.workers);
-    busy.assign(cfg.workers, false);
+    room.size_to(cfg.workers > 1 ? 2 * cfg.max_batch : cfg.max_batch);
+    // Each worker has Stage slots of its own for its unit.
+    const auto records = room.limit() + cfg.workers * dispatcher.unit_cap();
+    slots.emplace(records);
+    stage.reserve(records);
     pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
-        unit_finished = true;
-        if (polling)
+        if (wake.ended())
             kafka->wake_poll(); // a poll waiting for records returns now
     });
     connect_at_start(secrets, [this] {
         for (std::size_t i = 0; i < workers.size(); ++i)
             connect(workers[i], i == 0);
     });
-    if (cfg.retention.maintenance)
-        maintenance = std::make_unique<MaintenanceRunner>(cfg.postgres, store, cfg.retention, log);
-    if (cfg.oldest_claim_refresh.count() > 0)
-        claim_age = std::make_unique<ClaimAgeMonitor>(cfg.postgres, store, cfg.group_id, cfg.oldest_claim_refresh,
-                                                      metrics.oldest_claim_unix_ms, log);
-    if (cfg.outbox && cfg.outbox->relay) {
-        auto oc = *cfg.outbox;
-        auto user_hook = oc.relay_options.hooks.after_cycle;
-        oc.relay_options.hooks.after_cycle = [this, user_hook](std::size_t published, std::size_t failed) {
-            metrics.outbox_published.add(published);
-            metrics.outbox_failures.add(failed);
-            if (user_hook)
-                user_hook(published, failed);
-        };
-        outbox_relay = OutboxRelay::for_consumer(oc, cfg.postgres, cfg.brokers, cfg.kafka, log);
-        outbox_relay->start();
-    }
+    sidecars.start(cfg, store, metrics, log);
     kafka = std::make_unique<kafka::GroupMember>(cfg, *this, metrics, log, secrets);
-    keepalive_after = std::min(milliseconds(10000), kafka->max_poll_interval() / 5);
-    revoke_wait = std::min(cfg.shutdown_timeout, kafka->max_poll_interval() / 2);
+    keepalive.configure(kafka->max_poll_interval(), cfg.shutdown_timeout);
     if (cfg.max_batch_duration.count() > 0)
-        batch_budget = cfg.max_batch_duration;
-    else // 40% of max.poll.interval.ms: a batch ends well before the group would drop this member
-        batch_budget = std::max(milliseconds(100), kafka->max_poll_interval() * 2 / 5);
+        dispatcher.set_budget(cfg.max_batch_duration);
+    else // 40% of max.poll.interval.ms: a unit ends well before the group would drop this member
+        dispatcher.set_budget(std::max(milliseconds(100), kafka->max_poll_interval() * 2 / 5));
 }
 
 void Engine::Impl::run()
 {
     start();
-    while (stop_requests.load() == 0) {
+    while (!stop.requested()) {
         housekeeping();
         merge_finished();
         kafka->check_prefetch(true, 0, 0);
-        fill_batch(); // meanwhile the workers run their units
-        kafka->check_prefetch(false, batch.size(), fill_bytes);
+        fill_room(); // meanwhile the workers run their units
+        kafka->check_prefetch(false, room.size(), room.bytes());
         merge_finished();
         bound_parking();
         const bool db_ready = ensure_db();
         const bool circuit_closed = circuit_ready();
-        if (batch.empty())
+        if (room.empty())
             continue;
         if (!db_ready || !circuit_closed) {
-            rewind_batch();
+            rewind_room();
             continue;
         }
         const bool sent = dispatch();
-        if (!pipelined)
+        if (!pipelined())
             drain();
-        else if (!sent && (batch.size() >= batch_limit || fill_bytes >= cfg.max_batch_bytes))
+        else if (!sent && room.full())
             await_unit(); // the waiting room is full and nothing in it may run yet
     }
     shutdown();
@@ -546,15 +465,13 @@ void Engine::Impl::shutdown()
     // Positions of units already committed in PostgreSQL are always safe
     // to commit, also on a forced stop; unfinished work is not committed.
     drain();
-    batch.clear();
+    room.clear();
     count_in_flight();
     kafka->commit(ledger.take_commits(nullptr), false, std::min(sync_commit_bound, cfg.shutdown_timeout));
     say(log, LogLevel::info, {}, "closing consumer{}", forced() ? " (forced)" : "");
     kafka->close(cfg.shutdown_timeout);
     kafka.reset();
-    maintenance.reset();
-    claim_age.reset();
-    outbox_relay.reset();
+    sidecars.stop();
     workers.clear();
 }
 
@@ -573,7 +490,7 @@ void Engine::run()
 
 void Engine::stop() noexcept
 {
-    impl_->stop_requests.fetch_add(1);
+    impl_->stop.request();
 }
 
 const Metrics& Engine::metrics() const noexcept

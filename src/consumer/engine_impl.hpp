@@ -1,11 +1,15 @@
 #pragma once
-// The consumer's engine: the state its run loop shares with the rebalance
-// callbacks and the gates that hold it back. Its member functions live in
-// engine.cpp (the run loop: polling, the merge of each unit, commits),
-// engine_dispatch.cpp (handing units of work to free workers),
-// engine_rebalance.cpp (Kafka's assign and revoke, rewinds, fences, per-key
-// parking) and engine_gates.cpp (PostgreSQL availability, the circuit
-// breaker, the keep-alive while every worker is busy). Private to the library.
+// The consumer's engine: the run loop that wires its parts, and the state it
+// shares with the rebalance callbacks. Each part owns its state and says its
+// invariant where it is declared: the WaitingRoom (records polled, not yet in
+// a unit), the Dispatcher (units, lanes, shares), the gates (DatabaseGate,
+// CircuitGate, CommitPacer, KeepAlive, CallWatch in gates.hpp), the signals
+// from outside the loop (StopSignal, UnitWake, CallbackFault) and the
+// Sidecars. Its member functions live in engine.cpp (the run loop: polling,
+// the merge of each unit, commits), engine_dispatch.cpp (handing units of
+// work to free workers), engine_rebalance.cpp (Kafka's assign and revoke,
+// rewinds, fences, per-key parking) and engine_gates.cpp (what the gates'
+// decisions do to the assignment). Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -17,13 +21,17 @@
 #include <vector>
 
 #include "consumer/batch.hpp"
-#include "consumer/claim_age.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
+#include "consumer/dispatcher.hpp"
+#include "consumer/gates.hpp"
 #include "consumer/intake.hpp"
 #include "consumer/lag.hpp"
 #include "consumer/parking.hpp"
+#include "consumer/run_signals.hpp"
+#include "consumer/sidecars.hpp"
 #include "consumer/stored_positions.hpp"
+#include "consumer/waiting_room.hpp"
 #include "core/circuit_breaker.hpp"
 #include "core/ledger.hpp"
 #include "core/worker_pool.hpp"
@@ -58,97 +66,41 @@ struct Engine::Impl final : kafka::GroupEvents {
     LogSink log;
     Metrics metrics;
     ProcessedEventStore store;
-    std::atomic<int> stop_requests{0};
-    static_assert(std::atomic<int>::is_always_lock_free, "stop() must be async-signal-safe");
-    std::atomic<Clock::rep> stop_seen{0};
+    StopSignal stop{cfg.shutdown_timeout};
 
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
     std::optional<OffsetStore> offset_store; // offsets_in_database
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
-    Circuit circuit{cfg.circuit_breaker};
+    CircuitGate circuit{cfg, metrics, log};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, offset_store, ledger, dead_letters,
-                                                    circuit, log, [this] { return forced(); },
+                                                    circuit.circuit(), log, [this] { return forced(); },
                                                     positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
-    // The Stage slots of the records decoded (waiting or in units): max_batch
-    // for the waiting room and unit_cap per worker. Before every Item holder.
+    // The Stage slots of the records decoded (waiting or in units): the
+    // waiting room's limit and unit_cap per worker. Before every Item holder.
     std::optional<SlotPool> slots;
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
                     std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
     std::unique_ptr<kafka::GroupMember> kafka;
 
-    // The waiting room: records polled (and taken in the ledger) but not yet
-    // handed to a worker, in poll order, at most batch_limit records and
-    // max_batch_bytes. A record waits here while its lane (its partition, or
-    // its key with Ordering::key) is in a unit a worker runs.
-    std::vector<Item> batch;
-    std::size_t fill_bytes = 0; // payload and key bytes in `batch`
-    // Per worker: the unit of work it runs (one claim transaction's records,
-    // decoded into the worker's own Stage slots), empty when it is idle. The
-    // poll thread touches a busy worker's unit only to mark records dropped
-    // (Item::dropped) and reads it for a revoke; the rest waits for the merge.
-    std::vector<std::vector<Item>> units;
-    std::vector<Clock::time_point> unit_deadlines; // time budget of each unit
-    std::vector<bool> busy;                        // handed a unit not merged yet
-    std::size_t busy_units = 0;
-    std::size_t unit_cap = 1; // records per unit: max_batch spread over the workers
-    // The lanes in busy units. Ordering::partition: each partition's
-    // PartitionState::unit, and how many are marked. Ordering::key: the set,
-    // kept only with several workers (one worker's next unit starts when no
-    // other runs, so it finds every lane free).
-    std::size_t busy_partitions = 0;
-    std::set<std::pair<PartitionState*, KeyId>> key_lanes;
-    std::vector<Item> still_waiting;        // dispatch()'s scratch: the waiting room's next contents
-    bool dispatch_dirty = false;            // the waiting room or the free workers changed since dispatch()
-    bool worker_freed = false;              // a unit was merged since the last dispatch
-    Clock::time_point waiting_since{};      // the waiting room's oldest record came, or was last passed over
-    std::set<std::size_t> retire_waits;     // units abandoned by a revoke: retired states live until they merge
-    bool pipelined = false;                 // ConsumerConfig::pipeline, when it applies
-    std::atomic<bool> unit_finished{false}; // set by a worker when its unit ends
-    std::atomic<bool> polling{false};       // the poll thread is in (or about to enter) a poll
-    std::exception_ptr deferred_error;      // thrown in a rebalance callback, rethrown after the poll
-    bool no_commit = false;                 // run() left by an exception: commit nothing more
-
-    RetentionMode layout = cfg.retention.mode; // of the claims table as found at start-up
-    std::unique_ptr<MaintenanceRunner> maintenance;
-    std::unique_ptr<OutboxRelay> outbox_relay;
-    std::unique_ptr<ClaimAgeMonitor> claim_age;
+    WaitingRoom room{cfg.max_batch_bytes};
+    // The workers' units and the lanes they hold: max_batch spread over the
+    // workers, a unit is a worker's share of a full waiting room.
+    Dispatcher dispatcher{
+        cfg.ordering, cfg.workers, std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers),
+        Dispatcher::Hands{[this](std::size_t n) { return workers[n].db != nullptr; },
+                          [this](Item& it) { return decode(it); }, [this](std::size_t n) { submit(n); }}};
+    DatabaseGate db{db_backoff_shape};
+    CommitPacer pacer{cfg.commit_interval};
+    KeepAlive keepalive;
+    CallWatch calls{metrics, log};
+    UnitWake wake;
+    CallbackFault fault;
+    Sidecars sidecars;
     std::vector<Worker> workers;
     std::unique_ptr<WorkerPool> pool;
-
-    milliseconds batch_budget{120000}; // of a unit, from its dispatch
-    Clock::time_point db_retry_at{};
-    GrowingBackoff db_backoff{db_backoff_shape};
-    bool db_pause = false;
-    // The circuit breaker is open: the whole assignment is paused, nothing runs.
-    bool circuit_pause = false;
-    bool probe_running = false;                         // the unit in a worker's hands is the circuit's probe
-    std::size_t batch_limit = cfg.max_batch;            // records in the waiting room (fewer for a probe)
-    std::size_t room_limit = cfg.max_batch;             // batch_limit without a probe
-    Clock::time_point circuit_counted{};                // open time counted up to here (circuit_open_seconds)
-    Clock::time_point circuit_since{};                  // when it opened from closed
-    Clock::time_point next_commit_at{};                 // commit_interval: earliest next offset commit
-    std::optional<Clock::time_point> uncommitted_since; // first PostgreSQL commit not yet sent to Kafka
-    Clock::time_point next_lag_update{};
-    // While the poll thread cannot poll for records (the waiting room is full
-    // and no unit ends, or it drains every unit) past keepalive_after
-    // (counted from the last poll), the assignment is paused and polled, so
-    // the member stays in the group; a revoke waits at most revoke_wait for
-    // the units that have records of the revoked partitions.
-    Clock::time_point last_polled = Clock::now();
-    milliseconds keepalive_after{10000};
-    milliseconds revoke_wait{10000};
-    bool keepalive_paused = false;
-    // The handler calls watched by watch_calls(): per worker, the start of
-    // the call it last said was stuck and when it said so.
-    struct StuckCall {
-        Clock::time_point since{};
-        Clock::time_point told{};
-    };
-    std::vector<StuckCall> stuck;
-    Clock::time_point next_call_watch{};
 
     Impl(ConsumerConfig c, Stage& s);
 
@@ -162,7 +114,12 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // A second stop(), or a first one older than shutdown_timeout, abandons
     // the current transaction.
-    bool forced() noexcept;
+    bool forced() noexcept { return stop.forced(); }
+
+    // ConsumerConfig::pipeline, when it applies: a hand-over per record
+    // costs two thread wake-ups, more than the overlap saves, so max_batch
+    // = 1 runs one record after the other.
+    bool pipelined() const { return cfg.pipeline && cfg.max_batch > 1; }
 
     // Per-key mode spreads a partition over several workers and parks failed
     // keys: no worker alone knows the partition's position, so it is written
@@ -182,7 +139,9 @@ struct Engine::Impl final : kafka::GroupEvents {
     // Pauses the whole assignment for the next backoff.
     void db_hold();
 
-    void set_db_pause(bool pause);
+    // Pauses the whole assignment while PostgreSQL is away or the circuit is
+    // open, else resumes all but the partitions waiting out a retry backoff.
+    void apply_pauses();
 
     // ---- Kafka events (inside poll) -----------------------------------------
 
@@ -215,10 +174,6 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     void rewind(PartitionState& ps, std::int64_t offset);
 
-    // After a rewind of `ps` to `offset`: records of busy units from there on
-    // come again from Kafka, so their outcome must not count when merged.
-    void drop_running(const PartitionState* ps, std::int64_t offset);
-
     void seek(PartitionState& ps);
 
     // Rewinds every held partition to its hold; a hold after failures also
@@ -241,14 +196,16 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // ---- polling ----------------------------------------------------------
 
-    void fill_batch();
+    // Polls into the waiting room until it is full, a unit ended, or a unit
+    // is due to be handed out.
+    void fill_room();
     // Parked keys whose backoff is over go to the waiting room first.
     void take_parked();
     // A polled record into the waiting room (or parking); its partition, or
     // null when it is not taken (not ours, stale, parked).
     PartitionState* take_polled(kafka::MessagePtr m);
 
-    // The in-flight gauges after records left the batch.
+    // The in-flight gauges after records left the waiting room.
     void count_in_flight();
 
     void count_parked();
@@ -269,18 +226,12 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // ---- the workers ------------------------------------------------------------
 
-    // The lane of a record: records of one lane run in poll order, one unit
-    // at a time (its partition; with Ordering::key, its key in its partition).
-    std::pair<PartitionState*, KeyId> lane_of(const Item& it) const;
-    // The lanes in busy units and those of the waiting records, each once.
-    std::size_t lanes_known() const;
-    // Moves to worker `n`'s unit the waiting records it may take, in poll
-    // order: up to `cap` records of at most `lanes_per_unit` lanes, none of
-    // a lane in another busy unit; marks their lanes busy.
-    void fill_unit(std::size_t n, std::size_t cap, std::size_t lanes_per_unit);
-    // After worker `n`'s unit ended: its lanes are free again (and the
+    // After worker `n`'s unit ended: its lanes are free again (the
     // partitions deferred behind them are fetched again).
     void release_lanes(std::size_t n);
+    // After its merge (or when it is dropped): the worker is idle, and the
+    // states of partitions revoked while it ran go once no unit needs them.
+    void free_worker(std::size_t n);
 
     // Gives the record a Stage slot and decodes it there; false when no slot
     // is free.
@@ -289,17 +240,15 @@ struct Engine::Impl final : kafka::GroupEvents {
     // leaves the slots the free workers' next units need.
     bool decode_ahead() const;
 
-    // Hands each free worker its next unit: the waiting records whose lane is
-    // in no busy unit, in poll order, up to unit_cap; they are decoded into
-    // Stage slots (if they were not decoded while waiting) and, on the
-    // worker, screened (the reconcile hook runs on its idle connection, dead
-    // letters are published), never on the poll thread. True when a unit
-    // was handed out.
+    // Hands each free worker its next unit (Dispatcher::hand_out): the
+    // records are decoded into Stage slots (if they were not decoded while
+    // waiting) and, on the worker, screened (the reconcile hook runs on its
+    // idle connection, dead letters are published), never on the poll
+    // thread. True when a unit was handed out.
     bool dispatch();
-    // Records wait for a free worker, and a unit is worth handing out now:
-    // a full one, the waiting room full, max_batch_wait over, or a worker
-    // just freed.
+    // Records wait for a free worker, and a unit is worth handing out now.
     bool dispatch_due() const;
+    // Runs worker n's unit on the pool.
     void submit(std::size_t n);
 
     // Merges every unit that has ended, in the order they ended.
@@ -324,10 +273,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     // abandons the running units (rolled back when their calls return).
     void await_unit();
 
-    // A handler call cannot be interrupted, but one that does not return
-    // must be seen: the gauge of the oldest call running (every 200 ms at
-    // most), and a call running past max.poll.interval.ms is an error line
-    // naming its record, again every max.poll.interval.ms while it runs.
+    // The busy workers' running calls to the CallWatch (every 200 ms).
     void watch_calls(Clock::time_point now);
 
     // A forced stop during a call that does not return: the workers'
@@ -338,7 +284,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     void cut_for_stop();
 
     // Takes the results of worker `n`'s unit: holds and rewinds, positions,
-    // counters, the offset commit when it is due. Records of `batch` on a
+    // counters, the offset commit when it is due. Records of the waiting room on a
     // partition rewound here are dropped: they come again after the records
     // the unit gave back.
     void merge_unit(std::size_t n);
@@ -363,7 +309,7 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // Nothing of the waiting room is processed (PostgreSQL unavailable, the
     // circuit open): each of its partitions goes back to its first record.
-    void rewind_batch();
+    void rewind_room();
 
     // ---- the circuit breaker ------------------------------------------------
 
@@ -372,17 +318,11 @@ struct Engine::Impl final : kafka::GroupEvents {
     // dispatched.
     bool circuit_ready();
 
-    void circuit_opened(const Circuit::Evidence& e, Clock::time_point now);
-
-    void settle_probe(Clock::time_point now);
-
     // The whole assignment waits, paused. Parked keys go back to Kafka: their
-    // partitions are rewound to the first parked record, and what `batch`
-    // holds from there on goes too (rewound later to a further offset, the
+    // partitions are rewound to the first parked record, and what the
+    // waiting room holds from there on goes too (rewound later to a further offset, the
     // partition would skip the records in between).
     void circuit_hold();
-
-    void set_circuit_pause(bool pause);
 
     // ---- lifecycle --------------------------------------------------------
 

@@ -36,11 +36,11 @@ bool Engine::Impl::assigned(std::vector<std::pair<TopicPartition, std::int64_t>>
             for (const auto& tp : tps)
                 if (auto* ps = ledger.find(tp.topic, tp.partition))
                     ps->position_verified = false;
-            if (!db_pause)
+            if (!db.closed())
                 db_hold();
         }
     }
-    return db_pause || keepalive_paused || circuit_pause;
+    return db.closed() || keepalive.paused() || circuit.paused();
 }
 
 std::optional<std::vector<OffsetCommit>> Engine::Impl::inherit_failures(const std::vector<TopicPartition>& tps)
@@ -82,8 +82,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
 {
     // Records polled for revoked partitions but not processed yet are
     // dropped: their offsets were never committed, so the new owner reads them.
-    batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; }),
-                batch.end());
+    room.drop_if([&](const Item& it) { return tps.count(it.part->tp) > 0; });
     count_in_flight();
     // The units with records of the revoked partitions first: their
     // positions belong to what is revoked. They are waited for (at most
@@ -92,8 +91,8 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
     // in memory until they are merged. Other units go on.
     std::vector<std::size_t> touching;
     for (std::size_t n = 0; n < workers.size(); ++n)
-        if (busy[n] &&
-            std::any_of(units[n].begin(), units[n].end(), [&](const Item& it) { return tps.count(it.part->tp) > 0; }))
+        if (dispatcher.busy(n) && std::any_of(dispatcher.unit(n).begin(), dispatcher.unit(n).end(),
+                                              [&](const Item& it) { return tps.count(it.part->tp) > 0; }))
             touching.push_back(n);
     if (!touching.empty()) {
         // What PostgreSQL holds already is committed before the wait: sent
@@ -101,18 +100,18 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
         // generation the coordinator has left (ILLEGAL_GENERATION), which
         // librdkafka answers by dropping the whole assignment, the
         // partitions this member keeps included.
-        if (!lost && !no_commit)
+        if (!lost && !fault.commits_stopped())
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
-        const auto deadline = Clock::now() + revoke_wait;
+        const auto deadline = Clock::now() + keepalive.revoke_wait();
         for (auto n : touching)
             pool->wait_until(n, deadline);
     }
     merge_in_callback();
-    touching.erase(std::remove_if(touching.begin(), touching.end(), [&](std::size_t n) { return !busy[n]; }),
+    touching.erase(std::remove_if(touching.begin(), touching.end(), [&](std::size_t n) { return !dispatcher.busy(n); }),
                    touching.end());
     if (!touching.empty())
         abandon_for_revoke(touching, tps.size());
-    if (!lost && !no_commit)
+    if (!lost && !fault.commits_stopped())
         kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
     // Parked records go too: the position committed above stays before them.
     for (const auto& tp : tps)
@@ -128,7 +127,7 @@ void Engine::Impl::abandon_for_revoke(const std::vector<std::size_t>& touching, 
     bool first = false;
     for (auto n : touching) {
         first = first || !workers[n].revoked.exchange(true);
-        retire_waits.insert(n);
+        dispatcher.retire(n);
     }
     if (!first)
         return;
@@ -138,7 +137,7 @@ void Engine::Impl::abandon_for_revoke(const std::vector<std::size_t>& touching, 
         "past the revoke wait ({} ms): their transactions roll back when their calls return, and the new owners "
         "process those records (the claims keep their effects in PostgreSQL once; side effects outside it may "
         "happen twice)",
-        revoked, touching.size(), revoke_wait.count());
+        revoked, touching.size(), keepalive.revoke_wait().count());
 }
 
 void Engine::Impl::merge_in_callback() noexcept
@@ -146,9 +145,7 @@ void Engine::Impl::merge_in_callback() noexcept
     try {
         merge_finished();
     } catch (...) {
-        no_commit = true;
-        if (!deferred_error)
-            deferred_error = std::current_exception();
+        fault.keep(std::current_exception());
     }
 }
 
@@ -161,17 +158,8 @@ void Engine::Impl::rewind(PartitionState& ps, std::int64_t offset)
 {
     PartitionLedger::rewind(ps, offset);
     parking.drop_from(&ps, offset); // they come again from Kafka
-    drop_running(&ps, offset);
+    dispatcher.drop_from(&ps, offset);
     seek(ps);
-}
-
-void Engine::Impl::drop_running(const PartitionState* ps, std::int64_t offset)
-{
-    for (std::size_t n = 0; n < units.size(); ++n)
-        if (busy[n])
-            for (auto& it : units[n])
-                if (it.part == ps && it.record.offset >= offset)
-                    it.dropped = true;
 }
 
 void Engine::Impl::seek(PartitionState& ps)
@@ -184,7 +172,7 @@ void Engine::Impl::apply_holds(const Holds& holds)
 {
     for (const auto& action : ledger.apply(holds, Clock::now())) {
         parking.drop_from(action.ps, action.ps->resume_from); // they come again from Kafka
-        drop_running(action.ps, action.ps->resume_from);
+        dispatcher.drop_from(action.ps, action.ps->resume_from);
         seek(*action.ps);
         if (action.pause)
             kafka->pause(action.ps->tp, true);
@@ -221,11 +209,8 @@ void Engine::Impl::park_keys(const Holds& holds)
     for (const auto& [key, h] : holds.keys())
         if (ledger.owns(key.first))
             parking.hold(key.first, key.second, now + std::max(ledger.retry_backoff(h.failures), h.wait));
-    auto waits = [&](const Item& it) { return parking.parked(it.part, it.record.key); };
-    auto first = std::stable_partition(batch.begin(), batch.end(), [&](const Item& it) { return !waits(it); });
-    for (auto i = first; i != batch.end(); ++i)
-        park(std::move(*i));
-    batch.erase(first, batch.end());
+    for (auto& it : room.take_if([&](const Item& it) { return parking.parked(it.part, it.record.key); }))
+        park(std::move(it));
 }
 
 void Engine::Impl::bound_parking()
@@ -250,8 +235,7 @@ void Engine::Impl::bound_parking()
         Holds hold;
         hold.add(fullest, first, failures);
         apply_holds(hold);
-        batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const Item& it) { return held(hold, it); }),
-                    batch.end());
+        room.drop_if([&](const Item& it) { return held(hold, it); });
     }
     count_in_flight();
 }

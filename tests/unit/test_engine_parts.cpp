@@ -1,0 +1,416 @@
+// The engine's parts, driven without Kafka or PostgreSQL: the waiting room,
+// the dispatcher (lanes, shares, slots), the database and circuit gates, the
+// commit pacer, the keep-alive and the watch on calls that do not return.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "consumer/dispatcher.hpp"
+#include "consumer/gates.hpp"
+#include "consumer/waiting_room.hpp"
+
+using namespace idemkafka;
+using namespace idemkafka::detail;
+using namespace std::chrono_literals;
+
+namespace {
+
+const Clock::time_point t0 = Clock::now();
+
+Item record(PartitionState& ps, std::int64_t offset, std::optional<std::string_view> key = std::nullopt,
+            std::string_view value = "0123456789")
+{
+    Item it;
+    it.record.topic = ps.tp.topic;
+    it.record.partition = ps.tp.partition;
+    it.record.offset = offset;
+    it.record.key = key;
+    it.record.value = value;
+    it.part = &ps;
+    return it;
+}
+
+PartitionState partition(std::int32_t n)
+{
+    PartitionState ps;
+    ps.tp = {"orders", n};
+    return ps;
+}
+
+std::vector<std::int64_t> offsets(const std::vector<Item>& items)
+{
+    std::vector<std::int64_t> out;
+    for (const auto& it : items)
+        out.push_back(it.record.offset);
+    return out;
+}
+
+// A dispatcher whose workers are all ready, whose records always find a
+// slot (unless `slots` runs out) and whose started units are listed.
+struct Crew {
+    std::size_t slots = 1000;
+    std::vector<std::size_t> started;
+    Dispatcher d;
+
+    Crew(Ordering ordering, std::size_t workers, std::size_t cap)
+        : d(ordering, workers, cap,
+            Dispatcher::Hands{[](std::size_t) { return true; },
+                              [this](Item&) {
+                                  if (slots == 0)
+                                      return false;
+                                  --slots;
+                                  return true;
+                              },
+                              [this](std::size_t n) { started.push_back(n); }})
+    {
+    }
+};
+
+struct Captured {
+    std::vector<LogRecord> lines;
+    LogSink sink()
+    {
+        return [this](const LogRecord& r) { lines.push_back(r); };
+    }
+};
+
+} // namespace
+
+TEST_CASE("waiting room: bytes, limit and since follow its records", "[unit][engine_parts]")
+{
+    auto p0 = partition(0);
+    WaitingRoom room(35);
+    room.size_to(3);
+    CHECK(room.empty());
+    room.add(record(p0, 1), t0);
+    room.add(record(p0, 2, "k"), t0 + 5ms);
+    CHECK(room.size() == 2);
+    CHECK(room.bytes() == 21);
+    CHECK(room.since() == t0); // the oldest record's
+    CHECK_FALSE(room.full());
+    room.add(record(p0, 3), t0 + 6ms);
+    CHECK(room.full()); // three records
+
+    room.limit_to(0); // a probe: at least one
+    CHECK(room.limit() == 1);
+    room.restore_limit();
+    CHECK(room.limit() == 3);
+
+    room.drop_if([](const Item& it) { return it.record.offset == 2; });
+    CHECK(room.size() == 2);
+    CHECK(room.bytes() == 20);
+    auto taken = room.take_if([](const Item& it) { return it.record.offset == 1; });
+    CHECK(offsets(taken) == std::vector<std::int64_t>{1});
+    CHECK(room.bytes() == 10);
+
+    room.size_to(100);
+    room.add(record(p0, 4, std::nullopt, std::string_view("0123456789012345678901234")), t0);
+    CHECK(room.bytes() == 35);
+    CHECK(room.full()); // max_bytes
+
+    room.clear();
+    CHECK(room.bytes() == 0);
+    const auto first = room.add_from(
+        [&](std::vector<Item>& records) {
+            records.push_back(record(p0, 7));
+            records.push_back(record(p0, 8));
+        },
+        t0 + 9ms);
+    CHECK(first == 0);
+    CHECK(room.bytes() == 20);
+    CHECK(room.since() == t0 + 9ms);
+}
+
+TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order", "[unit][engine_parts]")
+{
+    auto p0 = partition(0);
+    auto p1 = partition(1);
+    WaitingRoom room(1 << 20);
+    room.size_to(100);
+    Crew crew(Ordering::partition, 2, 10);
+    auto& d = crew.d;
+    for (std::int64_t o = 0; o < 4; ++o) {
+        room.add(record(p0, o), t0);
+        room.add(record(p1, o), t0);
+    }
+    d.changed();
+    // Two partitions, two workers: each unit takes one partition (its share).
+    CHECK_FALSE(d.due(room, t0, 10ms, false)); // 8 records, a unit takes 10: the fill wait goes on
+    REQUIRE(d.due(room, t0 + 10ms, 10ms, false));
+    CHECK(d.hand_out(room, 10, false, t0) == 2);
+    CHECK(crew.started == std::vector<std::size_t>{0, 1});
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0, 1, 2, 3});
+    CHECK(d.unit(0)[0].part == &p0);
+    CHECK(d.unit(1)[0].part == &p1);
+    CHECK(p0.unit == 1);
+    CHECK(p1.unit == 2);
+    CHECK(d.busy_units() == 2);
+    CHECK(d.deadline(0) == t0 + 120000ms);
+    CHECK(room.empty());
+
+    // More of p0 while worker 0 runs it: it waits, though worker 1 frees up.
+    room.add(record(p0, 4), t0 + 1ms);
+    d.changed();
+    std::vector<std::int32_t> freed;
+    d.release_lanes(1, [&](PartitionState& ps) { freed.push_back(ps.tp.partition); });
+    CHECK(d.finish(1));
+    CHECK(freed == std::vector<std::int32_t>{1});
+    CHECK(p1.unit == 0);
+    REQUIRE(d.due(room, t0 + 1ms, 10ms, false)); // a worker was freed
+    CHECK(d.hand_out(room, 10, false, t0 + 2ms) == 0);
+    CHECK(room.size() == 1);
+    CHECK(room.since() == t0 + 2ms);                 // passed over
+    CHECK_FALSE(d.due(room, t0 + 2ms, 10ms, false)); // nothing changed since
+
+    // Worker 0's unit ends: the record runs next.
+    d.release_lanes(0, [](PartitionState&) {});
+    d.finish(0);
+    CHECK(d.due(room, t0 + 3ms, 10ms, false));
+    CHECK(d.hand_out(room, 10, false, t0 + 3ms) == 1);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{4});
+}
+
+TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
+{
+    auto p0 = partition(0);
+    WaitingRoom room(1 << 20);
+    room.size_to(8);
+    Crew crew(Ordering::partition, 1, 4);
+    auto& d = crew.d;
+    CHECK_FALSE(d.due(room, t0, 10ms, false)); // nothing waits
+    room.add(record(p0, 0), t0);
+    CHECK_FALSE(d.due(room, t0, 10ms, false)); // nothing changed yet
+    d.changed();
+    CHECK_FALSE(d.due(room, t0 + 9ms, 10ms, false)); // one record, the fill wait goes on
+    CHECK(d.due(room, t0 + 9ms, 10ms, true));        // a stop
+    CHECK(d.due(room, t0 + 10ms, 10ms, false));      // max_batch_wait over
+    for (std::int64_t o = 1; o < 4; ++o)
+        room.add(record(p0, o), t0);
+    CHECK(d.due(room, t0, 10ms, false)); // a full unit
+    d.hand_out(room, 4, false, t0);
+    room.add(record(p0, 4), t0);
+    d.changed();
+    CHECK_FALSE(d.due(room, t0 + 1h, 10ms, true)); // every worker busy
+    d.release_lanes(0, [](PartitionState&) {});
+    d.finish(0);
+    CHECK(d.due(room, t0, 10ms, false)); // a worker just freed
+    d.await_fill();
+    CHECK_FALSE(d.due(room, t0 + 1ms, 10ms, false)); // a probe fills first
+}
+
+TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][engine_parts]")
+{
+    auto p0 = partition(0);
+    WaitingRoom room(1 << 20);
+    room.size_to(100);
+    Crew crew(Ordering::key, 2, 10);
+    auto& d = crew.d;
+    room.add(record(p0, 0, "a"), t0);
+    room.add(record(p0, 1, "b"), t0);
+    room.add(record(p0, 2, "a"), t0);
+    room.add(record(p0, 3, "c"), t0);
+    d.changed();
+    // Three keys, two workers: two lanes per unit.
+    CHECK(d.lanes_known(room) == 3);
+    CHECK(d.hand_out(room, 10, false, t0) == 2);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0, 1, 2});
+    CHECK(offsets(d.unit(1)) == std::vector<std::int64_t>{3});
+    // Key "a" is busy in unit 0: its next record waits, "d" does not.
+    room.add(record(p0, 4, "a"), t0);
+    room.add(record(p0, 5, "d"), t0);
+    d.release_lanes(1, [](PartitionState&) {});
+    d.finish(1);
+    CHECK(d.hand_out(room, 10, false, t0) == 1);
+    CHECK(offsets(d.unit(1)) == std::vector<std::int64_t>{5});
+    CHECK(room.size() == 1);
+    // A rewind of the partition to 1 marks the busy units' records from there.
+    d.drop_from(&p0, 1);
+    CHECK_FALSE(d.unit(0)[0].dropped);
+    CHECK(d.unit(0)[1].dropped);
+    CHECK(d.unit(1)[0].dropped);
+}
+
+TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", "[unit][engine_parts]")
+{
+    auto p0 = partition(0);
+    auto p1 = partition(1);
+    WaitingRoom room(1 << 20);
+    room.size_to(100);
+    Crew crew(Ordering::partition, 2, 10);
+    auto& d = crew.d;
+    room.add(record(p0, 0), t0);
+    room.add(record(p1, 0), t0);
+    d.changed();
+    CHECK(d.hand_out(room, 1, true, t0) == 1); // one unit
+    CHECK(d.busy_units() == 1);
+    d.changed();
+    CHECK(d.hand_out(room, 1, true, t0) == 0); // not beside another
+    d.release_lanes(0, [](PartitionState&) {});
+    d.finish(0);
+
+    crew.slots = 1;
+    room.add(record(p1, 1), t0);
+    room.add(record(p1, 2), t0);
+    d.changed();
+    CHECK(d.hand_out(room, 10, false, t0) == 1);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0}); // p1@0; p1@1 found no slot
+    CHECK(room.size() == 2);
+    const auto [records, bytes] = d.in_units();
+    CHECK(records == 1);
+    CHECK(bytes == 10);
+}
+
+TEST_CASE("dispatcher: units abandoned by a revoke hold the retired states", "[unit][engine_parts]")
+{
+    auto p0 = partition(0);
+    auto p1 = partition(1);
+    WaitingRoom room(1 << 20);
+    room.size_to(100);
+    Crew crew(Ordering::partition, 2, 10);
+    auto& d = crew.d;
+    room.add(record(p0, 0), t0);
+    room.add(record(p1, 0), t0);
+    d.changed();
+    REQUIRE(d.hand_out(room, 10, false, t0) == 2);
+    d.retire(0);
+    d.retire(1);
+    CHECK_FALSE(d.finish(1)); // unit 0 still points to them
+    CHECK(d.finish(0));       // the last one: they may go
+    CHECK(d.busy_units() == 0);
+    CHECK(d.free_workers() == 2);
+}
+
+TEST_CASE("database gate: holds grow the backoff until it reopens", "[unit][engine_parts]")
+{
+    DatabaseGate db(Backoff{100ms, 400ms});
+    CHECK_FALSE(db.closed());
+    CHECK(db.retry_due(t0));
+    CHECK(db.hold(t0)); // it closes
+    CHECK(db.closed());
+    CHECK_FALSE(db.retry_due(t0 + 99ms));
+    CHECK(db.retry_due(t0 + 100ms));
+    CHECK(db.upcoming() == 200ms);
+    CHECK_FALSE(db.hold(t0 + 100ms)); // closed already
+    CHECK(db.retry_due(t0 + 300ms));
+    db.hold(t0 + 300ms);
+    CHECK(db.upcoming() == 400ms); // the cap
+    CHECK(db.reopen());
+    CHECK_FALSE(db.closed());
+    CHECK_FALSE(db.reopen());
+    CHECK(db.upcoming() == 100ms);
+}
+
+TEST_CASE("circuit gate: open, probe, close, each logged and counted", "[unit][engine_parts]")
+{
+    ConsumerConfig cfg;
+    cfg.max_batch = 50;
+    cfg.circuit_breaker.backoff = 1000ms;
+    cfg.circuit_breaker.probe_records = 5;
+    Metrics metrics;
+    Captured log;
+    const LogSink sink = log.sink();
+    CircuitGate gate(cfg, metrics, sink);
+    REQUIRE(gate.enabled());
+    CHECK_FALSE(gate.must_drain(t0));
+    CHECK_FALSE(gate.take_opened(t0));
+
+    // Failures across keys and partitions: an outage.
+    for (std::uint64_t i = 0; i < 20; ++i)
+        gate.circuit().failed(i % 2, i % 5, "503", t0 + std::chrono::milliseconds(i));
+    CHECK(gate.must_drain(t0 + 20ms));
+    REQUIRE(gate.take_opened(t0 + 20ms));
+    CHECK(metrics.circuit_opened.get() == 1);
+    CHECK(metrics.circuit_open.get() == 1);
+    CHECK(log.lines.back().level == LogLevel::warning);
+    CHECK(log.lines.back().message.find("circuit breaker open") != std::string::npos);
+
+    CHECK_FALSE(gate.probe_due(t0 + 500ms));
+    gate.must_drain(t0 + 520ms);
+    CHECK(metrics.circuit_open_ms.get() == 500);
+    const auto records = gate.probe_due(t0 + 1020ms);
+    REQUIRE(records);
+    CHECK(*records == 5);
+    CHECK(gate.probing());
+    gate.unit_started(true);
+    CHECK(gate.probe_running());
+    CHECK_FALSE(gate.settle(t0 + 1030ms, 1)); // the probe still runs
+    gate.circuit().succeeded(5);
+    const auto outcome = gate.settle(t0 + 1040ms, 0);
+    REQUIRE(outcome);
+    CHECK(*outcome == Circuit::Probe::Outcome::closed);
+    CHECK_FALSE(gate.probe_running());
+    CHECK(metrics.circuit_open.get() == 0);
+    CHECK(log.lines.back().message.find("circuit breaker closed") != std::string::npos);
+}
+
+TEST_CASE("commit pacer: an offset commit per interval, ticks resend", "[unit][engine_parts]")
+{
+    CommitPacer pacer(1000ms);
+    CHECK(pacer.tick(t0));
+    CHECK_FALSE(pacer.tick(t0 + 199ms));
+    CHECK(pacer.tick(t0 + 200ms));
+    CHECK_FALSE(pacer.due(t0, false)); // nothing committed, no tick
+    CHECK(pacer.due(t0, true));        // a tick resends
+    pacer.attempted(t0);
+    pacer.db_committed(t0 + 10ms);
+    pacer.db_committed(t0 + 20ms); // the first one counts
+    CHECK_FALSE(pacer.due(t0 + 999ms, false));
+    CHECK_FALSE(pacer.due_after_merge(t0 + 999ms));
+    CHECK(pacer.due(t0 + 1000ms, false));
+    CHECK(pacer.due_after_merge(t0 + 1000ms));
+    pacer.attempted(t0 + 1000ms);
+    const auto waited = pacer.sent(t0 + 1000ms);
+    REQUIRE(waited);
+    CHECK(*waited == std::chrono::duration<double>(990ms));
+    CHECK_FALSE(pacer.sent(t0 + 1000ms));
+}
+
+TEST_CASE("keep-alive: polls within a fifth of max.poll.interval.ms", "[unit][engine_parts]")
+{
+    KeepAlive k;
+    k.configure(30000ms, 5000ms);
+    CHECK(k.after() == 6000ms);
+    CHECK(k.revoke_wait() == 5000ms);
+    k.configure(300000ms, 60000ms);
+    CHECK(k.after() == 10000ms); // at most 10 s
+    CHECK(k.revoke_wait() == 60000ms);
+    k.polled(t0);
+    CHECK(k.deadline() == t0 + 10000ms);
+    CHECK_FALSE(k.paused());
+}
+
+TEST_CASE("call watch: a call past the bound is said once per bound, gauged always", "[unit][engine_parts]")
+{
+    Metrics metrics;
+    Captured log;
+    const LogSink sink = log.sink();
+    CallWatch watch(metrics, sink);
+    RunningCall::Seen call;
+    call.since = t0;
+    call.where = "orders/0@7";
+    std::vector<std::optional<RunningCall::Seen>> calls{std::nullopt, call};
+    REQUIRE(watch.due(t0));
+    watch.watch(t0 + 500ms, calls, 1000ms);
+    CHECK_FALSE(watch.due(t0 + 600ms));
+    CHECK(metrics.oldest_call_ms.get() == 500);
+    CHECK(log.lines.empty());
+    watch.watch(t0 + 1000ms, calls, 1000ms);
+    CHECK(metrics.stuck_calls.get() == 1);
+    REQUIRE(log.lines.size() == 1);
+    CHECK(log.lines[0].level == LogLevel::error);
+    CHECK(log.lines[0].message.find("orders/0@7") != std::string::npos);
+    CHECK(log.lines[0].message.find("worker 1") != std::string::npos);
+    watch.watch(t0 + 1500ms, calls, 1000ms); // told 500 ms ago
+    CHECK(log.lines.size() == 1);
+    watch.watch(t0 + 2000ms, calls, 1000ms); // again, the same call
+    CHECK(log.lines.size() == 2);
+    CHECK(metrics.stuck_calls.get() == 1);
+    calls[1].reset();
+    watch.watch(t0 + 2200ms, calls, 1000ms);
+    CHECK(metrics.oldest_call_ms.get() == 0);
+}
