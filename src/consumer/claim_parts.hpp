@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/worker.hpp"
 #include "core/fingerprint.hpp"

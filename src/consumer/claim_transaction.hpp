@@ -24,7 +24,7 @@
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"
 #include "consumer/member_sessions.hpp"

@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/metrics.hpp"

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "consumer/waiting_room.hpp"
 #include "core/ledger.hpp"
 #include "idemkafka/consumer.hpp"

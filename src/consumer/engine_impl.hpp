@@ -20,7 +20,7 @@
 #include <set>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/dispatcher.hpp"

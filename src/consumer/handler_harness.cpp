@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"

@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/consumer.hpp"
 #include "idemkafka/metrics.hpp"

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "core/ledger.hpp"
 
 namespace idemkafka::detail {

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "core/ledger.hpp"
 
 namespace idemkafka::detail {

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "core/ledger.hpp"
 #include "idemkafka/config.hpp"
 #include "idemkafka/context.hpp"

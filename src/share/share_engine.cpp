@@ -39,7 +39,7 @@
 
 #include <fmt/format.h>
 
-#include "consumer/batch.hpp"
+#include "consumer/item.hpp"
 #include "consumer/claim_age.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"

@@ -1,6 +1,6 @@
 #pragma once
-// The records of a batch, as the engine, the claim transaction and the
-// dead-letterer see them. Private to the library.
+// A polled record on its way through the consumer (Item), and the Stage
+// slots decoded records hold. Private to the library.
 
 #include <cstddef>
 #include <optional>
