@@ -249,49 +249,57 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
         cooperative_ = true;
     else if (const char* protocol = rd_kafka_rebalance_protocol(rk_.get()))
         cooperative_ = std::strcmp(protocol, "COOPERATIVE") == 0;
-    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        if (assigns_before_release_ > 0) {
-            // The assign that follows a cooperative revoke: this member
-            // rejoins next, and the group moves on to another generation.
-            --assigns_before_release_;
-            hold_commits();
-        } else if (commits_held_until_.exchange(0) != 0) {
-            say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
-        }
-        std::vector<std::pair<TopicPartition, std::int64_t>> start;
-        start.reserve(static_cast<std::size_t>(list->cnt));
-        for (int i = 0; i < list->cnt; ++i)
-            start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
-        const char* mode = cooperative_ ? "cooperative" : "eager";
-        say(log_, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
-            consumer_protocol_ ? "consumer protocol" : mode);
-        const bool paused = events_.assigned(start);
-        for (int i = 0; i < list->cnt; ++i)
-            if (start[static_cast<std::size_t>(i)].second != RD_KAFKA_OFFSET_INVALID)
-                list->elems[i].offset = start[static_cast<std::size_t>(i)].second;
-        if (cooperative_) {
-            ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
-            if (e)
-                say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
-                    rd_kafka_error_string(e.get()));
-        } else if (auto e = rd_kafka_assign(rk_.get(), list)) {
-            say(log_, LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
-        }
-        // librdkafka keeps an application pause across revoke and assign: a
-        // partition paused for a retry backoff before an eager rebalance
-        // would stay paused for good, as its new state knows nothing of it.
-        if (paused)
-            rd_kafka_pause_partitions(rk_.get(), list);
-        else
-            rd_kafka_resume_partitions(rk_.get(), list);
-        for (int i = 0; i < list->cnt; ++i) {
-            set_paused(list->elems[i].topic, list->elems[i].partition, paused);
-            if (auto* l = find_queue(list->elems[i].topic, list->elems[i].partition))
-                l->full = false; // resumed (or paused) above with the rest
-        }
-        return;
-    }
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+        on_assign(list);
+    else
+        on_revoke(list);
+}
 
+void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
+{
+    if (assigns_before_release_ > 0) {
+        // The assign that follows a cooperative revoke: this member
+        // rejoins next, and the group moves on to another generation.
+        --assigns_before_release_;
+        hold_commits();
+    } else if (commits_held_until_.exchange(0) != 0) {
+        say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
+    }
+    std::vector<std::pair<TopicPartition, std::int64_t>> start;
+    start.reserve(static_cast<std::size_t>(list->cnt));
+    for (int i = 0; i < list->cnt; ++i)
+        start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
+    const char* mode = cooperative_ ? "cooperative" : "eager";
+    say(log_, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
+        consumer_protocol_ ? "consumer protocol" : mode);
+    const bool paused = events_.assigned(start);
+    for (int i = 0; i < list->cnt; ++i)
+        if (start[static_cast<std::size_t>(i)].second != RD_KAFKA_OFFSET_INVALID)
+            list->elems[i].offset = start[static_cast<std::size_t>(i)].second;
+    if (cooperative_) {
+        ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
+        if (e)
+            say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
+                rd_kafka_error_string(e.get()));
+    } else if (auto e = rd_kafka_assign(rk_.get(), list)) {
+        say(log_, LogLevel::error, error_field(rd_kafka_err2str(e)), "assign failed: {}", rd_kafka_err2str(e));
+    }
+    // librdkafka keeps an application pause across revoke and assign: a
+    // partition paused for a retry backoff before an eager rebalance
+    // would stay paused for good, as its new state knows nothing of it.
+    if (paused)
+        rd_kafka_pause_partitions(rk_.get(), list);
+    else
+        rd_kafka_resume_partitions(rk_.get(), list);
+    for (int i = 0; i < list->cnt; ++i) {
+        set_paused(list->elems[i].topic, list->elems[i].partition, paused);
+        if (auto* l = find_queue(list->elems[i].topic, list->elems[i].partition))
+            l->full = false; // resumed (or paused) above with the rest
+    }
+}
+
+void GroupMember::on_revoke(rd_kafka_topic_partition_list_t* list)
+{
     const bool lost = rd_kafka_assignment_lost(rk_.get());
     // A revoke is a rebalance under way: after a cooperative one that is not
     // a loss, librdkafka calls the assign of the partitions added to this
@@ -304,6 +312,21 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
     if (lost)
         say(log_, LogLevel::warning, {}, "assignment of {} partition(s) lost; committing nothing for them", list->cnt);
     events_.revoked(revoked, lost);
+    drop_queues(revoked);
+    if (!lost)
+        say(log_, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
+    if (cooperative_) {
+        ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
+        if (e)
+            say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
+                rd_kafka_error_string(e.get()));
+    } else {
+        rd_kafka_assign(rk_.get(), nullptr);
+    }
+}
+
+void GroupMember::drop_queues(const std::set<TopicPartition>& revoked)
+{
     // Held records of revoked partitions go: their offsets were never
     // committed, so the next owner (or this member, reassigned) reads them.
     const auto before = queues_.size();
@@ -317,16 +340,6 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
                   queues_.end());
     if (queues_.size() != before)
         next_queue_ = last_queue_ = 0;
-    if (!lost)
-        say(log_, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
-    if (cooperative_) {
-        ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
-        if (e)
-            say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
-                rd_kafka_error_string(e.get()));
-    } else {
-        rd_kafka_assign(rk_.get(), nullptr);
-    }
 }
 
 namespace {

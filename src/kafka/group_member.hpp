@@ -188,6 +188,10 @@ private:
     static void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque);
     static int stats_cb(rd_kafka_t* rk, char* json, size_t len, void* opaque);
     void on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list);
+    // The two halves of on_rebalance(): partitions assigned to this member, or
+    // revoked from it (lost too).
+    void on_assign(rd_kafka_topic_partition_list_t* list);
+    void on_revoke(rd_kafka_topic_partition_list_t* list);
     void on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list);
     void on_error(int err, const char* reason);
     void on_stats(std::string_view json) noexcept;
@@ -211,7 +215,8 @@ private:
     Queue* hold(MessagePtr m); // its queue (null: an error, kept for poll() to return)
     MessagePtr next_held();
     void drop_held(Queue& l);
-    void count_held() noexcept; // the prefetched_* gauges
+    void drop_queues(const std::set<TopicPartition>& revoked); // and their held records
+    void count_held() noexcept;                                // the prefetched_* gauges
     void pause_full(Queue& l);
     void resume_full(Queue& l);
     void log_full_pause(const Queue& l);
