@@ -340,6 +340,54 @@ std::string newer_problem(int version)
                        version, schema_version);
 }
 
+// Adds to `problems` the columns of `want` that the table `oid` lacks or
+// types otherwise.
+void check_columns(pqxx::transaction_base& tx, std::int64_t oid, const Expected& want,
+                   std::vector<std::string>& problems)
+{
+    const auto cols = detail::pg::exec_params(tx,
+                                              "SELECT attname::text, format_type(atttypid, atttypmod) FROM "
+                                              "pg_attribute WHERE attrelid = $1::bigint::oid AND attnum > 0 AND NOT "
+                                              "attisdropped",
+                                              oid);
+    for (const auto& col : want.columns) {
+        std::optional<std::string> type;
+        for (const auto& row : cols)
+            if (row[0].as<std::string>() == col.name)
+                type = row[1].as<std::string>();
+        if (!type)
+            problems.push_back(fmt::format("has no column {} ({})", col.name, col.type));
+        else if (*type != col.type)
+            problems.push_back(fmt::format("column {} is {}, expected {}", col.name, *type, col.type));
+    }
+}
+
+// Adds to `problems` the primary and unique keys of `want` that the table
+// `oid` lacks.
+void check_keys(pqxx::transaction_base& tx, std::int64_t oid, const Expected& want, std::vector<std::string>& problems)
+{
+    const auto keys = detail::pg::exec_params(
+        tx,
+        "SELECT i.indisprimary, array_to_string(ARRAY(SELECT a.attname::text FROM unnest(i.indkey) k JOIN "
+        "pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k ORDER BY 1), ',') FROM pg_index i "
+        "WHERE i.indrelid = $1::bigint::oid AND i.indisunique AND i.indpred IS NULL",
+        oid);
+    bool pk = false;
+    for (const auto& row : keys)
+        if (row[0].as<bool>() && row[1].as<std::string>() == want.primary_key)
+            pk = true;
+    if (!pk)
+        problems.push_back(fmt::format("has no primary key ({})", want.primary_key));
+    for (const auto& u : want.unique_keys) {
+        bool found = false;
+        for (const auto& row : keys)
+            if (row[1].as<std::string>() == u)
+                found = true;
+        if (!found)
+            problems.push_back(fmt::format("has no unique key ({})", u));
+    }
+}
+
 // What the table of `kind` looks like: whether it exists, its version, its
 // layout, and what it lacks for the layout of schema version `layout` (its
 // own version when `layout` is 0; the current one for a table without a
@@ -375,42 +423,9 @@ TableCheck inspect_table(pqxx::transaction_base& tx, std::string_view kind, cons
     if (partitioned && (kind != detail::ddl::claims_kind || rel[0][2].as<std::string>() != "RANGE (event_id)"))
         c.problems.push_back(
             fmt::format("is partitioned by {}, not as the library creates it", rel[0][2].as<std::string>()));
-    const auto cols = detail::pg::exec_params(tx,
-                                              "SELECT attname::text, format_type(atttypid, atttypmod) FROM "
-                                              "pg_attribute WHERE attrelid = $1::bigint::oid AND attnum > 0 AND NOT "
-                                              "attisdropped",
-                                              oid);
     const Expected want = expected(kind, layout);
-    for (const auto& col : want.columns) {
-        std::optional<std::string> type;
-        for (const auto& row : cols)
-            if (row[0].as<std::string>() == col.name)
-                type = row[1].as<std::string>();
-        if (!type)
-            c.problems.push_back(fmt::format("has no column {} ({})", col.name, col.type));
-        else if (*type != col.type)
-            c.problems.push_back(fmt::format("column {} is {}, expected {}", col.name, *type, col.type));
-    }
-    const auto keys = detail::pg::exec_params(
-        tx,
-        "SELECT i.indisprimary, array_to_string(ARRAY(SELECT a.attname::text FROM unnest(i.indkey) k JOIN "
-        "pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k ORDER BY 1), ',') FROM pg_index i "
-        "WHERE i.indrelid = $1::bigint::oid AND i.indisunique AND i.indpred IS NULL",
-        oid);
-    bool pk = false;
-    for (const auto& row : keys)
-        if (row[0].as<bool>() && row[1].as<std::string>() == want.primary_key)
-            pk = true;
-    if (!pk)
-        c.problems.push_back(fmt::format("has no primary key ({})", want.primary_key));
-    for (const auto& u : want.unique_keys) {
-        bool found = false;
-        for (const auto& row : keys)
-            if (row[1].as<std::string>() == u)
-                found = true;
-        if (!found)
-            c.problems.push_back(fmt::format("has no unique key ({})", u));
-    }
+    check_columns(tx, oid, want, c.problems);
+    check_keys(tx, oid, want, c.problems);
     return c;
 }
 
@@ -584,6 +599,68 @@ std::string schema_upgrade_sql(const SchemaSpec& spec, int from_version, const s
 
 // ---- migrate -----------------------------------------------------------------------
 
+namespace {
+
+// The tables that migrate_schema() creates or upgrades, by kind, as (schema,
+// table): the claims table and its retention registry first.
+using KindTables = std::vector<std::pair<std::string_view, std::pair<std::string, std::string>>>;
+
+KindTables tables_of(const SchemaSpec& spec)
+{
+    KindTables tables;
+    tables.push_back({detail::ddl::claims_kind, {spec.schema, spec.claims_table}});
+    tables.push_back({detail::ddl::retention_kind, {spec.schema, retention_registry_name(spec.claims_table)}});
+    if (spec.offsets_table)
+        tables.push_back({detail::ddl::offsets_kind, {spec.schema, *spec.offsets_table}});
+    if (spec.outbox_table)
+        tables.push_back({detail::ddl::outbox_kind, {spec.outbox_schema, *spec.outbox_table}});
+    if (spec.replay_audit_table)
+        tables.push_back({detail::ddl::replay_audit_kind, {spec.schema, *spec.replay_audit_table}});
+    return tables;
+}
+
+// Creates the positions, outbox and replay audit tables that `spec` names and
+// that do not exist yet, noting in `report` which it created.
+void create_optional_tables(pqxx::work& tx, const SchemaSpec& spec, const std::optional<OffsetStore>& offsets,
+                            const std::optional<Outbox>& outbox, SchemaMigrationReport& report)
+{
+    auto missing = [&tx](const std::string& qualified) {
+        return detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified)[0][0].as<bool>();
+    };
+    if (offsets) {
+        report.offsets_created = missing(offsets->qualified_name());
+        offsets->ensure_schema(tx);
+    }
+    if (outbox) {
+        report.outbox_created = missing(outbox->qualified_name());
+        outbox->ensure_schema(tx);
+    }
+    if (spec.replay_audit_table) {
+        const std::string q = qualify(spec.schema, *spec.replay_audit_table);
+        report.replay_audit_created = missing(q);
+        if (report.replay_audit_created)
+            for (const auto& sql : detail::ddl::replay_audit_table(q))
+                tx.exec(sql);
+    }
+}
+
+// Throws ConfigError naming everything the migrated `tables` still lack.
+void require_complete(pqxx::transaction_base& tx, const KindTables& tables)
+{
+    std::vector<std::string> problems;
+    for (const auto& [kind, name] : tables) {
+        const TableCheck c = check_table(tx, kind, name.first, name.second);
+        for (const auto& p : c.problems)
+            problems.push_back(c.qualified + " " + p);
+    }
+    if (!problems.empty())
+        throw ConfigError(fmt::format("migrate: existing tables lack what idemkafka needs and are not changed "
+                                      "automatically: {}",
+                                      fmt::join(problems, "; ")));
+}
+
+} // namespace
+
 SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& spec, Maintenance::Existing existing,
                                      const LogSink& log, const Maintenance::WallClock& clock)
 {
@@ -596,15 +673,7 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
     if (spec.outbox_table)
         outbox.emplace(spec.outbox_schema, *spec.outbox_table);
     spec.retention.validate();
-    std::vector<std::pair<std::string_view, std::pair<std::string, std::string>>> tables;
-    tables.push_back({detail::ddl::claims_kind, {spec.schema, spec.claims_table}});
-    tables.push_back({detail::ddl::retention_kind, {spec.schema, retention_registry_name(spec.claims_table)}});
-    if (offsets)
-        tables.push_back({detail::ddl::offsets_kind, {spec.schema, *spec.offsets_table}});
-    if (outbox)
-        tables.push_back({detail::ddl::outbox_kind, {spec.outbox_schema, *spec.outbox_table}});
-    if (spec.replay_audit_table)
-        tables.push_back({detail::ddl::replay_audit_kind, {spec.schema, *spec.replay_audit_table}});
+    const KindTables tables = tables_of(spec);
     try {
         // Every table is created, converted and upgraded in one transaction:
         // a failure leaves the schema as it was, and a consumer never sees one
@@ -616,34 +685,8 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
             if (detail::upgrade_table(tx, kind, name.first, name.second, spec.retention.lock_timeout))
                 report.versioned.push_back(qualify(name.first, name.second));
         detail::migrate_claims_table(tx, store, spec.retention, existing, report.claims);
-        auto missing = [&tx](const std::string& qualified) {
-            return detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified)[0][0].as<bool>();
-        };
-        if (offsets) {
-            report.offsets_created = missing(offsets->qualified_name());
-            offsets->ensure_schema(tx);
-        }
-        if (outbox) {
-            report.outbox_created = missing(outbox->qualified_name());
-            outbox->ensure_schema(tx);
-        }
-        if (spec.replay_audit_table) {
-            const std::string q = qualify(spec.schema, *spec.replay_audit_table);
-            report.replay_audit_created = missing(q);
-            if (report.replay_audit_created)
-                for (const auto& sql : detail::ddl::replay_audit_table(q))
-                    tx.exec(sql);
-        }
-        std::vector<std::string> problems;
-        for (const auto& [kind, name] : tables) {
-            const TableCheck c = check_table(tx, kind, name.first, name.second);
-            for (const auto& p : c.problems)
-                problems.push_back(c.qualified + " " + p);
-        }
-        if (!problems.empty())
-            throw ConfigError(fmt::format("migrate: existing tables lack what idemkafka needs and are not changed "
-                                          "automatically: {}",
-                                          fmt::join(problems, "; ")));
+        create_optional_tables(tx, spec, offsets, outbox, report);
+        require_complete(tx, tables);
         tx.commit();
     } catch (const Error&) {
         throw;
