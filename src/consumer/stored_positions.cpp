@@ -14,11 +14,10 @@ using kafka::offset_invalid;
 
 // Kafka's committed offsets of `tps`: `known` when the caller has them, else
 // asked of the group; empty when unknown (the stored positions decide).
-std::vector<std::pair<TopicPartition, std::int64_t>> committed_offsets(kafka::GroupMember& consumer,
-                                                                       const std::vector<TopicPartition>& tps,
-                                                                       const std::vector<OffsetCommit>* known)
+StoredPositions::Committed committed_offsets(kafka::GroupMember& consumer, const std::vector<TopicPartition>& tps,
+                                             const std::vector<OffsetCommit>* known)
 {
-    std::vector<std::pair<TopicPartition, std::int64_t>> committed;
+    StoredPositions::Committed committed;
     if (known) {
         for (const auto& c : *known)
             committed.push_back({c.tp, c.offset});
@@ -44,61 +43,9 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
     std::map<TopicPartition, std::int64_t> target;
     reported_.clear();
     std::size_t unknown = 0;
-    for (const auto& st : *stored) {
-        auto* ps = ledger_.find(st.topic, st.partition);
-        std::optional<std::int64_t> next = st.next_offset;
-        if (!next && ps && ps->began_at >= 0 && ps->position() > ps->began_at) {
-            // Taken again after a reconnect: this member processed records
-            // of the partition, and stored their positions with them, but
-            // the server has none (a failover to a standby without any of
-            // them). Kafka's committed offset may have moved past them: they
-            // are processed again from where this member began.
-            next = ps->began_at;
-            lost_every_position(*ps);
-        }
-        if (ps) {
-            ps->epoch = st.epoch;
-            ps->position_verified = true;
-            ps->stored_next = next.value_or(-1);
-        }
-        const TopicPartition tp{st.topic, st.partition};
-        std::int64_t kafka_offset = offset_invalid;
-        bool kafka_known = false;
-        for (const auto& [c, offset] : committed)
-            if (c == tp && offset != kafka::offset_unknown) {
-                kafka_offset = offset;
-                kafka_known = true;
-            }
-        if (!next) {
-            // Never stored: where Kafka says, as an offset of our own. Left
-            // to librdkafka's own fetch of the committed offset at the
-            // assignment, a refused fetch (a stale coordinator) leaves the
-            // partition assigned and never fetched, without a word.
-            const auto start = kafka_known ? start_without_position(consumer, tp, kafka_offset) : std::nullopt;
-            if (!start) {
-                ++unknown;
-                if (ps)
-                    ps->position_verified = false;
-                continue;
-            }
-            target[tp] = *start;
-            continue;
-        }
-        target[tp] = *next;
-        if (*next == kafka_offset)
-            continue;
-        // The database decides, also when it is behind Kafka: every kind of
-        // progress is stored before Kafka hears of it, so behind means
-        // commits PostgreSQL lost (a failover to a standby without them, a
-        // restored backup) or an offset reset in Kafka. The records in
-        // between come again; those whose claims survived are duplicates.
-        if (ps) {
-            ps->start_offset = *next; // for the lag gauge
-            ps->start_known = true;
-        }
-        reported_.insert(tp);
-        report_start(st.topic, st.partition, *next, kafka_offset);
-    }
+    for (const auto& st : *stored)
+        if (!place(consumer, st, committed, target))
+            ++unknown;
     if (unknown > 0) {
         emit(log_, LogLevel::warning,
              fmt::format("{} partition(s) without a stored position wait: Kafka's committed offsets (or their "
@@ -108,6 +55,70 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
         return std::nullopt;
     }
     return target;
+}
+
+std::optional<std::int64_t> StoredPositions::stored_start(const OffsetStore::Stored& st, PartitionState* ps)
+{
+    std::optional<std::int64_t> next = st.next_offset;
+    if (!next && ps && ps->began_at >= 0 && ps->position() > ps->began_at) {
+        // Taken again after a reconnect: this member processed records
+        // of the partition, and stored their positions with them, but
+        // the server has none (a failover to a standby without any of
+        // them). Kafka's committed offset may have moved past them: they
+        // are processed again from where this member began.
+        next = ps->began_at;
+        lost_every_position(*ps);
+    }
+    if (ps) {
+        ps->epoch = st.epoch;
+        ps->position_verified = true;
+        ps->stored_next = next.value_or(-1);
+    }
+    return next;
+}
+
+bool StoredPositions::place(kafka::GroupMember& consumer, const OffsetStore::Stored& st, const Committed& committed,
+                            std::map<TopicPartition, std::int64_t>& target)
+{
+    auto* ps = ledger_.find(st.topic, st.partition);
+    const std::optional<std::int64_t> next = stored_start(st, ps);
+    const TopicPartition tp{st.topic, st.partition};
+    std::int64_t kafka_offset = offset_invalid;
+    bool kafka_known = false;
+    for (const auto& [c, offset] : committed)
+        if (c == tp && offset != kafka::offset_unknown) {
+            kafka_offset = offset;
+            kafka_known = true;
+        }
+    if (!next) {
+        // Never stored: where Kafka says, as an offset of our own. Left
+        // to librdkafka's own fetch of the committed offset at the
+        // assignment, a refused fetch (a stale coordinator) leaves the
+        // partition assigned and never fetched, without a word.
+        const auto start = kafka_known ? start_without_position(consumer, tp, kafka_offset) : std::nullopt;
+        if (!start) {
+            if (ps)
+                ps->position_verified = false;
+            return false;
+        }
+        target[tp] = *start;
+        return true;
+    }
+    target[tp] = *next;
+    if (*next == kafka_offset)
+        return true;
+    // The database decides, also when it is behind Kafka: every kind of
+    // progress is stored before Kafka hears of it, so behind means
+    // commits PostgreSQL lost (a failover to a standby without them, a
+    // restored backup) or an offset reset in Kafka. The records in
+    // between come again; those whose claims survived are duplicates.
+    if (ps) {
+        ps->start_offset = *next; // for the lag gauge
+        ps->start_known = true;
+    }
+    reported_.insert(tp);
+    report_start(st.topic, st.partition, *next, kafka_offset);
+    return true;
 }
 
 // Where a partition without a stored position starts: Kafka's committed

@@ -54,6 +54,9 @@ public:
     /// failover), and a first attempt on it would only fail.
     void reconnect() noexcept { own_.disconnect(); }
 
+    /// Kafka's committed offsets, by partition (offset_unknown: none known).
+    using Committed = std::vector<std::pair<TopicPartition, std::int64_t>>;
+
     enum class Stored { yes, fenced, failed };
     /// Writes the merged positions of `moved` in a transaction of their own
     /// (per-key ordering over several workers). `fenced`: the table refused
@@ -64,6 +67,15 @@ private:
     std::optional<std::vector<OffsetStore::Stored>> take_over(const std::vector<TopicPartition>& tps);
     std::vector<OffsetStore::Stored> take_over_once(const std::vector<std::pair<std::string, std::int32_t>>& wanted);
     void take_over_failed(const std::exception& e, bool lock_timeout);
+
+    // acquire()'s work for one partition taken over, `st`: where its stored
+    // position says it starts (a reconnect's lost positions too), noted in
+    // the ledger's state of it (`ps`, null: none) ...
+    std::optional<std::int64_t> stored_start(const OffsetStore::Stored& st, PartitionState* ps);
+    // ... and where it starts, added to `target`; false when that is unknown
+    // (Kafka's committed offset of a partition never stored not read).
+    bool place(kafka::GroupMember& consumer, const OffsetStore::Stored& st, const Committed& committed,
+               std::map<TopicPartition, std::int64_t>& target);
     std::optional<std::int64_t> start_without_position(kafka::GroupMember& consumer, const TopicPartition& tp,
                                                        std::int64_t kafka_offset);
     void report_start(const std::string& topic, std::int32_t partition, std::int64_t stored, std::int64_t kafka_offset);
