@@ -74,65 +74,98 @@ Maintenance::Maintenance(ProcessedEventStore store, RetentionConfig config, LogS
         clock_ = [] { return std::chrono::system_clock::now(); };
 }
 
+namespace {
+
+// migrate_claims_table()'s ways, by what it finds: no table, a partitioned
+// one, a plain one to convert, a plain one to keep. `def`: the default
+// partition's qualified name.
+void create_claims_table(pqxx::work& tx, const ProcessedEventStore& store, const RetentionConfig& cfg,
+                         MigrationReport& report)
+{
+    for (const auto& sql : detail::ddl::claims_table(store.schema(), store.table(), cfg.mode))
+        tx.exec(sql);
+    report.created = true;
+    report.mode = cfg.mode;
+    report.notes.insert(report.notes.begin(),
+                        fmt::format("created {} ({})", store.qualified_name(), to_string(cfg.mode)));
+}
+
+void adopt_partitioned(pqxx::work& tx, const ProcessedEventStore& store, const RetentionConfig& cfg,
+                       Maintenance::Existing existing, const TableKind& kind, const std::string& def,
+                       MigrationReport& report)
+{
+    const std::string& t = store.qualified_name();
+    if (!keyed_by_event_id(kind))
+        throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); a key "
+                                      "other than the event id cannot keep redeliveries in one partition",
+                                      t, kind.partkey));
+    if (cfg.mode == RetentionMode::purge && existing == Maintenance::Existing::convert)
+        throw ConfigError(fmt::format("mode: {} is partitioned; converting it back to a plain table is "
+                                      "not supported (its partitions already expire on their own)",
+                                      t));
+    report.mode = RetentionMode::partitioned;
+    if (!find_default(list_partitions(tx, t))) {
+        tx.exec(detail::ddl::claims_default_partition(store.schema(), store.table()));
+        report.notes.push_back(fmt::format("added the default partition {}", def));
+    }
+}
+
+void convert_to_partitioned(pqxx::work& tx, const ProcessedEventStore& store, const std::string& def,
+                            MigrationReport& report)
+{
+    const std::string& t = store.qualified_name();
+    // The plain table (upgraded to this schema version first: it must have
+    // the parent's columns) becomes the default partition as it is (no
+    // validation scan: with no other partition it accepts everything).
+    // Creating the range partitions then moves the claims of their ranges
+    // out of it (up to max_move_rows each); the rest ages out there by
+    // processed_at.
+    tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t, quote_identifier(default_partition_name(store.table()))));
+    tx.exec(detail::ddl::claims_table(store.schema(), store.table(), RetentionMode::partitioned)[0]);
+    tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
+    tx.exec(detail::ddl::version_comment(t, detail::ddl::claims_kind));
+    report.converted = true;
+    report.mode = RetentionMode::partitioned;
+    report.notes.push_back(fmt::format("converted {} to partitioned: its rows are now in the default "
+                                       "partition {} and expire by processed_at",
+                                       t, def));
+}
+
+void keep_plain(pqxx::work& tx, const ProcessedEventStore& store, const RetentionConfig& cfg, MigrationReport& report)
+{
+    const std::string& t = store.qualified_name();
+    report.mode = RetentionMode::purge;
+    if (cfg.mode == RetentionMode::partitioned)
+        report.notes.push_back(fmt::format("{} is a plain table and stays one (maintenance purges it); "
+                                           "convert it with `idemkafka-admin migrate --mode partitioned`",
+                                           t));
+    // On a large table this blocks writes while it builds: create the index
+    // CONCURRENTLY by hand first (docs/retention.md), migrate then finds it.
+    if (ensure_processed_at_index(tx, t, detail::ddl::plain_index_name(store.table())))
+        report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", t));
+}
+
+} // namespace
+
 void detail::migrate_claims_table(pqxx::work& tx, const ProcessedEventStore& store, const RetentionConfig& cfg,
                                   Maintenance::Existing existing, MigrationReport& report)
 {
-    using Existing = Maintenance::Existing;
-    const std::string& t = store.qualified_name();
     const std::string def =
         quote_identifier(store.schema()) + "." + quote_identifier(default_partition_name(store.table()));
     tx.exec(detail::ddl::create_schema(store.quoted_schema()));
-    const TableKind kind = table_kind(tx, t);
+    const TableKind kind = table_kind(tx, store.qualified_name());
     bool has_default = false;
     if (!kind.exists) {
-        for (const auto& sql : detail::ddl::claims_table(store.schema(), store.table(), cfg.mode))
-            tx.exec(sql);
+        create_claims_table(tx, store, cfg, report);
         has_default = cfg.mode == RetentionMode::partitioned;
-        report.created = true;
-        report.mode = cfg.mode;
-        report.notes.insert(report.notes.begin(), fmt::format("created {} ({})", t, to_string(cfg.mode)));
     } else if (kind.partitioned) {
-        if (!keyed_by_event_id(kind))
-            throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); a key "
-                                          "other than the event id cannot keep redeliveries in one partition",
-                                          t, kind.partkey));
-        if (cfg.mode == RetentionMode::purge && existing == Existing::convert)
-            throw ConfigError(fmt::format("mode: {} is partitioned; converting it back to a plain table is "
-                                          "not supported (its partitions already expire on their own)",
-                                          t));
-        report.mode = RetentionMode::partitioned;
-        if (!find_default(list_partitions(tx, t))) {
-            tx.exec(detail::ddl::claims_default_partition(store.schema(), store.table()));
-            report.notes.push_back(fmt::format("added the default partition {}", def));
-        }
+        adopt_partitioned(tx, store, cfg, existing, kind, def, report);
         has_default = true;
-    } else if (cfg.mode == RetentionMode::partitioned && existing == Existing::convert) {
-        // The plain table (upgraded to this schema version first: it must have
-        // the parent's columns) becomes the default partition as it is (no
-        // validation scan: with no other partition it accepts everything).
-        // Creating the range partitions then moves the claims of their ranges
-        // out of it (up to max_move_rows each); the rest ages out there by
-        // processed_at.
-        tx.exec(fmt::format("ALTER TABLE {} RENAME TO {}", t, quote_identifier(default_partition_name(store.table()))));
-        tx.exec(detail::ddl::claims_table(store.schema(), store.table(), RetentionMode::partitioned)[0]);
-        tx.exec(fmt::format("ALTER TABLE {} ATTACH PARTITION {} DEFAULT", t, def));
-        tx.exec(detail::ddl::version_comment(t, detail::ddl::claims_kind));
+    } else if (cfg.mode == RetentionMode::partitioned && existing == Maintenance::Existing::convert) {
+        convert_to_partitioned(tx, store, def, report);
         has_default = true;
-        report.converted = true;
-        report.mode = RetentionMode::partitioned;
-        report.notes.push_back(fmt::format("converted {} to partitioned: its rows are now in the default "
-                                           "partition {} and expire by processed_at",
-                                           t, def));
     } else {
-        report.mode = RetentionMode::purge;
-        if (cfg.mode == RetentionMode::partitioned)
-            report.notes.push_back(fmt::format("{} is a plain table and stays one (maintenance purges it); "
-                                               "convert it with `idemkafka-admin migrate --mode partitioned`",
-                                               t));
-        // On a large table this blocks writes while it builds: create the index
-        // CONCURRENTLY by hand first (docs/retention.md), migrate then finds it.
-        if (ensure_processed_at_index(tx, t, detail::ddl::plain_index_name(store.table())))
-            report.notes.push_back(fmt::format("created an index on {} (processed_at) for the purge", t));
+        keep_plain(tx, store, cfg, report);
     }
     // The default partition is purged by processed_at like a plain table.
     if (has_default && ensure_processed_at_index(tx, def, detail::ddl::default_index_name(store.table())) &&
@@ -252,6 +285,60 @@ bool Maintenance::forget_group(pqxx::connection& conn, const std::string& consum
     }
 }
 
+namespace {
+
+// What run_once() reads of the claims table before it acts.
+struct TableState {
+    TableKind kind;
+    std::optional<int> version;
+    bool registry = false;
+    std::optional<RegisteredRetention> longest;
+};
+
+TableState table_state(pqxx::connection& conn, const ProcessedEventStore& store)
+{
+    TableState state;
+    pqxx::work tx(conn);
+    state.kind = table_kind(tx, store.qualified_name());
+    state.version = detail::schema_version_of(tx, store.schema(), store.table());
+    state.registry = registry_exists(tx, store);
+    state.longest = longest_registered(tx, store, false);
+    return state;
+}
+
+// run_once() on a partitioned table `t`: new partitions, expired ones
+// dropped, the default partition purged.
+void maintain_partitions(pqxx::connection& conn, MaintenanceOps& ops, const std::string& t, const TableState& state,
+                         bool dry_run, MaintenanceReport& report)
+{
+    if (!keyed_by_event_id(state.kind))
+        throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); not maintaining it", t,
+                                      state.kind.partkey));
+    // A partition gets this version's columns, and PostgreSQL attaches only
+    // a partition with exactly the parent's: a table not upgraded yet (or
+    // upgraded by a newer release) gets no new partitions from here. Its
+    // ids land in the default partition meanwhile, still deduplicated.
+    if (state.version.value_or(1) != schema_version)
+        ops.note(report.actions, LogLevel::warning,
+                 fmt::format("no partitions created: {} has schema version {} and this library makes partitions "
+                             "of version {}; upgrade it with `idemkafka-admin migrate` of the newer release",
+                             t, state.version.value_or(1), schema_version));
+    else
+        ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved, report.actions);
+    ops.drop_expired(conn, report.now, report.cutoff, dry_run, report.partitions_dropped, report.partitions_kept,
+                     report.actions);
+    std::vector<Partition> parts;
+    {
+        pqxx::work tx(conn);
+        parts = list_partitions(tx, t);
+    }
+    if (const Partition* def = find_default(parts))
+        ops.purge(conn, def->qualified(), "the default partition " + def->qualified(), report.now, report.cutoff,
+                  dry_run, report);
+}
+
+} // namespace
+
 MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
 {
     MaintenanceOps ops(store_, config_, log_, cancel_);
@@ -268,56 +355,21 @@ MaintenanceReport Maintenance::run_once(pqxx::connection& conn, bool dry_run)
             return report;
         }
         report.acted = true;
-        TableKind kind;
-        std::optional<int> version;
-        bool registry = false;
-        std::optional<RegisteredRetention> longest;
-        {
-            pqxx::work tx(conn);
-            kind = table_kind(tx, t);
-            version = detail::schema_version_of(tx, store_.schema(), store_.table());
-            registry = registry_exists(tx, store_);
-            longest = longest_registered(tx, store_, false);
-        }
-        if (!kind.exists)
+        const TableState state = table_state(conn, store_);
+        if (!state.kind.exists)
             throw DatabaseError(fmt::format("{} does not exist; run `idemkafka-admin migrate` (or start a consumer "
                                             "with create_schema) first",
                                             t));
-        keep_for(config_, store_, report, registry, longest, ops);
-        report.mode = kind.partitioned ? RetentionMode::partitioned : RetentionMode::purge;
+        keep_for(config_, store_, report, state.registry, state.longest, ops);
+        report.mode = state.kind.partitioned ? RetentionMode::partitioned : RetentionMode::purge;
         if (report.mode != config_.mode)
             ops.note(report.actions, LogLevel::warning,
                      fmt::format("{} is {} while the configured mode is {}; maintaining it as it is", t,
-                                 kind.partitioned ? "partitioned" : "a plain table", to_string(config_.mode)));
-        if (!kind.partitioned) {
+                                 state.kind.partitioned ? "partitioned" : "a plain table", to_string(config_.mode)));
+        if (!state.kind.partitioned)
             ops.purge(conn, t, t, report.now, report.cutoff, dry_run, report);
-            return report;
-        }
-        if (!keyed_by_event_id(kind))
-            throw ConfigError(fmt::format("table: {} is partitioned by {}, not RANGE (event_id); not maintaining it", t,
-                                          kind.partkey));
-        // A partition gets this version's columns, and PostgreSQL attaches only
-        // a partition with exactly the parent's: a table not upgraded yet (or
-        // upgraded by a newer release) gets no new partitions from here. Its
-        // ids land in the default partition meanwhile, still deduplicated.
-        if (version.value_or(1) != schema_version)
-            ops.note(report.actions, LogLevel::warning,
-                     fmt::format("no partitions created: {} has schema version {} and this library makes partitions "
-                                 "of version {}; upgrade it with `idemkafka-admin migrate` of the newer release",
-                                 t, version.value_or(1), schema_version));
         else
-            ops.create_partitions(conn, report.now, dry_run, report.partitions_created, report.rows_moved,
-                                  report.actions);
-        ops.drop_expired(conn, report.now, report.cutoff, dry_run, report.partitions_dropped, report.partitions_kept,
-                         report.actions);
-        std::vector<Partition> parts;
-        {
-            pqxx::work tx(conn);
-            parts = list_partitions(tx, t);
-        }
-        if (const Partition* def = find_default(parts))
-            ops.purge(conn, def->qualified(), "the default partition " + def->qualified(), report.now, report.cutoff,
-                      dry_run, report);
+            maintain_partitions(conn, ops, t, state, dry_run, report);
         return report;
     } catch (...) {
         rethrow_as_database_error("maintenance");
