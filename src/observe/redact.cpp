@@ -170,38 +170,62 @@ void Redactor::add_secret(std::string_view value)
     secrets_.emplace(at, value);
 }
 
-void Redactor::add_conninfo(std::string_view conninfo)
+namespace {
+
+// The secrets of a URI conninfo whose authority begins at `start`: the
+// password of its user info and the values of its secret query parameters,
+// each given to `keep` as written.
+template <class Keep> void uri_secrets(std::string_view conninfo, std::size_t start, Keep keep)
 {
-    auto keep = [this](std::string_view raw) {
-        add_secret(raw);
-        add_secret(percent_decode(raw));
-    };
-    const auto scheme = conninfo.find("://");
-    if (scheme != std::string_view::npos) {
-        const std::size_t start = scheme + 3;
-        const std::size_t at = conninfo.find('@', start);
-        const std::size_t authority_end = conninfo.find_first_of("/?", start);
-        if (at != std::string_view::npos && at < authority_end) {
-            const std::size_t colon = conninfo.find(':', start);
-            if (colon != std::string_view::npos && colon < at)
-                keep(conninfo.substr(colon + 1, at - colon - 1));
-        }
-        const std::size_t query = conninfo.find('?', start);
-        if (query == std::string_view::npos)
-            return;
-        for (std::size_t p = query + 1; p < conninfo.size();) {
-            std::size_t amp = conninfo.find('&', p);
-            if (amp == std::string_view::npos)
-                amp = conninfo.size();
-            const auto param = conninfo.substr(p, amp - p);
-            const auto eq = param.find('=');
-            if (eq != std::string_view::npos && is_secret_setting(percent_decode(param.substr(0, eq))))
-                keep(param.substr(eq + 1));
-            p = amp + 1;
-        }
-        return;
+    const std::size_t at = conninfo.find('@', start);
+    const std::size_t authority_end = conninfo.find_first_of("/?", start);
+    if (at != std::string_view::npos && at < authority_end) {
+        const std::size_t colon = conninfo.find(':', start);
+        if (colon != std::string_view::npos && colon < at)
+            keep(conninfo.substr(colon + 1, at - colon - 1));
     }
-    // key = value pairs; a value may be single-quoted with backslash escapes.
+    const std::size_t query = conninfo.find('?', start);
+    if (query == std::string_view::npos)
+        return;
+    for (std::size_t p = query + 1; p < conninfo.size();) {
+        std::size_t amp = conninfo.find('&', p);
+        if (amp == std::string_view::npos)
+            amp = conninfo.size();
+        const auto param = conninfo.substr(p, amp - p);
+        const auto eq = param.find('=');
+        if (eq != std::string_view::npos && is_secret_setting(percent_decode(param.substr(0, eq))))
+            keep(param.substr(eq + 1));
+        p = amp + 1;
+    }
+}
+
+// The value of a key = value conninfo that begins at `i`, unescaped; `i`
+// moves past it. A value may be single-quoted with backslash escapes.
+std::string conninfo_value(std::string_view conninfo, std::size_t& i)
+{
+    std::string value;
+    if (i < conninfo.size() && conninfo[i] == '\'') {
+        ++i;
+        while (i < conninfo.size() && conninfo[i] != '\'') {
+            if (conninfo[i] == '\\' && i + 1 < conninfo.size())
+                ++i;
+            value.push_back(conninfo[i++]);
+        }
+        ++i;
+    } else {
+        while (i < conninfo.size() && !is_space(conninfo[i])) {
+            if (conninfo[i] == '\\' && i + 1 < conninfo.size())
+                ++i;
+            value.push_back(conninfo[i++]);
+        }
+    }
+    return value;
+}
+
+// The values of the secret settings of a key = value conninfo, each given to
+// `add` unescaped and as written.
+template <class Add> void keyword_secrets(std::string_view conninfo, Add add)
+{
     std::size_t i = 0;
     while (i < conninfo.size()) {
         while (i < conninfo.size() && is_space(conninfo[i]))
@@ -219,29 +243,29 @@ void Redactor::add_conninfo(std::string_view conninfo)
         ++i;
         while (i < conninfo.size() && is_space(conninfo[i]))
             ++i;
-        std::string value;
         const std::size_t value_start = i;
-        if (i < conninfo.size() && conninfo[i] == '\'') {
-            ++i;
-            while (i < conninfo.size() && conninfo[i] != '\'') {
-                if (conninfo[i] == '\\' && i + 1 < conninfo.size())
-                    ++i;
-                value.push_back(conninfo[i++]);
-            }
-            ++i;
-        } else {
-            while (i < conninfo.size() && !is_space(conninfo[i])) {
-                if (conninfo[i] == '\\' && i + 1 < conninfo.size())
-                    ++i;
-                value.push_back(conninfo[i++]);
-            }
-        }
+        const std::string value = conninfo_value(conninfo, i);
         if (is_secret_setting(key)) {
-            add_secret(value);
+            add(value);
             // As written too (quotes, escapes): a parse error may quote it so.
-            add_secret(conninfo.substr(value_start, std::min(i, conninfo.size()) - value_start));
+            add(conninfo.substr(value_start, std::min(i, conninfo.size()) - value_start));
         }
     }
+}
+
+} // namespace
+
+void Redactor::add_conninfo(std::string_view conninfo)
+{
+    const auto scheme = conninfo.find("://");
+    if (scheme != std::string_view::npos) {
+        uri_secrets(conninfo, scheme + 3, [this](std::string_view raw) {
+            add_secret(raw);
+            add_secret(percent_decode(raw));
+        });
+        return;
+    }
+    keyword_secrets(conninfo, [this](std::string_view value) { add_secret(value); });
 }
 
 void Redactor::add_setting(std::string_view key, std::string_view value)
