@@ -425,17 +425,12 @@ std::map<std::int32_t, std::int64_t> assign_to_ends(rd_kafka_t* rk, const std::s
     return ends;
 }
 
-} // namespace
-
-std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chrono::milliseconds timeout) const
+// A consumer of the cluster at `bootstraps` for read_all(): it joins no
+// group (assign, not subscribe) and commits nothing.
+RdKafkaPtr reader(const std::string& bootstraps)
 {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    const auto fail = [&](const std::string& why) {
-        return KafkaError(fmt::format("TestBroker::read_all {}: {} (timeout {} ms)", topic, why, timeout.count()));
-    };
-
     ConfPtr conf{rd_kafka_conf_new()};
-    set(conf.get(), "bootstrap.servers", impl_->bootstraps);
+    set(conf.get(), "bootstrap.servers", bootstraps);
     set(conf.get(), "client.id", "idemkafka-test-broker-reader");
     // Needed by the consumer API; no group is joined (assign, not subscribe) and nothing is committed.
     set(conf.get(), "group.id", "idemkafka-test-broker-reader");
@@ -445,22 +440,18 @@ std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chro
     quiet(conf.get());
     RdKafkaPtr rk = new_client(RD_KAFKA_CONSUMER, std::move(conf), "reader");
     rd_kafka_poll_set_consumer(rk.get());
+    return rk;
+}
 
-    const TopicMetadata md = topic_metadata(rk.get(), topic, std::chrono::milliseconds(std::max(1, ms_left(deadline))));
-    if (md.err != RD_KAFKA_RESP_ERR_NO_ERROR)
-        throw fail("metadata request failed: " + err_text(md.err));
-    if (!md.listed)
-        return {};
-    if (md.topic_err != RD_KAFKA_RESP_ERR_NO_ERROR)
-        throw fail("metadata: " + err_text(md.topic_err));
-
-    // The end of each partition as the call starts; partitions already at it are done.
-    std::map<std::int32_t, std::int64_t> ends = assign_to_ends(rk.get(), topic, md.partitions, deadline, fail);
+// Reads the assigned partitions of `topic` up to `ends` (partition -> its
+// high watermark as the call started), by partition and offset.
+template <class Fail>
+std::vector<TestRecord> read_to_ends(rd_kafka_t* rk, const std::string& topic,
+                                     std::map<std::int32_t, std::int64_t> ends,
+                                     std::chrono::steady_clock::time_point deadline, const Fail& fail)
+{
     std::vector<TestRecord> out;
-    if (ends.empty())
-        return out;
     const std::map<std::int32_t, std::int64_t> limits = ends;
-
     while (!ends.empty()) {
         const int wait = std::min(100, ms_left(deadline));
         if (wait == 0) {
@@ -469,7 +460,7 @@ std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chro
                 open += fmt::format("{}partition {} (end {})", open.empty() ? "" : ", ", p, end);
             throw fail("did not reach the end of " + open + " in time (are the brokers down?)");
         }
-        const MessagePtr m{rd_kafka_consumer_poll(rk.get(), wait)};
+        const MessagePtr m{rd_kafka_consumer_poll(rk, wait)};
         if (!m)
             continue;
         if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
@@ -496,6 +487,31 @@ std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chro
         return a.partition != b.partition ? a.partition < b.partition : a.offset < b.offset;
     });
     return out;
+}
+
+} // namespace
+
+std::vector<TestRecord> TestBroker::read_all(const std::string& topic, std::chrono::milliseconds timeout) const
+{
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto fail = [&](const std::string& why) {
+        return KafkaError(fmt::format("TestBroker::read_all {}: {} (timeout {} ms)", topic, why, timeout.count()));
+    };
+    RdKafkaPtr rk = reader(impl_->bootstraps);
+
+    const TopicMetadata md = topic_metadata(rk.get(), topic, std::chrono::milliseconds(std::max(1, ms_left(deadline))));
+    if (md.err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        throw fail("metadata request failed: " + err_text(md.err));
+    if (!md.listed)
+        return {};
+    if (md.topic_err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        throw fail("metadata: " + err_text(md.topic_err));
+
+    // The end of each partition as the call starts; partitions already at it are done.
+    std::map<std::int32_t, std::int64_t> ends = assign_to_ends(rk.get(), topic, md.partitions, deadline, fail);
+    if (ends.empty())
+        return {};
+    return read_to_ends(rk.get(), topic, std::move(ends), deadline, fail);
 }
 
 void TestBroker::fail_next_offset_commits(int n)
