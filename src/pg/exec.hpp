@@ -54,4 +54,11 @@ template <class... Args> pqxx::result exec_prepared(pqxx::transaction_base& tx, 
 
 #endif
 
+/// Whether `qualified` (a schema-qualified, quoted name) names a table or
+/// other relation the session can see.
+inline bool relation_exists(pqxx::transaction_base& tx, const std::string& qualified)
+{
+    return exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", qualified)[0][0].as<bool>();
+}
+
 } // namespace idemkafka::detail::pg

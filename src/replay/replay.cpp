@@ -54,7 +54,7 @@ void check_request(const ReplayRequest& r)
 // The audit table must exist: the error says how to create it.
 void require_audit_table(pqxx::transaction_base& tx, const ReplayAuditTable& t)
 {
-    if (!detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NOT NULL", audit_name(t))[0][0].as<bool>())
+    if (!detail::pg::relation_exists(tx, audit_name(t)))
         throw DatabaseError(fmt::format("the replay audit table {} does not exist: create it with `idemkafka-admin "
                                         "migrate --replay-audit{}{}`",
                                         audit_name(t), t.schema != "public" ? " --schema " + t.schema : "",

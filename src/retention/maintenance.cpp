@@ -246,15 +246,14 @@ std::optional<std::chrono::milliseconds> Maintenance::register_group(pqxx::conne
             fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(config_.lock_timeout.count(), 1)));
         const auto earlier = register_retention(tx, store_, consumer_group, config_.retention);
         tx.commit();
-        const detail::retention::MaintenanceOps ops(store_, config_, log_, cancel_);
         if (!earlier)
-            ops.say(LogLevel::info, "group {} registered its retention {} on {}", consumer_group,
-                    detail::duration_text(config_.retention), t);
+            say(log_, LogLevel::info, "group {} registered its retention {} on {}", consumer_group,
+                detail::duration_text(config_.retention), t);
         else if (*earlier != config_.retention)
-            ops.say(LogLevel::warning,
-                    "group {} changed its registered retention on {} from {} to {}; maintenance keeps claims for "
-                    "the longest retention registered",
-                    consumer_group, t, detail::duration_text(*earlier), detail::duration_text(config_.retention));
+            say(log_, LogLevel::warning,
+                "group {} changed its registered retention on {} from {} to {}; maintenance keeps claims for "
+                "the longest retention registered",
+                consumer_group, t, detail::duration_text(*earlier), detail::duration_text(config_.retention));
         return earlier;
     } catch (const pqxx::insufficient_privilege& e) {
         throw ConfigError(fmt::format("registering group {}'s retention in {} needs SELECT, INSERT and UPDATE on "
@@ -276,9 +275,8 @@ bool Maintenance::forget_group(pqxx::connection& conn, const std::string& consum
         tx.commit();
         const bool removed = r.affected_rows() > 0;
         if (removed)
-            detail::retention::MaintenanceOps(store_, config_, log_, cancel_)
-                .say(LogLevel::info, "group {} removed from the retention registry of {}", consumer_group,
-                     store_.qualified_name());
+            say(log_, LogLevel::info, "group {} removed from the retention registry of {}", consumer_group,
+                store_.qualified_name());
         return removed;
     } catch (...) {
         rethrow_as_database_error("retention registry");
@@ -302,7 +300,8 @@ TableState table_state(pqxx::connection& conn, const ProcessedEventStore& store)
     state.kind = table_kind(tx, store.qualified_name());
     state.version = detail::schema_version_of(tx, store.schema(), store.table());
     state.registry = registry_exists(tx, store);
-    state.longest = longest_registered(tx, store, false);
+    if (state.registry)
+        state.longest = longest_in_registry(tx, store, false);
     return state;
 }
 

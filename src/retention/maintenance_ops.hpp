@@ -20,6 +20,18 @@
 
 namespace idemkafka::detail::retention {
 
+/// A line of maintenance's log (component "maintenance"); never throws.
+template <class... Args>
+void say(const LogSink& log, LogLevel level, fmt::format_string<Args...> f, Args&&... args) noexcept
+{
+    if (!log)
+        return;
+    try {
+        emit(log, level, fmt::format(f, std::forward<Args>(args)...), "maintenance");
+    } catch (...) {
+    }
+}
+
 class MaintenanceOps {
 public:
     MaintenanceOps(const ProcessedEventStore& store, const RetentionConfig& cfg, const LogSink& log,
@@ -30,12 +42,7 @@ public:
 
     template <class... Args> void say(LogLevel level, fmt::format_string<Args...> f, Args&&... args) const noexcept
     {
-        if (!log_)
-            return;
-        try {
-            emit(log_, level, fmt::format(f, std::forward<Args>(args)...), "maintenance");
-        } catch (...) {
-        }
+        retention::say(log_, level, f, std::forward<Args>(args)...);
     }
 
     // Every action goes both to the report and to the log, so a long run shows

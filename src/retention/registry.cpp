@@ -30,7 +30,7 @@ std::string registry_of(const ProcessedEventStore& store)
 
 bool registry_exists(pqxx::transaction_base& tx, const ProcessedEventStore& store)
 {
-    return !pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", registry_of(store))[0][0].as<bool>();
+    return pg::relation_exists(tx, registry_of(store));
 }
 
 std::optional<RegisteredRetention> longest_registered(pqxx::transaction_base& tx, const ProcessedEventStore& store,
@@ -38,6 +38,12 @@ std::optional<RegisteredRetention> longest_registered(pqxx::transaction_base& tx
 {
     if (!registry_exists(tx, store))
         return std::nullopt;
+    return longest_in_registry(tx, store, lock);
+}
+
+std::optional<RegisteredRetention> longest_in_registry(pqxx::transaction_base& tx, const ProcessedEventStore& store,
+                                                       bool lock)
+{
     const std::string reg = registry_of(store);
     if (lock)
         tx.exec(fmt::format("LOCK TABLE {} IN SHARE MODE", reg));

@@ -31,6 +31,10 @@ bool registry_exists(pqxx::transaction_base& tx, const ProcessedEventStore& stor
 std::optional<RegisteredRetention> longest_registered(pqxx::transaction_base& tx, const ProcessedEventStore& store,
                                                       bool lock);
 
+/// longest_registered() where the registry is known to exist.
+std::optional<RegisteredRetention> longest_in_registry(pqxx::transaction_base& tx, const ProcessedEventStore& store,
+                                                       bool lock);
+
 /// Every registration, longest retention first; empty without a registry.
 std::vector<RegisteredRetention> registrations(pqxx::transaction_base& tx, const ProcessedEventStore& store);
 

@@ -17,7 +17,7 @@ namespace {
 
 bool missing(pqxx::work& tx, const std::string& qualified)
 {
-    return detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified)[0][0].as<bool>();
+    return !detail::pg::relation_exists(tx, qualified);
 }
 
 // Creates `qualified` (in `schema_q`) with `statements` unless it exists,

@@ -624,9 +624,7 @@ KindTables tables_of(const SchemaSpec& spec)
 void create_optional_tables(pqxx::work& tx, const SchemaSpec& spec, const std::optional<OffsetStore>& offsets,
                             const std::optional<Outbox>& outbox, SchemaMigrationReport& report)
 {
-    auto missing = [&tx](const std::string& qualified) {
-        return detail::pg::exec_params(tx, "SELECT to_regclass($1) IS NULL", qualified)[0][0].as<bool>();
-    };
+    auto missing = [&tx](const std::string& qualified) { return !detail::pg::relation_exists(tx, qualified); };
     if (offsets) {
         report.offsets_created = missing(offsets->qualified_name());
         offsets->ensure_schema(tx);
