@@ -51,13 +51,10 @@ Engine::Impl::Impl(ConsumerConfig c, Stage& s)
     : cfg(std::move(c)), stage(s),
       secrets(
           secrets_of(cfg.postgres, {&cfg.kafka, &cfg.dead_letter_kafka, cfg.outbox ? &cfg.outbox->kafka : nullptr})),
-      log(with_context(cfg.log ? cfg.log : stderr_sink(), {{log_field::group, cfg.group_id}}, secrets)),
-      store(cfg.schema, cfg.table),
-      offset_store(cfg.offsets_in_database ? std::make_optional<OffsetStore>(cfg.schema, cfg.offsets_table)
-                                           : std::nullopt)
+      log(with_context(cfg.log ? cfg.log : stderr_sink(), {{log_field::group, cfg.group_id}}, secrets))
 {
-    if (offset_store)
-        positions.emplace(cfg, *offset_store, ledger, claims, metrics, log);
+    if (tables.offsets)
+        positions.emplace(cfg, *tables.offsets, ledger, claims, metrics, log);
 }
 
 Engine::Impl::~Impl()
@@ -78,10 +75,10 @@ Engine::Impl::~Impl()
 
 void Engine::Impl::abandon_units() noexcept
 {
-    if (!pool)
+    if (!crew.pool)
         return;
-    pool->wait_all();
-    (void)pool->take_done(); // ended: what they did is not merged
+    crew.pool->wait_all();
+    (void)crew.pool->take_done(); // ended: what they did is not merged
     for (std::size_t n = 0; n < dispatcher.workers(); ++n) {
         if (!dispatcher.busy(n))
             continue;
@@ -89,7 +86,7 @@ void Engine::Impl::abandon_units() noexcept
             release_lanes(n);
         free_worker(n);
     }
-    wake.clear();
+    crew.wake.clear();
     ledger.release_retired(); // the states of partitions revoked while the units ran
 }
 
@@ -142,7 +139,7 @@ void Engine::Impl::fill_room()
     while (!room.full()) {
         // A unit ended: merge it (and hand its worker the next one) first.
         // A worker ending from here on wakes the poll below.
-        if (!wake.begin_poll())
+        if (!crew.wake.begin_poll())
             return;
         // A free worker and records it may take: take what librdkafka holds
         // already, without waiting, then hand it out.
@@ -154,7 +151,7 @@ void Engine::Impl::fill_room()
                 idle_poll, std::max(milliseconds(0),
                                     std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
-        wake.end_poll();
+        crew.wake.end_poll();
         keepalive.polled(Clock::now());
         fault.rethrow();
         if (!m)
@@ -239,8 +236,8 @@ void Engine::Impl::count_parked()
 
 void Engine::Impl::merge_finished()
 {
-    wake.clear(); // a unit ending from here on is seen again
-    for (auto n : pool->take_done())
+    crew.wake.clear(); // a unit ending from here on is seen again
+    for (auto n : crew.pool->take_done())
         merge_unit(n);
 }
 
@@ -293,7 +290,7 @@ void Engine::Impl::merge_unit(std::size_t n)
 
 Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
 {
-    auto& w = workers[n];
+    auto& w = crew.workers[n];
     const auto& unit = dispatcher.unit(n);
     Merged m;
     // A rewind that overtook records of the unit while it ran (another
@@ -385,11 +382,11 @@ bool Engine::Impl::store_positions(std::set<PartitionState*> moved, std::size_t 
     }
     if (moved.empty())
         return true;
-    if (!workers[n].db) {
+    if (!crew.workers[n].db) {
         db_hold(); // its connection was lost: stored after the reconnect, with the next merge
         return false;
     }
-    const auto stored = positions->store(workers[n], moved);
+    const auto stored = positions->store(crew.workers[n], moved);
     if (stored == StoredPositions::Stored::fenced)
         pause_fenced();
     return stored == StoredPositions::Stored::yes;
@@ -407,7 +404,7 @@ void Engine::Impl::rewind_room()
 
 void Engine::Impl::start()
 {
-    workers = std::vector<Worker>(cfg.workers);
+    crew.workers = std::vector<Worker>(cfg.workers);
     // With several workers the waiting room holds two batches: records behind
     // a slow call's lanes wait there, and the others must still find room.
     room.size_to(cfg.workers > 1 ? 2 * cfg.max_batch : cfg.max_batch);
@@ -415,15 +412,15 @@ void Engine::Impl::start()
     const auto records = room.limit() + cfg.workers * dispatcher.unit_cap();
     slots.emplace(records);
     stage.reserve(records);
-    pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
-        if (wake.ended())
+    crew.pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
+        if (crew.wake.ended())
             kafka->wake_poll(); // a poll waiting for records returns now
     });
     connect_at_start(secrets, [this] {
-        for (std::size_t i = 0; i < workers.size(); ++i)
-            connect(workers[i], i == 0);
+        for (std::size_t i = 0; i < crew.workers.size(); ++i)
+            connect(crew.workers[i], i == 0);
     });
-    sidecars.start(cfg, store, metrics, log);
+    sidecars.start(cfg, tables.claims, metrics, log);
     kafka = std::make_unique<kafka::GroupMember>(cfg, *this, metrics, log, secrets);
     keepalive.configure(kafka->max_poll_interval(), cfg.shutdown_timeout);
     if (cfg.max_batch_duration.count() > 0)
@@ -472,7 +469,7 @@ void Engine::Impl::shutdown()
     kafka->close(cfg.shutdown_timeout);
     kafka.reset();
     sidecars.stop();
-    workers.clear();
+    crew.workers.clear();
 }
 
 Engine::Engine(ConsumerConfig config, Stage& stage)

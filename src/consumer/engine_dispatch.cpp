@@ -52,22 +52,22 @@ void Engine::Impl::release_lanes(std::size_t n)
 
 void Engine::Impl::free_worker(std::size_t n)
 {
-    workers[n].revoked = false;
+    crew.workers[n].revoked = false;
     if (dispatcher.finish(n))
         ledger.release_retired();
 }
 
 void Engine::Impl::submit(std::size_t n)
 {
-    auto& w = workers[n];
+    auto& w = crew.workers[n];
     metrics.consumed.add(dispatcher.unit(n).size());
     w.reset(Holds{});
     // Always on the pool, also with one worker and no pipeline, the
     // screening too: the poll thread stays free to keep the membership
     // during a long handler call, a reconcile hook call, or dead-letter
     // publishes that wait for the broker (up to their timeout each).
-    pool->submit(n, [this, n] {
-        auto& worker = workers[n];
+    crew.pool->submit(n, [this, n] {
+        auto& worker = crew.workers[n];
         auto& items = dispatcher.unit(n);
         try {
             worker.holds = claims.screen(intake, worker, items); // held before the transactions

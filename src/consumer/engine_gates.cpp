@@ -24,8 +24,8 @@ bool Engine::Impl::ensure_db()
     if (!db.retry_due(Clock::now()))
         return false;
     bool reconnected = false;
-    for (std::size_t i = 0; i < workers.size(); ++i) {
-        auto& w = workers[i];
+    for (std::size_t i = 0; i < crew.workers.size(); ++i) {
+        auto& w = crew.workers[i];
         if (w.db)
             continue;
         try {
@@ -98,7 +98,7 @@ void Engine::Impl::apply_pauses()
 void Engine::Impl::await_unit()
 {
     const auto before = dispatcher.busy_units();
-    if (before == 0 || pool->wait_any_until(keepalive.deadline()))
+    if (before == 0 || crew.pool->wait_any_until(keepalive.deadline()))
         return;
     const auto since = Clock::now();
     metrics.long_call_waits.add();
@@ -110,13 +110,13 @@ void Engine::Impl::await_unit()
     kafka->pause_assignment(true);
     bool cut = false;
     // Until a unit ends, or a revoke served in the poll merged one.
-    while (dispatcher.busy_units() == before && !pool->wait_any_until(Clock::now())) {
+    while (dispatcher.busy_units() == before && !crew.pool->wait_any_until(Clock::now())) {
         // Also for units a revoke abandoned before: their calls may still
         // block on PostgreSQL.
         if (!cut && forced()) {
-            for (std::size_t n = 0; n < workers.size(); ++n)
+            for (std::size_t n = 0; n < crew.workers.size(); ++n)
                 if (dispatcher.busy(n))
-                    workers[n].revoked = true;
+                    crew.workers[n].revoked = true;
             cut = true;
             cut_for_stop();
         }
@@ -144,17 +144,17 @@ void Engine::Impl::watch_calls(Clock::time_point now)
 {
     if (!calls.due(now))
         return;
-    std::vector<std::optional<RunningCall::Seen>> running(workers.size());
-    for (std::size_t n = 0; n < workers.size(); ++n)
+    std::vector<std::optional<RunningCall::Seen>> running(crew.workers.size());
+    for (std::size_t n = 0; n < crew.workers.size(); ++n)
         if (dispatcher.busy(n))
-            running[n] = workers[n].call.seen();
+            running[n] = crew.workers[n].call.seen();
     calls.watch(now, running, kafka->max_poll_interval());
 }
 
 void Engine::Impl::cut_for_stop()
 {
     std::size_t cut = 0;
-    for (auto& w : workers)
+    for (auto& w : crew.workers)
         if (w.watch.cut())
             ++cut;
     say(log, LogLevel::warning, {},

@@ -20,12 +20,12 @@
 #include <set>
 #include <vector>
 
-#include "consumer/item.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/dispatcher.hpp"
 #include "consumer/gates.hpp"
 #include "consumer/intake.hpp"
+#include "consumer/item.hpp"
 #include "consumer/lag.hpp"
 #include "consumer/parking.hpp"
 #include "consumer/run_signals.hpp"
@@ -59,22 +59,42 @@ constexpr milliseconds sync_commit_bound{10000};
 // Reading the committed offsets' metadata at an assignment waits at most this long.
 constexpr milliseconds inherit_wait{5000};
 
+// The consumer's tables, as the configuration names them.
+struct Tables {
+    explicit Tables(const ConsumerConfig& cfg)
+        : claims(cfg.schema, cfg.table),
+          offsets(cfg.offsets_in_database ? std::make_optional<OffsetStore>(cfg.schema, cfg.offsets_table)
+                                          : std::nullopt)
+    {
+    }
+    ProcessedEventStore claims;
+    std::optional<OffsetStore> offsets; // offsets_in_database
+};
+
+// The workers, each with its PostgreSQL session and the unit it runs, the
+// pool of threads that runs their units, and the wake-up of the poll thread
+// when one ends. Sized and started by Engine::Impl::start().
+struct Crew {
+    std::vector<Worker> workers;
+    UnitWake wake;
+    std::unique_ptr<WorkerPool> pool; // last: its threads end before the rest goes
+};
+
 struct Engine::Impl final : kafka::GroupEvents {
     ConsumerConfig cfg;
     Stage& stage;
     Redactor secrets; // of the configuration: masked in every log record and thrown message
     LogSink log;
     Metrics metrics;
-    ProcessedEventStore store;
+    Tables tables{cfg};
     StopSignal stop{cfg.shutdown_timeout};
 
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
-    std::optional<OffsetStore> offset_store; // offsets_in_database
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
     CircuitGate circuit{cfg, metrics, log};
-    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, store, offset_store, ledger, dead_letters,
-                                                    circuit.circuit(), log, [this] { return forced(); },
+    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, tables.claims, tables.offsets, ledger,
+                                                    dead_letters, circuit.circuit(), log, [this] { return forced(); },
                                                     positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // The Stage slots of the records decoded (waiting or in units): the
@@ -90,17 +110,15 @@ struct Engine::Impl final : kafka::GroupEvents {
     // workers, a unit is a worker's share of a full waiting room.
     Dispatcher dispatcher{
         cfg.ordering, cfg.workers, std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers),
-        Dispatcher::Hands{[this](std::size_t n) { return workers[n].db != nullptr; },
+        Dispatcher::Hands{[this](std::size_t n) { return crew.workers[n].db != nullptr; },
                           [this](Item& it) { return decode(it); }, [this](std::size_t n) { submit(n); }}};
     DatabaseGate db{db_backoff_shape};
     CommitPacer pacer{cfg.commit_interval};
     KeepAlive keepalive;
     CallWatch calls{metrics, log};
-    UnitWake wake;
     CallbackFault fault;
     Sidecars sidecars;
-    std::vector<Worker> workers;
-    std::unique_ptr<WorkerPool> pool;
+    Crew crew;
 
     Impl(ConsumerConfig c, Stage& s);
 

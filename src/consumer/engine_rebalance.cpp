@@ -90,7 +90,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
     // when their handler calls return), and the states they point to stay
     // in memory until they are merged. Other units go on.
     std::vector<std::size_t> touching;
-    for (std::size_t n = 0; n < workers.size(); ++n)
+    for (std::size_t n = 0; n < crew.workers.size(); ++n)
         if (dispatcher.busy(n) && std::any_of(dispatcher.unit(n).begin(), dispatcher.unit(n).end(),
                                               [&](const Item& it) { return tps.count(it.part->tp) > 0; }))
             touching.push_back(n);
@@ -104,7 +104,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
         const auto deadline = Clock::now() + keepalive.revoke_wait();
         for (auto n : touching)
-            pool->wait_until(n, deadline);
+            crew.pool->wait_until(n, deadline);
     }
     merge_in_callback();
     touching.erase(std::remove_if(touching.begin(), touching.end(), [&](std::size_t n) { return !dispatcher.busy(n); }),
@@ -126,7 +126,7 @@ void Engine::Impl::abandon_for_revoke(const std::vector<std::size_t>& touching, 
 {
     bool first = false;
     for (auto n : touching) {
-        first = first || !workers[n].revoked.exchange(true);
+        first = first || !crew.workers[n].revoked.exchange(true);
         dispatcher.retire(n);
     }
     if (!first)
