@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "consumer/item.hpp"
 #include "consumer/claim_transaction.hpp"
+#include "consumer/item.hpp"
 #include "consumer/worker.hpp"
 #include "core/fingerprint.hpp"
 #include "idemkafka/config.hpp"

@@ -24,9 +24,9 @@
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
-#include "consumer/item.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"
+#include "consumer/item.hpp"
 #include "consumer/member_sessions.hpp"
 #include "consumer/worker.hpp"
 #include "core/circuit_breaker.hpp"

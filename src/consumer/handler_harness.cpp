@@ -13,10 +13,10 @@
 
 #include <fmt/format.h>
 
-#include "consumer/item.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"
+#include "consumer/item.hpp"
 #include "core/ledger.hpp"
 #include "idemkafka/error.hpp"
 #include "idemkafka/offset_store.hpp"

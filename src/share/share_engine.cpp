@@ -39,11 +39,11 @@
 
 #include <fmt/format.h>
 
-#include "consumer/item.hpp"
 #include "consumer/claim_age.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "consumer/dead_letterer.hpp"
 #include "consumer/intake.hpp"
+#include "consumer/item.hpp"
 #include "core/backoff.hpp"
 #include "core/circuit_breaker.hpp"
 #include "core/ledger.hpp"
