@@ -49,9 +49,11 @@ for side in "AB":
             vals.setdefault((x["name"], x["dup_percent"]), {}).setdefault(side, []).append(x["value"])
         for run in d["runs"]:
             c = run.get("cpu_us_per_event")
-            if c:
+            if c and c.get("app_threads") is not None and c.get("postgres") is not None:
                 key = (run["mode"], run["dup_percent"])
                 cpu.setdefault(key, {}).setdefault(side, []).append((c["app_threads"], c["postgres"]))
+            print(f"{side} {r} {run['mode']:<24} {run['dup_percent']:>3}% {run['events_per_s']:>10.1f}/s"
+                  f"  other cores {run.get('other_processes_cores')}")
 print("ratio                                         dup   A (each)               median A  B (each)               median B")
 for (name, dup), s in sorted(vals.items()):
     fa = " ".join(f"{v:.3f}" for v in s.get("A", []))
