@@ -133,7 +133,9 @@ std::string session_state_sql()
 
 std::string reopen_for_writes_sql()
 {
-    return fmt::format("SET TRANSACTION READ WRITE; SELECT {}, {}", durable_commit, origin_role);
+    // synchronous_commit and session_replication_role: in the claim statement (commit_guard_cte()),
+    // prepared once, where a SELECT of their own here would be parsed and planned at every transaction.
+    return "SET TRANSACTION READ WRITE";
 }
 
 bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept
@@ -207,9 +209,13 @@ CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE ON {table}
 
 std::string commit_guard_cte()
 {
+    // Each condition is true whatever the settings (set_config returns the value it sets), so
+    // all are evaluated, on the guard's one row, before its update queues the guard's trigger
+    // event: session_replication_role is origin by then, so that the trigger fires.
     return fmt::format("WITH idemkafka_guard AS (UPDATE {} SET xid = txid_current() "
-                       "WHERE set_config('default_transaction_read_only', 'off', true) = 'off') ",
-                       guard_table);
+                       "WHERE set_config('default_transaction_read_only', 'off', true) = 'off' "
+                       "AND coalesce({}, 'origin') = 'origin' AND coalesce({}, 'local') = 'local') ",
+                       guard_table, origin_role, durable_commit);
 }
 
 void guard_transaction(pqxx::dbtransaction& tx)

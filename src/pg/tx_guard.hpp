@@ -76,12 +76,14 @@ void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_tim
 /// for the session.
 std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version);
 
-/// What open_for_writes_sql() does for the transaction only (read-write,
-/// synchronous_commit at least local, session_replication_role origin), for a
-/// session whose settings are known to be as open_for_writes_sql() leaves
-/// them: what arm_commit_state() read at the end of the session's last claim
-/// transaction equalled session_state_sql() read after open_for_writes_sql(),
-/// and read_only_by_default(). Same form.
+/// The transaction declared read-write, for a session whose settings are known
+/// to be as open_for_writes_sql() leaves them: what arm_commit_state() read at
+/// the end of the session's last claim transaction equalled
+/// session_state_sql() read after open_for_writes_sql(), and
+/// read_only_by_default(). Only before the claim statement (prefixed with
+/// commit_guard_cte()), which does the rest of what open_for_writes_sql() does
+/// for the transaction only: synchronous_commit at least local,
+/// session_replication_role origin. Same form.
 std::string reopen_for_writes_sql();
 
 /// An expression (for a select list) whose text is the session's settings
@@ -108,9 +110,14 @@ bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept;
 void install_commit_guard(pqxx::connection& conn);
 
 /// The start of the claim statement: the guard row updated with the
-/// transaction's id, and default_transaction_read_only set to "off" for the
-/// transaction only (the session's is "on"), which PostgreSQL 14 and later
-/// report to the client when it changes back (see replaced()).
+/// transaction's id, and, for the transaction only, default_transaction_read_only
+/// set to "off" (the session's is "on"), which PostgreSQL 14 and later report
+/// to the client when it changes back (see replaced()), synchronous_commit
+/// raised to local where it is off and session_replication_role set to origin
+/// where it is replica, before the update queues the guard's trigger event.
+/// The claims themselves may be inserted before those two are set (PostgreSQL
+/// runs a WITH's update after the main statement): the library puts no trigger
+/// on the claims table, and nothing before COMMIT depends on synchronous_commit.
 std::string commit_guard_cte();
 
 /// Arms the guard, and the marker replaced() reads, in a transaction that does

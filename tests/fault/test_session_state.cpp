@@ -189,6 +189,49 @@ TEST_CASE("the commit guard still refuses a handler's COMMIT after a handler set
     f.check_exact(events - 1);
 }
 
+// The same with replica as the database's default (a superuser's ALTER DATABASE): every session
+// starts with it, so the arm finds the session as it was and the next transaction takes the short
+// prologue, in which only the claim statement sets the role back to origin for the transaction,
+// before its update of the guard row queues the trigger's event.
+TEST_CASE("the commit guard refuses a handler's COMMIT when the database's default session_replication_role is "
+          "replica",
+          "[fault][session-state]")
+{
+    const DatabaseSetting setting("session_replication_role", "replica");
+    constexpr int events = 60;
+    Fixture f(1);
+    f.publish(events);
+    auto cfg = f.config();
+    cfg.max_batch = 10;
+    cfg.max_attempts = 2;
+    std::atomic<int> commits{0};
+    std::atomic<int> calls{0};
+    std::atomic<int> replica_calls{0}; // calls that saw the database's replica
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        f.insert(tx, e, ctx);
+        ++calls;
+        if (tx.exec("SELECT current_setting('session_replication_role')")[0][0].as<std::string>() != "origin")
+            ++replica_calls;
+        if (e.amount == 33) {
+            ++commits;
+            try {
+                tx.exec("COMMIT");
+            } catch (const pqxx::failure&) {
+                // returns normally: the library finds the transaction ended
+            }
+        }
+    });
+    run_until(
+        c, [&] { return f.committed_total(1) == events; }, 30s);
+    const auto m = c.metrics().snapshot();
+    CHECK(commits == cfg.max_attempts);
+    CHECK(calls >= events);
+    CHECK(replica_calls == 0);
+    CHECK(m.dead_lettered_for(DeadLetterReason::handler_failed) == 1);
+    CHECK(m.dead_lettered_total() == 1);
+    f.check_exact(events - 1);
+}
+
 // A deferred constraint trigger on the effects table notes synchronous_commit at COMMIT (after
 // every statement of the transaction, the library's own too): with off, COMMIT returns before
 // the WAL is flushed and the offset committed right after would outlive a server crash that
