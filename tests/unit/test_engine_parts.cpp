@@ -13,6 +13,7 @@
 #include "consumer/dispatcher.hpp"
 #include "consumer/gates.hpp"
 #include "consumer/waiting_room.hpp"
+#include "polled_item.hpp"
 
 using namespace idemkafka;
 using namespace idemkafka::detail;
@@ -22,17 +23,11 @@ namespace {
 
 const Clock::time_point t0 = Clock::now();
 
+// A polled record of ten payload bytes (or `value`).
 Item record(PartitionState& ps, std::int64_t offset, std::optional<std::string_view> key = std::nullopt,
             std::string_view value = "0123456789")
 {
-    Item it;
-    it.record.topic = ps.tp.topic;
-    it.record.partition = ps.tp.partition;
-    it.record.offset = offset;
-    it.record.key = key;
-    it.record.value = value;
-    it.part = &ps;
-    return it;
+    return test::polled(ps, offset, key, value);
 }
 
 PartitionState partition(std::int32_t n)
@@ -50,14 +45,18 @@ std::vector<std::int64_t> offsets(const std::vector<Item>& items)
     return out;
 }
 
-// A dispatcher whose workers are all ready, whose records always find a
-// slot (unless `slots` runs out) and whose started units are listed.
-struct Crew {
+// Two partitions, a waiting room of 100 records and a dispatcher whose
+// workers are all ready, whose records always find a slot (unless `slots`
+// runs out) and whose started units are listed.
+struct Desk {
+    PartitionState p0 = partition(0);
+    PartitionState p1 = partition(1);
+    WaitingRoom room{1 << 20};
     std::size_t slots = 1000;
     std::vector<std::size_t> started;
     Dispatcher d;
 
-    Crew(Ordering ordering, std::size_t workers, std::size_t cap)
+    Desk(Ordering ordering, std::size_t workers, std::size_t cap)
         : d(ordering, workers, cap,
             Dispatcher::Hands{[](std::size_t) { return true; },
                               [this](Item&) {
@@ -68,6 +67,14 @@ struct Crew {
                               },
                               [this](std::size_t n) { started.push_back(n); }})
     {
+        room.size_to(100);
+    }
+
+    // Worker n's unit ended and was merged.
+    void end(std::size_t n)
+    {
+        d.release_lanes(n, [](PartitionState&) {});
+        d.finish(n);
     }
 };
 
@@ -128,12 +135,8 @@ TEST_CASE("waiting room: bytes, limit and since follow its records", "[unit][eng
 
 TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order", "[unit][engine_parts]")
 {
-    auto p0 = partition(0);
-    auto p1 = partition(1);
-    WaitingRoom room(1 << 20);
-    room.size_to(100);
-    Crew crew(Ordering::partition, 2, 10);
-    auto& d = crew.d;
+    Desk desk(Ordering::partition, 2, 10);
+    auto& [p0, p1, room, slots, started, d] = desk;
     for (std::int64_t o = 0; o < 4; ++o) {
         room.add(record(p0, o), t0);
         room.add(record(p1, o), t0);
@@ -143,7 +146,7 @@ TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order
     CHECK_FALSE(d.due(room, t0, 10ms, false)); // 8 records, a unit takes 10: the fill wait goes on
     REQUIRE(d.due(room, t0 + 10ms, 10ms, false));
     CHECK(d.hand_out(room, 10, false, t0) == 2);
-    CHECK(crew.started == std::vector<std::size_t>{0, 1});
+    CHECK(started == std::vector<std::size_t>{0, 1});
     CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0, 1, 2, 3});
     CHECK(d.unit(0)[0].part == &p0);
     CHECK(d.unit(1)[0].part == &p1);
@@ -168,8 +171,7 @@ TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order
     CHECK_FALSE(d.due(room, t0 + 2ms, 10ms, false)); // nothing changed since
 
     // Worker 0's unit ends: the record runs next.
-    d.release_lanes(0, [](PartitionState&) {});
-    d.finish(0);
+    desk.end(0);
     CHECK(d.due(room, t0 + 3ms, 10ms, false));
     CHECK(d.hand_out(room, 10, false, t0 + 3ms) == 1);
     CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{4});
@@ -177,11 +179,9 @@ TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order
 
 TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
 {
-    auto p0 = partition(0);
-    WaitingRoom room(1 << 20);
+    Desk desk(Ordering::partition, 1, 4);
+    auto& [p0, p1, room, slots, started, d] = desk;
     room.size_to(8);
-    Crew crew(Ordering::partition, 1, 4);
-    auto& d = crew.d;
     CHECK_FALSE(d.due(room, t0, 10ms, false)); // nothing waits
     room.add(record(p0, 0), t0);
     CHECK_FALSE(d.due(room, t0, 10ms, false)); // nothing changed yet
@@ -196,8 +196,7 @@ TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
     room.add(record(p0, 4), t0);
     d.changed();
     CHECK_FALSE(d.due(room, t0 + 1h, 10ms, true)); // every worker busy
-    d.release_lanes(0, [](PartitionState&) {});
-    d.finish(0);
+    desk.end(0);
     CHECK(d.due(room, t0, 10ms, false)); // a worker just freed
     d.await_fill();
     CHECK_FALSE(d.due(room, t0 + 1ms, 10ms, false)); // a probe fills first
@@ -205,11 +204,8 @@ TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
 
 TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][engine_parts]")
 {
-    auto p0 = partition(0);
-    WaitingRoom room(1 << 20);
-    room.size_to(100);
-    Crew crew(Ordering::key, 2, 10);
-    auto& d = crew.d;
+    Desk desk(Ordering::key, 2, 10);
+    auto& [p0, p1, room, slots, started, d] = desk;
     room.add(record(p0, 0, "a"), t0);
     room.add(record(p0, 1, "b"), t0);
     room.add(record(p0, 2, "a"), t0);
@@ -223,8 +219,7 @@ TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][eng
     // Key "a" is busy in unit 0: its next record waits, "d" does not.
     room.add(record(p0, 4, "a"), t0);
     room.add(record(p0, 5, "d"), t0);
-    d.release_lanes(1, [](PartitionState&) {});
-    d.finish(1);
+    desk.end(1);
     CHECK(d.hand_out(room, 10, false, t0) == 1);
     CHECK(offsets(d.unit(1)) == std::vector<std::int64_t>{5});
     CHECK(room.size() == 1);
@@ -237,12 +232,8 @@ TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][eng
 
 TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", "[unit][engine_parts]")
 {
-    auto p0 = partition(0);
-    auto p1 = partition(1);
-    WaitingRoom room(1 << 20);
-    room.size_to(100);
-    Crew crew(Ordering::partition, 2, 10);
-    auto& d = crew.d;
+    Desk desk(Ordering::partition, 2, 10);
+    auto& [p0, p1, room, slots, started, d] = desk;
     room.add(record(p0, 0), t0);
     room.add(record(p1, 0), t0);
     d.changed();
@@ -250,10 +241,9 @@ TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", 
     CHECK(d.busy_units() == 1);
     d.changed();
     CHECK(d.hand_out(room, 1, true, t0) == 0); // not beside another
-    d.release_lanes(0, [](PartitionState&) {});
-    d.finish(0);
+    desk.end(0);
 
-    crew.slots = 1;
+    slots = 1;
     room.add(record(p1, 1), t0);
     room.add(record(p1, 2), t0);
     d.changed();
@@ -267,12 +257,8 @@ TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", 
 
 TEST_CASE("dispatcher: units abandoned by a revoke hold the retired states", "[unit][engine_parts]")
 {
-    auto p0 = partition(0);
-    auto p1 = partition(1);
-    WaitingRoom room(1 << 20);
-    room.size_to(100);
-    Crew crew(Ordering::partition, 2, 10);
-    auto& d = crew.d;
+    Desk desk(Ordering::partition, 2, 10);
+    auto& [p0, p1, room, slots, started, d] = desk;
     room.add(record(p0, 0), t0);
     room.add(record(p1, 0), t0);
     d.changed();

@@ -14,6 +14,7 @@
 
 #include "catch_compat.hpp"
 #include "consumer/parking.hpp"
+#include "polled_item.hpp"
 
 using namespace idemkafka::detail;
 using std::chrono::milliseconds;
@@ -26,20 +27,7 @@ PartitionLedger make_ledger()
                            Backoff{milliseconds(1000), milliseconds(30000)});
 }
 
-// A polled record of `ps` (no Kafka message behind it: key and value point
-// into storage the test keeps).
-Item polled(PartitionState& ps, std::int64_t offset, std::optional<std::string_view> key,
-            std::optional<std::string_view> value)
-{
-    Item it;
-    it.record.topic = ps.tp.topic;
-    it.record.partition = ps.tp.partition;
-    it.record.offset = offset;
-    it.record.key = key;
-    it.record.value = value;
-    it.part = &ps;
-    return it;
-}
+using idemkafka::test::polled;
 
 std::vector<std::int64_t> offsets_of(const std::vector<Item>& items)
 {
