@@ -130,9 +130,9 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     rd_kafka_poll_set_consumer(rk_.get());
     consumer_queue_.reset(rd_kafka_queue_get_consumer(rk_.get()));
     if (rd_kafka_version() < 0x020100ff && consumer_queue_) {
-        wake_below_records_ =
-            std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2);
-        wake_below_bytes_ = std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512;
+        wake_pacer_.emplace(
+            std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2),
+            std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512);
         fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
     }
     subscribe(cfg);
@@ -645,28 +645,14 @@ void GroupMember::read(const rd_kafka_message_t& m, Record& record)
     record = record_of(m);
 }
 
-// Called around filling a batch: a queue at half a cap or more before the
-// batch may have stopped the fetchers; once the batch took it below both
-// halves, wake them (at most every 20 ms). The queue's bytes are estimated
-// from the records taken.
+// Called around filling a batch: see WakePacer.
 void GroupMember::check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes)
 {
     if (!fetch_wakeup_)
         return;
     const auto queued = static_cast<std::size_t>(rd_kafka_queue_length(consumer_queue_.get()));
-    if (!before_batch && batch_records > 0)
-        record_bytes_ = batch_bytes / batch_records;
-    const bool half_full = queued >= wake_below_records_ || queued * record_bytes_ >= wake_below_bytes_;
-    if (before_batch) {
-        wake_armed_ = wake_armed_ || half_full;
-        return;
-    }
-    const auto now = Clock::now();
-    if (wake_armed_ && !half_full && now >= next_wake_) {
+    if (wake_pacer_->check(before_batch, queued, batch_records, batch_bytes, Clock::now()))
         fetch_wakeup_->wake();
-        wake_armed_ = false;
-        next_wake_ = now + milliseconds(20);
-    }
 }
 
 // ---- positions --------------------------------------------------------------

@@ -37,6 +37,7 @@
 #include "kafka/client.hpp"
 #include "kafka/fetch_wakeup.hpp"
 #include "kafka/stats.hpp"
+#include "kafka/wake_pacer.hpp"
 #include "observe/log_context.hpp"
 
 namespace idemkafka::detail::kafka {
@@ -253,11 +254,7 @@ private:
     // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
     // is down to half its caps after it had filled (see FetchWakeup).
     std::unique_ptr<FetchWakeup> fetch_wakeup_;
-    std::size_t wake_below_records_ = 0;
-    std::size_t wake_below_bytes_ = 0;
-    std::size_t record_bytes_ = 0; // mean per record, to estimate the queue's bytes
-    bool wake_armed_ = false;
-    std::chrono::steady_clock::time_point next_wake_{};
+    std::optional<WakePacer> wake_pacer_; // set with fetch_wakeup_
 
     // The round-robin (see poll()). Queues of revoked partitions are removed.
     std::deque<Queue> queues_;      // a deque: a Queue (holding a deque) would be copied on a vector's growth
