@@ -94,19 +94,13 @@ std::map<std::string, std::string> client_properties(const ConsumerConfig& cfg, 
 GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
                          const Redactor& secrets)
     : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
-      shutdown_timeout_(cfg.shutdown_timeout)
+      shutdown_timeout_(cfg.shutdown_timeout), caps_(cfg.max_prefetch_records, cfg.max_prefetch_bytes)
 {
     relay_->log = log_;
     relay_->consumer = this;
     // The round-robin (see poll()) holds up to half of each prefetch cap,
     // librdkafka's queue the other half: together they stay within the caps.
-    hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
-    hold_max_bytes_ = std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2);
-    max_prefetch_records_ = cfg.max_prefetch_records;
-    max_prefetch_bytes_ = cfg.max_prefetch_bytes;
-    const std::size_t queue_records = std::max<std::size_t>(1, cfg.max_prefetch_records - hold_max_records_);
-    const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
-    auto props = client_properties(cfg, queue_records, queue_bytes);
+    auto props = client_properties(cfg, caps_.queue_records(), caps_.queue_bytes());
     note_settings(props);
     if (const auto warning = client_bug_warning(props, rd_kafka_version()); !warning.empty())
         say(log_, LogLevel::warning, {}, "{}", warning);
@@ -438,7 +432,7 @@ void GroupMember::on_stats(std::string_view json) noexcept
 // its partition's fetch, or every poll would hold one more for good.
 MessagePtr GroupMember::poll(milliseconds timeout)
 {
-    while (errors_.empty() && held_records_ < hold_max_records_ && held_bytes_ < hold_max_bytes_) {
+    while (errors_.empty() && caps_.room()) {
         MessagePtr m(rd_kafka_consumer_poll(rk_.get(), 0));
         if (!m)
             break;
@@ -455,8 +449,7 @@ MessagePtr GroupMember::poll(milliseconds timeout)
     if (!m || m->err)
         return m;
     Queue* l = hold(std::move(m));
-    if (l && l->deferred && !l->paused && !l->full &&
-        (held_records_ >= hold_max_records_ || held_bytes_ >= hold_max_bytes_))
+    if (l && l->deferred && !l->paused && !l->full && !caps_.room())
         pause_full(*l);
     return next_held();
 }
@@ -490,8 +483,7 @@ GroupMember::Queue* GroupMember::hold(MessagePtr m)
         errors_.push_back(std::move(m));
         return nullptr;
     }
-    held_records_ += 1;
-    held_bytes_ += bytes_of(*m);
+    caps_.add(bytes_of(*m));
     auto& l = queue_of(rd_kafka_topic_name(m->rkt), m->partition);
     l.held.push_back(std::move(m));
     count_held();
@@ -500,8 +492,8 @@ GroupMember::Queue* GroupMember::hold(MessagePtr m)
 
 void GroupMember::count_held() noexcept
 {
-    metrics_.prefetched_records.set(static_cast<std::int64_t>(held_records_));
-    metrics_.prefetched_bytes.set(static_cast<std::int64_t>(held_bytes_));
+    metrics_.prefetched_records.set(static_cast<std::int64_t>(caps_.records()));
+    metrics_.prefetched_bytes.set(static_cast<std::int64_t>(caps_.bytes()));
 }
 
 // librdkafka's pause drops what its queue holds of the partition (a version
@@ -536,18 +528,15 @@ void GroupMember::resume_full(Queue& l)
 // At most a line every 10 s; it counts the pauses it did not log.
 void GroupMember::log_full_pause(const Queue& l)
 {
-    ++full_pauses_unlogged_;
-    const auto now = Clock::now();
-    if (now < next_full_log_)
+    const auto others = caps_.pause_to_log(Clock::now());
+    if (!others)
         return;
-    next_full_log_ = now + std::chrono::seconds(10);
-    const auto others = std::exchange(full_pauses_unlogged_, 0) - 1;
     say(log_, LogLevel::info, {{log_field::topic, l.topic}, {log_field::partition, std::to_string(l.partition)}},
         "fetching {}/{} paused: its records wait for its earlier ones to finish, and the {} record(s) ({} bytes) "
         "held fill the consumer's half of max_prefetch_records ({}) or max_prefetch_bytes ({}); it resumes once "
         "half of its {} have gone to processing (prefetch_pauses counts this){}",
-        l.topic, l.partition, held_records_, held_bytes_, max_prefetch_records_, max_prefetch_bytes_, l.held.size(),
-        others > 0 ? fmt::format("; {} other pause(s) since the last such line", others) : std::string());
+        l.topic, l.partition, caps_.records(), caps_.bytes(), caps_.max_records(), caps_.max_bytes(), l.held.size(),
+        *others > 0 ? fmt::format("; {} other pause(s) since the last such line", *others) : std::string());
 }
 
 MessagePtr GroupMember::next_held()
@@ -560,8 +549,7 @@ MessagePtr GroupMember::next_held()
         next_queue_ = (i + 1) % queues_.size();
         MessagePtr m = std::move(l.held.front());
         l.held.pop_front();
-        held_records_ -= 1;
-        held_bytes_ -= bytes_of(*m);
+        caps_.remove(bytes_of(*m));
         count_held();
         if (l.full && l.held.size() <= l.resume_at)
             resume_full(l);
@@ -573,8 +561,7 @@ MessagePtr GroupMember::next_held()
 void GroupMember::drop_held(Queue& l)
 {
     for (const auto& m : l.held) {
-        held_records_ -= 1;
-        held_bytes_ -= bytes_of(*m);
+        caps_.remove(bytes_of(*m));
     }
     l.held.clear();
     count_held();
@@ -616,7 +603,7 @@ void GroupMember::forget_queues()
 {
     queues_.clear();
     errors_.clear();
-    held_records_ = held_bytes_ = 0;
+    caps_.clear();
     next_queue_ = last_queue_ = 0;
     count_held();
 }

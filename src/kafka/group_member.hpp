@@ -36,6 +36,7 @@
 #include "idemkafka/redact.hpp"
 #include "kafka/client.hpp"
 #include "kafka/fetch_wakeup.hpp"
+#include "kafka/prefetch_caps.hpp"
 #include "kafka/stats.hpp"
 #include "kafka/wake_pacer.hpp"
 #include "observe/log_context.hpp"
@@ -90,8 +91,8 @@ public:
     MessagePtr poll(std::chrono::milliseconds timeout);
     /// Records taken from librdkafka and held for the round-robin (with their
     /// payload and key bytes): part of the prefetch.
-    std::size_t held_records() const noexcept { return held_records_; }
-    std::size_t held_bytes() const noexcept { return held_bytes_; }
+    std::size_t held_records() const noexcept { return caps_.records(); }
+    std::size_t held_bytes() const noexcept { return caps_.bytes(); }
     /// Partitions with a queue of held records (and their pause and defer
     /// flags): at most the assigned ones.
     std::size_t queues() const noexcept { return queues_.size(); }
@@ -261,14 +262,7 @@ private:
     std::size_t next_queue_ = 0;    // where the round-robin goes on
     std::size_t last_queue_ = 0;    // queue of the last held record (runs of one partition)
     std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
-    std::size_t held_records_ = 0;
-    std::size_t held_bytes_ = 0;
-    std::size_t hold_max_records_ = 1; // the share of the prefetch caps held here
-    std::size_t hold_max_bytes_ = 1;
-    std::size_t max_prefetch_records_ = 0; // as configured, for the log line
-    std::size_t max_prefetch_bytes_ = 0;
-    std::uint64_t full_pauses_unlogged_ = 0; // pause_full(): lines are rate-limited
-    std::chrono::steady_clock::time_point next_full_log_{};
+    PrefetchCaps caps_;             // what the queues hold, against their share of the caps
 
     bool stats_enabled_ = false;
     std::mutex stats_mu_;

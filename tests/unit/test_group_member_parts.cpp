@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "catch_compat.hpp"
+#include "kafka/prefetch_caps.hpp"
 #include "kafka/wake_pacer.hpp"
 
 using namespace idemkafka::detail::kafka;
@@ -47,4 +48,63 @@ TEST_CASE("WakePacer wakes at most every 20 ms and never without a half-full que
     CHECK_FALSE(pacer.check(true, 10, 0, 0, t0 + 5ms));
     CHECK_FALSE(pacer.check(false, 0, 10, 100, t0 + 19ms)); // armed, but too soon
     CHECK(pacer.check(false, 0, 10, 100, t0 + 20ms));       // stays armed until then
+}
+
+TEST_CASE("PrefetchCaps splits each cap between the member and librdkafka's queue", "[unit][kafka]")
+{
+    PrefetchCaps caps(1000, 1 << 20);
+    CHECK(caps.queue_records() == 500);
+    CHECK(caps.queue_bytes() == (1 << 19));
+    CHECK(caps.max_records() == 1000);
+    CHECK(caps.max_bytes() == (1 << 20));
+    // The held share is at least one record and one byte; librdkafka's at least one record.
+    PrefetchCaps tiny(1, 1);
+    CHECK(tiny.queue_records() == 1);
+    CHECK(tiny.queue_bytes() == 0);
+    CHECK(tiny.room());
+    tiny.add(0);
+    CHECK_FALSE(tiny.room());
+}
+
+TEST_CASE("PrefetchCaps counts what is held against its share", "[unit][kafka]")
+{
+    PrefetchCaps caps(6, 1000); // holds up to 3 records, 500 bytes
+    caps.add(100);
+    caps.add(100);
+    CHECK(caps.records() == 2);
+    CHECK(caps.bytes() == 200);
+    CHECK(caps.room());
+    caps.add(10);
+    CHECK_FALSE(caps.room()); // 3 records
+    caps.remove(100);
+    CHECK(caps.room());
+    caps.add(400);
+    CHECK(caps.records() == 3);
+    CHECK(caps.bytes() == 510);
+    CHECK_FALSE(caps.room());
+    caps.remove(400);
+    caps.remove(100);
+    caps.add(600); // one record over the bytes' share
+    CHECK(caps.records() == 2);
+    CHECK_FALSE(caps.room());
+    caps.clear();
+    CHECK(caps.records() == 0);
+    CHECK(caps.bytes() == 0);
+    CHECK(caps.room());
+}
+
+TEST_CASE("PrefetchCaps logs a fetch paused for the caps at most every 10 s", "[unit][kafka]")
+{
+    PrefetchCaps caps(10, 1000);
+    const auto first = caps.pause_to_log(t0);
+    REQUIRE(first.has_value());
+    CHECK(*first == 0);
+    CHECK_FALSE(caps.pause_to_log(t0 + 1s).has_value());
+    CHECK_FALSE(caps.pause_to_log(t0 + 9999ms).has_value());
+    const auto next = caps.pause_to_log(t0 + 10s);
+    REQUIRE(next.has_value());
+    CHECK(*next == 2); // the two not logged in between
+    const auto after = caps.pause_to_log(t0 + 20s);
+    REQUIRE(after.has_value());
+    CHECK(*after == 0);
 }
