@@ -110,14 +110,15 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     props["enable.auto.offset.store"] = "false";
     props["enable.partition.eof"] = "false";
     auto si = props.find("statistics.interval.ms");
-    stats_enabled_ = si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0;
+    if (si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0)
+        stats_.enable();
     rk_ = make_client(
         RD_KAFKA_CONSUMER, props, *relay_,
         [this](rd_kafka_conf_t* conf) {
             rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
             rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
             rd_kafka_conf_set_error_cb(conf, error_cb);
-            if (stats_enabled_)
+            if (stats_.enabled())
                 rd_kafka_conf_set_stats_cb(conf, stats_cb);
         },
         secrets);
@@ -403,22 +404,11 @@ void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
 }
 
 // Statistics are served by the thread that polls the client (ours, through
-// rd_kafka_consumer_poll), but they are kept under stats_mu_ so that serving
-// them from librdkafka's own threads would be safe too.
+// rd_kafka_consumer_poll); LatestStats would serve them from librdkafka's own
+// threads as safely.
 void GroupMember::on_stats(std::string_view json) noexcept
 {
-    try {
-        const auto now = Clock::now();
-        std::map<TopicPartition, StatsEntry> latest;
-        for (auto& fig : parse_partition_stats(json)) {
-            TopicPartition tp{fig.topic, fig.partition};
-            latest[std::move(tp)] = StatsEntry{std::move(fig), now};
-        }
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.swap(latest);
-    } catch (...) {
-        // Out of memory: the lag keeps its previous figures.
-    }
+    stats_.update(json, Clock::now());
 }
 
 // ---- polling ------------------------------------------------------------------
@@ -825,10 +815,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> GroupMember::query_watermar
 
 std::map<TopicPartition, StatsEntry> GroupMember::statistics()
 {
-    if (!stats_enabled_)
-        return {};
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
+    return stats_.snapshot();
 }
 
 // Leaves the group and destroys the handle within `bound`.

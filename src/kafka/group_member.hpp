@@ -36,6 +36,7 @@
 #include "idemkafka/redact.hpp"
 #include "kafka/client.hpp"
 #include "kafka/fetch_wakeup.hpp"
+#include "kafka/latest_stats.hpp"
 #include "kafka/prefetch_caps.hpp"
 #include "kafka/stats.hpp"
 #include "kafka/wake_pacer.hpp"
@@ -66,12 +67,6 @@ public:
     virtual void revoked(const std::set<TopicPartition>& parts, bool lost) = 0;
     /// An offset commit for one partition failed; it is to be sent again.
     virtual void commit_failed(const TopicPartition& tp, std::int64_t offset) = 0;
-};
-
-/// A partition's figures from the latest statistics event.
-struct StatsEntry {
-    PartitionStats stats;
-    std::chrono::steady_clock::time_point at;
 };
 
 class GroupMember {
@@ -264,9 +259,7 @@ private:
     std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
     PrefetchCaps caps_;             // what the queues hold, against their share of the caps
 
-    bool stats_enabled_ = false;
-    std::mutex stats_mu_;
-    std::map<TopicPartition, StatsEntry> stats_;
+    LatestStats stats_;
 };
 
 } // namespace idemkafka::detail::kafka

@@ -3,8 +3,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 
 #include "catch_compat.hpp"
+#include "kafka/latest_stats.hpp"
 #include "kafka/prefetch_caps.hpp"
 #include "kafka/wake_pacer.hpp"
 
@@ -107,4 +109,39 @@ TEST_CASE("PrefetchCaps logs a fetch paused for the caps at most every 10 s", "[
     const auto after = caps.pause_to_log(t0 + 20s);
     REQUIRE(after.has_value());
     CHECK(*after == 0);
+}
+
+TEST_CASE("LatestStats keeps the latest statistics event's figures once enabled", "[unit][kafka]")
+{
+    const std::string first = R"({"topics": {"t": {"partitions": {
+        "0": {"partition": 0, "hi_offset": 10, "ls_offset": 10, "committed_offset": 4, "consumer_lag": 6},
+        "1": {"partition": 1, "hi_offset": 7, "ls_offset": 7, "committed_offset": 7, "consumer_lag": 0},
+        "-1": {"partition": -1, "hi_offset": -1}}}}})";
+    const std::string second = R"({"topics": {"t": {"partitions": {
+        "1": {"partition": 1, "hi_offset": 9, "ls_offset": 9, "committed_offset": 7, "consumer_lag": 2}}}}})";
+    LatestStats stats;
+    stats.update(first, t0);
+    CHECK(stats.snapshot().empty()); // not configured: nothing kept
+    CHECK_FALSE(stats.enabled());
+
+    stats.enable();
+    CHECK(stats.enabled());
+    stats.update(first, t0);
+    auto latest = stats.snapshot();
+    REQUIRE(latest.size() == 2);
+    const idemkafka::detail::TopicPartition t0p{"t", 0};
+    const idemkafka::detail::TopicPartition t1p{"t", 1};
+    CHECK(latest.at(t0p).stats.consumer_lag == 6);
+    CHECK(latest.at(t0p).at == t0);
+    CHECK(latest.at(t1p).stats.hi_offset == 7);
+
+    // The next event replaces the whole map: a partition it leaves out goes.
+    stats.update(second, t0 + 1s);
+    latest = stats.snapshot();
+    REQUIRE(latest.size() == 1);
+    CHECK(latest.at(t1p).stats.consumer_lag == 2);
+    CHECK(latest.at(t1p).at == t0 + 1s);
+
+    stats.update("not json {", t0 + 2s);
+    CHECK(stats.snapshot().empty());
 }
