@@ -101,7 +101,9 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     // The round-robin (see poll()) holds up to half of each prefetch cap,
     // librdkafka's queue the other half: together they stay within the caps.
     auto props = client_properties(cfg, caps_.queue_records(), caps_.queue_bytes());
-    note_settings(props);
+    // What the member itself reads of the user's settings: the reset policy,
+    // max.poll.interval.ms, session.timeout.ms and the group protocol.
+    settings_ = GroupSettings(props);
     if (const auto warning = client_bug_warning(props, rd_kafka_version()); !warning.empty())
         say(log_, LogLevel::warning, {}, "{}", warning);
     props["bootstrap.servers"] = cfg.brokers;
@@ -131,24 +133,6 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
         fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
     }
     subscribe(cfg);
-}
-
-// What the member itself reads of the user's settings: the reset policy,
-// max.poll.interval.ms and the group protocol.
-void GroupMember::note_settings(std::map<std::string, std::string>& props)
-{
-    const auto& reset = props["auto.offset.reset"];
-    reset_to_latest_ = reset == "latest" || reset == "largest" || reset == "end";
-    if (auto mp = props.find("max.poll.interval.ms"); mp != props.end())
-        max_poll_interval_ = milliseconds(std::strtol(mp->second.c_str(), nullptr, 10));
-    if (auto st = props.find("session.timeout.ms"); st != props.end())
-        session_timeout_ = milliseconds(std::strtol(st->second.c_str(), nullptr, 10));
-    auto gp = props.find("group.protocol");
-    std::string protocol = gp == props.end() ? "" : gp->second;
-    for (auto& c : protocol)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    consumer_protocol_ = protocol.find("consumer") != std::string::npos; // validate() allows only the two
-    cooperative_ = consumer_protocol_;
 }
 
 void GroupMember::subscribe(const ConsumerConfig& cfg)
@@ -238,12 +222,7 @@ void GroupMember::on_error(int err, const char* reason)
 void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
     metrics_.rebalances.add();
-    // NULL while the protocol is unknown, as in the revoke that the close
-    // serves: the last known one still holds.
-    if (consumer_protocol_)
-        cooperative_ = true;
-    else if (const char* protocol = rd_kafka_rebalance_protocol(rk_.get()))
-        cooperative_ = std::strcmp(protocol, "COOPERATIVE") == 0;
+    settings_.observe_protocol(rd_kafka_rebalance_protocol(rk_.get()));
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
         on_assign(list);
     else
@@ -264,14 +243,14 @@ void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
     start.reserve(static_cast<std::size_t>(list->cnt));
     for (int i = 0; i < list->cnt; ++i)
         start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
-    const char* mode = cooperative_ ? "cooperative" : "eager";
+    const char* mode = settings_.cooperative() ? "cooperative" : "eager";
     say(log_, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
-        consumer_protocol_ ? "consumer protocol" : mode);
+        settings_.consumer_protocol() ? "consumer protocol" : mode);
     const bool paused = events_.assigned(start);
     for (int i = 0; i < list->cnt; ++i)
         if (start[static_cast<std::size_t>(i)].second != RD_KAFKA_OFFSET_INVALID)
             list->elems[i].offset = start[static_cast<std::size_t>(i)].second;
-    if (cooperative_) {
+    if (settings_.cooperative()) {
         ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
         if (e)
             say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
@@ -300,7 +279,7 @@ void GroupMember::on_revoke(rd_kafka_topic_partition_list_t* list)
     // a loss, librdkafka calls the assign of the partitions added to this
     // member, then rejoins for the rebalance's second round.
     hold_commits();
-    assigns_before_release_ = cooperative_ && !lost ? 1 : 0;
+    assigns_before_release_ = settings_.cooperative() && !lost ? 1 : 0;
     std::set<TopicPartition> revoked;
     for (int i = 0; i < list->cnt; ++i)
         revoked.insert({list->elems[i].topic, list->elems[i].partition});
@@ -310,7 +289,7 @@ void GroupMember::on_revoke(rd_kafka_topic_partition_list_t* list)
     drop_queues(revoked);
     if (!lost)
         say(log_, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
-    if (cooperative_) {
+    if (settings_.cooperative()) {
         ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
         if (e)
             say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
@@ -349,9 +328,9 @@ bool rebalancing(rd_kafka_resp_err_t err) noexcept
 
 bool GroupMember::hold_commits()
 {
-    if (consumer_protocol_)
+    if (settings_.consumer_protocol())
         return false; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
-    const auto until = (Clock::now() + session_timeout_).time_since_epoch().count();
+    const auto until = (Clock::now() + settings_.session_timeout()).time_since_epoch().count();
     return commits_held_until_.exchange(until) == 0;
 }
 
@@ -361,7 +340,7 @@ void GroupMember::hold_if_refused(rd_kafka_resp_err_t err)
         say(log_, LogLevel::info, {},
             "offset commit refused ({}): the group is rebalancing; offset commits wait for the end of its "
             "rebalance, at most {} ms",
-            rd_kafka_err2name(err), session_timeout_.count());
+            rd_kafka_err2name(err), settings_.session_timeout().count());
 }
 
 bool GroupMember::commits_held() const noexcept
@@ -369,7 +348,8 @@ bool GroupMember::commits_held() const noexcept
     const auto now = Clock::now().time_since_epoch().count();
     const auto until = commits_held_until_.load();
     const auto sent = async_commit_sent_at_.load();
-    return (until != 0 && now < until) || (sent != 0 && now < sent + Clock::duration(session_timeout_).count());
+    return (until != 0 && now < until) ||
+           (sent != 0 && now < sent + Clock::duration(settings_.session_timeout()).count());
 }
 
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)

@@ -36,6 +36,7 @@
 #include "idemkafka/redact.hpp"
 #include "kafka/client.hpp"
 #include "kafka/fetch_wakeup.hpp"
+#include "kafka/group_settings.hpp"
 #include "kafka/latest_stats.hpp"
 #include "kafka/prefetch_caps.hpp"
 #include "kafka/stats.hpp"
@@ -161,9 +162,9 @@ public:
     void close(std::chrono::milliseconds bound);
 
     /// auto.offset.reset is latest: a partition without commits starts at the end.
-    bool reset_to_latest() const noexcept { return reset_to_latest_; }
+    bool reset_to_latest() const noexcept { return settings_.reset_to_latest(); }
     /// max.poll.interval.ms as configured (librdkafka's default when not).
-    std::chrono::milliseconds max_poll_interval() const noexcept { return max_poll_interval_; }
+    std::chrono::milliseconds max_poll_interval() const noexcept { return settings_.max_poll_interval(); }
 
 private:
     // What librdkafka's opaque points to. Shared with a handle destroyed in
@@ -176,7 +177,6 @@ private:
     // in the background, silenced (librdkafka waits there for commits that
     // wait for a coordinator, up to session.timeout.ms).
     void destroy(int flags, std::chrono::milliseconds bound) noexcept;
-    void note_settings(std::map<std::string, std::string>& props);
     void subscribe(const ConsumerConfig& cfg);
     static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                              void* opaque);
@@ -228,14 +228,7 @@ private:
     std::shared_ptr<Relay> relay_ = std::make_shared<Relay>();
     HandlePtr rk_;
     QueuePtr consumer_queue_; // to wake a poll
-    bool cooperative_ = false;
-    // group.protocol=consumer (KIP-848): the broker assigns, and every
-    // rebalance is incremental, whatever rd_kafka_rebalance_protocol() says
-    // before the first subscription or while the consumer closes.
-    bool consumer_protocol_ = false;
-    bool reset_to_latest_ = false;
-    std::chrono::milliseconds max_poll_interval_{300000};
-    std::chrono::milliseconds session_timeout_{45000};
+    GroupSettings settings_;  // read before the client exists; the protocol observed at each rebalance
     // commits_held(): until when, as steady_clock ticks (0: not held).
     std::atomic<std::chrono::steady_clock::rep> commits_held_until_{0};
     // When the asynchronous commit waiting for its answer was sent (0: none).

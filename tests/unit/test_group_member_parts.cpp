@@ -3,9 +3,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <string>
 
 #include "catch_compat.hpp"
+#include "kafka/group_settings.hpp"
 #include "kafka/latest_stats.hpp"
 #include "kafka/prefetch_caps.hpp"
 #include "kafka/wake_pacer.hpp"
@@ -16,6 +18,8 @@ using namespace std::chrono_literals;
 namespace {
 
 const WakePacer::Clock::time_point t0 = WakePacer::Clock::now();
+
+using Props = std::map<std::string, std::string>;
 
 } // namespace
 
@@ -144,4 +148,45 @@ TEST_CASE("LatestStats keeps the latest statistics event's figures once enabled"
 
     stats.update("not json {", t0 + 2s);
     CHECK(stats.snapshot().empty());
+}
+
+TEST_CASE("GroupSettings reads the member's settings, librdkafka's defaults when absent", "[unit][kafka]")
+{
+    const GroupSettings defaults(std::map<std::string, std::string>{{"auto.offset.reset", "earliest"}});
+    CHECK_FALSE(defaults.reset_to_latest());
+    CHECK(defaults.max_poll_interval() == 300000ms);
+    CHECK(defaults.session_timeout() == 45000ms);
+    CHECK_FALSE(defaults.consumer_protocol());
+    CHECK_FALSE(defaults.cooperative());
+
+    for (const char* latest : {"latest", "largest", "end"})
+        CHECK(GroupSettings(Props{{"auto.offset.reset", latest}}).reset_to_latest());
+    CHECK_FALSE(GroupSettings(Props{{"auto.offset.reset", "smallest"}}).reset_to_latest());
+
+    const GroupSettings set(
+        Props{{"max.poll.interval.ms", "60000"}, {"session.timeout.ms", "6000"}, {"group.protocol", "Consumer"}});
+    CHECK(set.max_poll_interval() == 60000ms);
+    CHECK(set.session_timeout() == 6000ms);
+    CHECK(set.consumer_protocol());
+    CHECK(set.cooperative());
+    CHECK_FALSE(GroupSettings(Props{{"group.protocol", "classic"}}).consumer_protocol());
+}
+
+TEST_CASE("GroupSettings follows the rebalance protocol; the consumer protocol is always incremental", "[unit][kafka]")
+{
+    GroupSettings classic(Props{{"group.protocol", "classic"}});
+    classic.observe_protocol("COOPERATIVE");
+    CHECK(classic.cooperative());
+    classic.observe_protocol(nullptr); // unknown (the close's revoke): the last known one holds
+    CHECK(classic.cooperative());
+    classic.observe_protocol("EAGER");
+    CHECK_FALSE(classic.cooperative());
+    classic.observe_protocol(nullptr);
+    CHECK_FALSE(classic.cooperative());
+
+    GroupSettings consumer(Props{{"group.protocol", "consumer"}});
+    consumer.observe_protocol("NONE");
+    CHECK(consumer.cooperative());
+    consumer.observe_protocol(nullptr);
+    CHECK(consumer.cooperative());
 }
