@@ -104,6 +104,7 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     // What the member itself reads of the user's settings: the reset policy,
     // max.poll.interval.ms, session.timeout.ms and the group protocol.
     settings_ = GroupSettings(props);
+    commit_hold_.configure(settings_.session_timeout(), settings_.consumer_protocol());
     if (const auto warning = client_bug_warning(props, rd_kafka_version()); !warning.empty())
         say(log_, LogLevel::warning, {}, "{}", warning);
     props["bootstrap.servers"] = cfg.brokers;
@@ -231,14 +232,8 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
 
 void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
 {
-    if (assigns_before_release_ > 0) {
-        // The assign that follows a cooperative revoke: this member
-        // rejoins next, and the group moves on to another generation.
-        --assigns_before_release_;
-        hold_commits();
-    } else if (commits_held_until_.exchange(0) != 0) {
+    if (commit_hold_.assigned(Clock::now()))
         say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
-    }
     std::vector<std::pair<TopicPartition, std::int64_t>> start;
     start.reserve(static_cast<std::size_t>(list->cnt));
     for (int i = 0; i < list->cnt; ++i)
@@ -275,11 +270,7 @@ void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
 void GroupMember::on_revoke(rd_kafka_topic_partition_list_t* list)
 {
     const bool lost = rd_kafka_assignment_lost(rk_.get());
-    // A revoke is a rebalance under way: after a cooperative one that is not
-    // a loss, librdkafka calls the assign of the partitions added to this
-    // member, then rejoins for the rebalance's second round.
-    hold_commits();
-    assigns_before_release_ = settings_.cooperative() && !lost ? 1 : 0;
+    commit_hold_.revoked(settings_.cooperative(), lost, Clock::now());
     std::set<TopicPartition> revoked;
     for (int i = 0; i < list->cnt; ++i)
         revoked.insert({list->elems[i].topic, list->elems[i].partition});
@@ -326,35 +317,23 @@ bool rebalancing(rd_kafka_resp_err_t err) noexcept
 
 } // namespace
 
-bool GroupMember::hold_commits()
-{
-    if (settings_.consumer_protocol())
-        return false; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
-    const auto until = (Clock::now() + settings_.session_timeout()).time_since_epoch().count();
-    return commits_held_until_.exchange(until) == 0;
-}
-
 void GroupMember::hold_if_refused(rd_kafka_resp_err_t err)
 {
-    if (rebalancing(err) && hold_commits())
+    if (rebalancing(err) && commit_hold_.hold(Clock::now()))
         say(log_, LogLevel::info, {},
             "offset commit refused ({}): the group is rebalancing; offset commits wait for the end of its "
             "rebalance, at most {} ms",
-            rd_kafka_err2name(err), settings_.session_timeout().count());
+            rd_kafka_err2name(err), commit_hold_.session_timeout().count());
 }
 
 bool GroupMember::commits_held() const noexcept
 {
-    const auto now = Clock::now().time_since_epoch().count();
-    const auto until = commits_held_until_.load();
-    const auto sent = async_commit_sent_at_.load();
-    return (until != 0 && now < until) ||
-           (sent != 0 && now < sent + Clock::duration(settings_.session_timeout()).count());
+    return commit_hold_.held(Clock::now());
 }
 
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
-    async_commit_sent_at_ = 0;
+    commit_hold_.async_answered();
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
         return;
     hold_if_refused(err);
@@ -708,10 +687,10 @@ void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, m
         }
     }
     if (async)
-        async_commit_sent_at_ = Clock::now().time_since_epoch().count();
+        commit_hold_.async_sent(Clock::now());
     const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
     if (async && err)
-        async_commit_sent_at_ = 0; // not sent: no answer comes
+        commit_hold_.async_answered(); // not sent: no answer comes
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
         hold_if_refused(err);
         metrics_.offset_commit_failures.add();

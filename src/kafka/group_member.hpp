@@ -35,6 +35,7 @@
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/redact.hpp"
 #include "kafka/client.hpp"
+#include "kafka/commit_hold.hpp"
 #include "kafka/fetch_wakeup.hpp"
 #include "kafka/group_settings.hpp"
 #include "kafka/latest_stats.hpp"
@@ -229,15 +230,8 @@ private:
     HandlePtr rk_;
     QueuePtr consumer_queue_; // to wake a poll
     GroupSettings settings_;  // read before the client exists; the protocol observed at each rebalance
-    // commits_held(): until when, as steady_clock ticks (0: not held).
-    std::atomic<std::chrono::steady_clock::rep> commits_held_until_{0};
-    // When the asynchronous commit waiting for its answer was sent (0: none).
-    std::atomic<std::chrono::steady_clock::rep> async_commit_sent_at_{0};
-    // Assignments still to come before the hold ends (see on_rebalance()).
-    int assigns_before_release_ = 0;
-    // Holds the periodic commits (commits_held()); true when the hold began
-    // now. hold_if_refused(): when `err` refused a commit for a rebalance.
-    bool hold_commits();
+    CommitHold commit_hold_;  // commits_held()
+    // Holds the periodic commits when `err` refused a commit for a rebalance.
     void hold_if_refused(rd_kafka_resp_err_t err);
 
     // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "catch_compat.hpp"
+#include "kafka/commit_hold.hpp"
 #include "kafka/group_settings.hpp"
 #include "kafka/latest_stats.hpp"
 #include "kafka/prefetch_caps.hpp"
@@ -189,4 +190,65 @@ TEST_CASE("GroupSettings follows the rebalance protocol; the consumer protocol i
     CHECK(consumer.cooperative());
     consumer.observe_protocol(nullptr);
     CHECK(consumer.cooperative());
+}
+
+TEST_CASE("CommitHold holds commits from a refusal or a revoke until the rebalance's assignment", "[unit][kafka]")
+{
+    CommitHold hold;
+    hold.configure(10s, false);
+    CHECK_FALSE(hold.held(t0));
+    CHECK(hold.hold(t0));            // began now
+    CHECK_FALSE(hold.hold(t0 + 1s)); // already on (extended)
+    CHECK(hold.held(t0 + 10s));
+    CHECK_FALSE(hold.held(t0 + 11s)); // at most session.timeout.ms
+    CHECK(hold.assigned(t0 + 2s));    // the assignment ends it
+    CHECK_FALSE(hold.held(t0 + 2s));
+    CHECK_FALSE(hold.assigned(t0 + 3s)); // none to end
+
+    // An eager revoke: the next assignment ends the hold.
+    hold.revoked(false, false, t0);
+    CHECK(hold.held(t0 + 1s));
+    CHECK(hold.assigned(t0 + 1s));
+    CHECK_FALSE(hold.held(t0 + 1s));
+    // A lost assignment, cooperative or not: the same.
+    hold.revoked(true, true, t0);
+    CHECK(hold.assigned(t0 + 1s));
+    CHECK_FALSE(hold.held(t0 + 1s));
+}
+
+TEST_CASE("CommitHold after a cooperative revoke waits for the second round's assignment", "[unit][kafka]")
+{
+    CommitHold hold;
+    hold.configure(10s, false);
+    hold.revoked(true, false, t0);
+    CHECK_FALSE(hold.assigned(t0 + 1s)); // the assign of the first round: still held, renewed
+    CHECK(hold.held(t0 + 10500ms));
+    CHECK(hold.assigned(t0 + 2s)); // the second round's
+    CHECK_FALSE(hold.held(t0 + 2s));
+}
+
+TEST_CASE("CommitHold never holds for a rebalance under the consumer protocol", "[unit][kafka]")
+{
+    CommitHold hold;
+    hold.configure(10s, true);
+    CHECK_FALSE(hold.hold(t0));
+    hold.revoked(true, false, t0);
+    CHECK_FALSE(hold.held(t0));
+    CHECK_FALSE(hold.assigned(t0));
+    CHECK_FALSE(hold.assigned(t0));
+    CHECK_FALSE(hold.held(t0));
+}
+
+TEST_CASE("CommitHold keeps one asynchronous commit in flight, at most session.timeout.ms", "[unit][kafka]")
+{
+    CommitHold hold;
+    hold.configure(10s, false);
+    hold.async_sent(t0);
+    CHECK(hold.held(t0 + 9s));
+    CHECK_FALSE(hold.held(t0 + 10s)); // no answer within the session timeout: not held any more
+    hold.async_answered();
+    CHECK_FALSE(hold.held(t0 + 1s));
+    hold.async_sent(t0);
+    CHECK_FALSE(hold.assigned(t0)); // an assignment does not answer a commit
+    CHECK(hold.held(t0 + 1s));
 }
