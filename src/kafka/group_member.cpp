@@ -94,20 +94,17 @@ std::map<std::string, std::string> client_properties(const ConsumerConfig& cfg, 
 GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics& metrics, LogSink sink,
                          const Redactor& secrets)
     : events_(events), metrics_(metrics), secrets_(secrets), log_(std::move(sink)),
-      shutdown_timeout_(cfg.shutdown_timeout)
+      shutdown_timeout_(cfg.shutdown_timeout), caps_(cfg.max_prefetch_records, cfg.max_prefetch_bytes)
 {
     relay_->log = log_;
     relay_->consumer = this;
     // The round-robin (see poll()) holds up to half of each prefetch cap,
     // librdkafka's queue the other half: together they stay within the caps.
-    hold_max_records_ = std::max<std::size_t>(1, cfg.max_prefetch_records / 2);
-    hold_max_bytes_ = std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2);
-    max_prefetch_records_ = cfg.max_prefetch_records;
-    max_prefetch_bytes_ = cfg.max_prefetch_bytes;
-    const std::size_t queue_records = std::max<std::size_t>(1, cfg.max_prefetch_records - hold_max_records_);
-    const std::size_t queue_bytes = cfg.max_prefetch_bytes - std::min(cfg.max_prefetch_bytes, hold_max_bytes_);
-    auto props = client_properties(cfg, queue_records, queue_bytes);
-    note_settings(props);
+    auto props = client_properties(cfg, caps_.queue_records(), caps_.queue_bytes());
+    // What the member itself reads of the user's settings: the reset policy,
+    // max.poll.interval.ms, session.timeout.ms and the group protocol.
+    settings_ = GroupSettings(props);
+    commit_hold_.configure(settings_.session_timeout(), settings_.consumer_protocol());
     if (const auto warning = client_bug_warning(props, rd_kafka_version()); !warning.empty())
         say(log_, LogLevel::warning, {}, "{}", warning);
     props["bootstrap.servers"] = cfg.brokers;
@@ -116,44 +113,27 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
     props["enable.auto.offset.store"] = "false";
     props["enable.partition.eof"] = "false";
     auto si = props.find("statistics.interval.ms");
-    stats_enabled_ = si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0;
+    if (si != props.end() && std::strtol(si->second.c_str(), nullptr, 10) > 0)
+        stats_.enable();
     rk_ = make_client(
         RD_KAFKA_CONSUMER, props, *relay_,
         [this](rd_kafka_conf_t* conf) {
             rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
             rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
             rd_kafka_conf_set_error_cb(conf, error_cb);
-            if (stats_enabled_)
+            if (stats_.enabled())
                 rd_kafka_conf_set_stats_cb(conf, stats_cb);
         },
         secrets);
     rd_kafka_poll_set_consumer(rk_.get());
     consumer_queue_.reset(rd_kafka_queue_get_consumer(rk_.get()));
     if (rd_kafka_version() < 0x020100ff && consumer_queue_) {
-        wake_below_records_ =
-            std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2);
-        wake_below_bytes_ = std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512;
+        wake_pacer_.emplace(
+            std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2),
+            std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512);
         fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
     }
     subscribe(cfg);
-}
-
-// What the member itself reads of the user's settings: the reset policy,
-// max.poll.interval.ms and the group protocol.
-void GroupMember::note_settings(std::map<std::string, std::string>& props)
-{
-    const auto& reset = props["auto.offset.reset"];
-    reset_to_latest_ = reset == "latest" || reset == "largest" || reset == "end";
-    if (auto mp = props.find("max.poll.interval.ms"); mp != props.end())
-        max_poll_interval_ = milliseconds(std::strtol(mp->second.c_str(), nullptr, 10));
-    if (auto st = props.find("session.timeout.ms"); st != props.end())
-        session_timeout_ = milliseconds(std::strtol(st->second.c_str(), nullptr, 10));
-    auto gp = props.find("group.protocol");
-    std::string protocol = gp == props.end() ? "" : gp->second;
-    for (auto& c : protocol)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    consumer_protocol_ = protocol.find("consumer") != std::string::npos; // validate() allows only the two
-    cooperative_ = consumer_protocol_;
 }
 
 void GroupMember::subscribe(const ConsumerConfig& cfg)
@@ -243,12 +223,7 @@ void GroupMember::on_error(int err, const char* reason)
 void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
     metrics_.rebalances.add();
-    // NULL while the protocol is unknown, as in the revoke that the close
-    // serves: the last known one still holds.
-    if (consumer_protocol_)
-        cooperative_ = true;
-    else if (const char* protocol = rd_kafka_rebalance_protocol(rk_.get()))
-        cooperative_ = std::strcmp(protocol, "COOPERATIVE") == 0;
+    settings_.observe_protocol(rd_kafka_rebalance_protocol(rk_.get()));
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
         on_assign(list);
     else
@@ -257,26 +232,20 @@ void GroupMember::on_rebalance(rd_kafka_resp_err_t err, rd_kafka_topic_partition
 
 void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
 {
-    if (assigns_before_release_ > 0) {
-        // The assign that follows a cooperative revoke: this member
-        // rejoins next, and the group moves on to another generation.
-        --assigns_before_release_;
-        hold_commits();
-    } else if (commits_held_until_.exchange(0) != 0) {
+    if (commit_hold_.assigned(Clock::now()))
         say(log_, LogLevel::debug, {}, "rebalance over: offset commits go on");
-    }
     std::vector<std::pair<TopicPartition, std::int64_t>> start;
     start.reserve(static_cast<std::size_t>(list->cnt));
     for (int i = 0; i < list->cnt; ++i)
         start.push_back({{list->elems[i].topic, list->elems[i].partition}, RD_KAFKA_OFFSET_INVALID});
-    const char* mode = cooperative_ ? "cooperative" : "eager";
+    const char* mode = settings_.cooperative() ? "cooperative" : "eager";
     say(log_, LogLevel::info, {}, "assigned {} partition(s) ({})", list->cnt,
-        consumer_protocol_ ? "consumer protocol" : mode);
+        settings_.consumer_protocol() ? "consumer protocol" : mode);
     const bool paused = events_.assigned(start);
     for (int i = 0; i < list->cnt; ++i)
         if (start[static_cast<std::size_t>(i)].second != RD_KAFKA_OFFSET_INVALID)
             list->elems[i].offset = start[static_cast<std::size_t>(i)].second;
-    if (cooperative_) {
+    if (settings_.cooperative()) {
         ErrorPtr e(rd_kafka_incremental_assign(rk_.get(), list));
         if (e)
             say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental assign failed: {}",
@@ -301,11 +270,7 @@ void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
 void GroupMember::on_revoke(rd_kafka_topic_partition_list_t* list)
 {
     const bool lost = rd_kafka_assignment_lost(rk_.get());
-    // A revoke is a rebalance under way: after a cooperative one that is not
-    // a loss, librdkafka calls the assign of the partitions added to this
-    // member, then rejoins for the rebalance's second round.
-    hold_commits();
-    assigns_before_release_ = cooperative_ && !lost ? 1 : 0;
+    commit_hold_.revoked(settings_.cooperative(), lost, Clock::now());
     std::set<TopicPartition> revoked;
     for (int i = 0; i < list->cnt; ++i)
         revoked.insert({list->elems[i].topic, list->elems[i].partition});
@@ -315,7 +280,7 @@ void GroupMember::on_revoke(rd_kafka_topic_partition_list_t* list)
     drop_queues(revoked);
     if (!lost)
         say(log_, LogLevel::info, {}, "revoked {} partition(s)", list->cnt);
-    if (cooperative_) {
+    if (settings_.cooperative()) {
         ErrorPtr e(rd_kafka_incremental_unassign(rk_.get(), list));
         if (e)
             say(log_, LogLevel::error, error_field(rd_kafka_error_string(e.get())), "incremental unassign failed: {}",
@@ -352,34 +317,23 @@ bool rebalancing(rd_kafka_resp_err_t err) noexcept
 
 } // namespace
 
-bool GroupMember::hold_commits()
-{
-    if (consumer_protocol_)
-        return false; // KIP-848 has no generation of the whole group; librdkafka retries stale epochs itself
-    const auto until = (Clock::now() + session_timeout_).time_since_epoch().count();
-    return commits_held_until_.exchange(until) == 0;
-}
-
 void GroupMember::hold_if_refused(rd_kafka_resp_err_t err)
 {
-    if (rebalancing(err) && hold_commits())
+    if (rebalancing(err) && commit_hold_.hold(Clock::now()))
         say(log_, LogLevel::info, {},
             "offset commit refused ({}): the group is rebalancing; offset commits wait for the end of its "
             "rebalance, at most {} ms",
-            rd_kafka_err2name(err), session_timeout_.count());
+            rd_kafka_err2name(err), commit_hold_.session_timeout().count());
 }
 
 bool GroupMember::commits_held() const noexcept
 {
-    const auto now = Clock::now().time_since_epoch().count();
-    const auto until = commits_held_until_.load();
-    const auto sent = async_commit_sent_at_.load();
-    return (until != 0 && now < until) || (sent != 0 && now < sent + Clock::duration(session_timeout_).count());
+    return commit_hold_.held(Clock::now());
 }
 
 void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* list)
 {
-    async_commit_sent_at_ = 0;
+    commit_hold_.async_answered();
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET)
         return;
     hold_if_refused(err);
@@ -409,22 +363,11 @@ void GroupMember::on_commit(rd_kafka_resp_err_t err, rd_kafka_topic_partition_li
 }
 
 // Statistics are served by the thread that polls the client (ours, through
-// rd_kafka_consumer_poll), but they are kept under stats_mu_ so that serving
-// them from librdkafka's own threads would be safe too.
+// rd_kafka_consumer_poll); LatestStats would serve them from librdkafka's own
+// threads as safely.
 void GroupMember::on_stats(std::string_view json) noexcept
 {
-    try {
-        const auto now = Clock::now();
-        std::map<TopicPartition, StatsEntry> latest;
-        for (auto& fig : parse_partition_stats(json)) {
-            TopicPartition tp{fig.topic, fig.partition};
-            latest[std::move(tp)] = StatsEntry{std::move(fig), now};
-        }
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.swap(latest);
-    } catch (...) {
-        // Out of memory: the lag keeps its previous figures.
-    }
+    stats_.update(json, Clock::now());
 }
 
 // ---- polling ------------------------------------------------------------------
@@ -438,7 +381,7 @@ void GroupMember::on_stats(std::string_view json) noexcept
 // its partition's fetch, or every poll would hold one more for good.
 MessagePtr GroupMember::poll(milliseconds timeout)
 {
-    while (errors_.empty() && held_records_ < hold_max_records_ && held_bytes_ < hold_max_bytes_) {
+    while (errors_.empty() && caps_.room()) {
         MessagePtr m(rd_kafka_consumer_poll(rk_.get(), 0));
         if (!m)
             break;
@@ -455,8 +398,7 @@ MessagePtr GroupMember::poll(milliseconds timeout)
     if (!m || m->err)
         return m;
     Queue* l = hold(std::move(m));
-    if (l && l->deferred && !l->paused && !l->full &&
-        (held_records_ >= hold_max_records_ || held_bytes_ >= hold_max_bytes_))
+    if (l && l->deferred && !l->paused && !l->full && !caps_.room())
         pause_full(*l);
     return next_held();
 }
@@ -490,8 +432,7 @@ GroupMember::Queue* GroupMember::hold(MessagePtr m)
         errors_.push_back(std::move(m));
         return nullptr;
     }
-    held_records_ += 1;
-    held_bytes_ += bytes_of(*m);
+    caps_.add(bytes_of(*m));
     auto& l = queue_of(rd_kafka_topic_name(m->rkt), m->partition);
     l.held.push_back(std::move(m));
     count_held();
@@ -500,8 +441,8 @@ GroupMember::Queue* GroupMember::hold(MessagePtr m)
 
 void GroupMember::count_held() noexcept
 {
-    metrics_.prefetched_records.set(static_cast<std::int64_t>(held_records_));
-    metrics_.prefetched_bytes.set(static_cast<std::int64_t>(held_bytes_));
+    metrics_.prefetched_records.set(static_cast<std::int64_t>(caps_.records()));
+    metrics_.prefetched_bytes.set(static_cast<std::int64_t>(caps_.bytes()));
 }
 
 // librdkafka's pause drops what its queue holds of the partition (a version
@@ -536,18 +477,15 @@ void GroupMember::resume_full(Queue& l)
 // At most a line every 10 s; it counts the pauses it did not log.
 void GroupMember::log_full_pause(const Queue& l)
 {
-    ++full_pauses_unlogged_;
-    const auto now = Clock::now();
-    if (now < next_full_log_)
+    const auto others = caps_.pause_to_log(Clock::now());
+    if (!others)
         return;
-    next_full_log_ = now + std::chrono::seconds(10);
-    const auto others = std::exchange(full_pauses_unlogged_, 0) - 1;
     say(log_, LogLevel::info, {{log_field::topic, l.topic}, {log_field::partition, std::to_string(l.partition)}},
         "fetching {}/{} paused: its records wait for its earlier ones to finish, and the {} record(s) ({} bytes) "
         "held fill the consumer's half of max_prefetch_records ({}) or max_prefetch_bytes ({}); it resumes once "
         "half of its {} have gone to processing (prefetch_pauses counts this){}",
-        l.topic, l.partition, held_records_, held_bytes_, max_prefetch_records_, max_prefetch_bytes_, l.held.size(),
-        others > 0 ? fmt::format("; {} other pause(s) since the last such line", others) : std::string());
+        l.topic, l.partition, caps_.records(), caps_.bytes(), caps_.max_records(), caps_.max_bytes(), l.held.size(),
+        *others > 0 ? fmt::format("; {} other pause(s) since the last such line", *others) : std::string());
 }
 
 MessagePtr GroupMember::next_held()
@@ -560,8 +498,7 @@ MessagePtr GroupMember::next_held()
         next_queue_ = (i + 1) % queues_.size();
         MessagePtr m = std::move(l.held.front());
         l.held.pop_front();
-        held_records_ -= 1;
-        held_bytes_ -= bytes_of(*m);
+        caps_.remove(bytes_of(*m));
         count_held();
         if (l.full && l.held.size() <= l.resume_at)
             resume_full(l);
@@ -573,8 +510,7 @@ MessagePtr GroupMember::next_held()
 void GroupMember::drop_held(Queue& l)
 {
     for (const auto& m : l.held) {
-        held_records_ -= 1;
-        held_bytes_ -= bytes_of(*m);
+        caps_.remove(bytes_of(*m));
     }
     l.held.clear();
     count_held();
@@ -616,7 +552,7 @@ void GroupMember::forget_queues()
 {
     queues_.clear();
     errors_.clear();
-    held_records_ = held_bytes_ = 0;
+    caps_.clear();
     next_queue_ = last_queue_ = 0;
     count_held();
 }
@@ -645,28 +581,14 @@ void GroupMember::read(const rd_kafka_message_t& m, Record& record)
     record = record_of(m);
 }
 
-// Called around filling a batch: a queue at half a cap or more before the
-// batch may have stopped the fetchers; once the batch took it below both
-// halves, wake them (at most every 20 ms). The queue's bytes are estimated
-// from the records taken.
+// Called around filling a batch: see WakePacer.
 void GroupMember::check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes)
 {
     if (!fetch_wakeup_)
         return;
     const auto queued = static_cast<std::size_t>(rd_kafka_queue_length(consumer_queue_.get()));
-    if (!before_batch && batch_records > 0)
-        record_bytes_ = batch_bytes / batch_records;
-    const bool half_full = queued >= wake_below_records_ || queued * record_bytes_ >= wake_below_bytes_;
-    if (before_batch) {
-        wake_armed_ = wake_armed_ || half_full;
-        return;
-    }
-    const auto now = Clock::now();
-    if (wake_armed_ && !half_full && now >= next_wake_) {
+    if (wake_pacer_->check(before_batch, queued, batch_records, batch_bytes, Clock::now()))
         fetch_wakeup_->wake();
-        wake_armed_ = false;
-        next_wake_ = now + milliseconds(20);
-    }
 }
 
 // ---- positions --------------------------------------------------------------
@@ -765,10 +687,10 @@ void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, m
         }
     }
     if (async)
-        async_commit_sent_at_ = Clock::now().time_since_epoch().count();
+        commit_hold_.async_sent(Clock::now());
     const auto err = async ? rd_kafka_commit(rk_.get(), list.get(), 1) : commit_and_wait(list.get(), bound);
     if (async && err)
-        async_commit_sent_at_ = 0; // not sent: no answer comes
+        commit_hold_.async_answered(); // not sent: no answer comes
     if (err && err != RD_KAFKA_RESP_ERR__NO_OFFSET) {
         hold_if_refused(err);
         metrics_.offset_commit_failures.add();
@@ -852,10 +774,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> GroupMember::query_watermar
 
 std::map<TopicPartition, StatsEntry> GroupMember::statistics()
 {
-    if (!stats_enabled_)
-        return {};
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
+    return stats_.snapshot();
 }
 
 // Leaves the group and destroys the handle within `bound`.

@@ -35,8 +35,13 @@
 #include "idemkafka/metrics.hpp"
 #include "idemkafka/redact.hpp"
 #include "kafka/client.hpp"
+#include "kafka/commit_hold.hpp"
 #include "kafka/fetch_wakeup.hpp"
+#include "kafka/group_settings.hpp"
+#include "kafka/latest_stats.hpp"
+#include "kafka/prefetch_caps.hpp"
 #include "kafka/stats.hpp"
+#include "kafka/wake_pacer.hpp"
 #include "observe/log_context.hpp"
 
 namespace idemkafka::detail::kafka {
@@ -66,12 +71,6 @@ public:
     virtual void commit_failed(const TopicPartition& tp, std::int64_t offset) = 0;
 };
 
-/// A partition's figures from the latest statistics event.
-struct StatsEntry {
-    PartitionStats stats;
-    std::chrono::steady_clock::time_point at;
-};
-
 class GroupMember {
 public:
     /// Creates the client with the consumer's settings and subscribes.
@@ -89,8 +88,8 @@ public:
     MessagePtr poll(std::chrono::milliseconds timeout);
     /// Records taken from librdkafka and held for the round-robin (with their
     /// payload and key bytes): part of the prefetch.
-    std::size_t held_records() const noexcept { return held_records_; }
-    std::size_t held_bytes() const noexcept { return held_bytes_; }
+    std::size_t held_records() const noexcept { return caps_.records(); }
+    std::size_t held_bytes() const noexcept { return caps_.bytes(); }
     /// Partitions with a queue of held records (and their pause and defer
     /// flags): at most the assigned ones.
     std::size_t queues() const noexcept { return queues_.size(); }
@@ -164,9 +163,9 @@ public:
     void close(std::chrono::milliseconds bound);
 
     /// auto.offset.reset is latest: a partition without commits starts at the end.
-    bool reset_to_latest() const noexcept { return reset_to_latest_; }
+    bool reset_to_latest() const noexcept { return settings_.reset_to_latest(); }
     /// max.poll.interval.ms as configured (librdkafka's default when not).
-    std::chrono::milliseconds max_poll_interval() const noexcept { return max_poll_interval_; }
+    std::chrono::milliseconds max_poll_interval() const noexcept { return settings_.max_poll_interval(); }
 
 private:
     // What librdkafka's opaque points to. Shared with a handle destroyed in
@@ -179,7 +178,6 @@ private:
     // in the background, silenced (librdkafka waits there for commits that
     // wait for a coordinator, up to session.timeout.ms).
     void destroy(int flags, std::chrono::milliseconds bound) noexcept;
-    void note_settings(std::map<std::string, std::string>& props);
     void subscribe(const ConsumerConfig& cfg);
     static void rebalance_cb(rd_kafka_t* rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t* parts,
                              void* opaque);
@@ -231,51 +229,24 @@ private:
     std::shared_ptr<Relay> relay_ = std::make_shared<Relay>();
     HandlePtr rk_;
     QueuePtr consumer_queue_; // to wake a poll
-    bool cooperative_ = false;
-    // group.protocol=consumer (KIP-848): the broker assigns, and every
-    // rebalance is incremental, whatever rd_kafka_rebalance_protocol() says
-    // before the first subscription or while the consumer closes.
-    bool consumer_protocol_ = false;
-    bool reset_to_latest_ = false;
-    std::chrono::milliseconds max_poll_interval_{300000};
-    std::chrono::milliseconds session_timeout_{45000};
-    // commits_held(): until when, as steady_clock ticks (0: not held).
-    std::atomic<std::chrono::steady_clock::rep> commits_held_until_{0};
-    // When the asynchronous commit waiting for its answer was sent (0: none).
-    std::atomic<std::chrono::steady_clock::rep> async_commit_sent_at_{0};
-    // Assignments still to come before the hold ends (see on_rebalance()).
-    int assigns_before_release_ = 0;
-    // Holds the periodic commits (commits_held()); true when the hold began
-    // now. hold_if_refused(): when `err` refused a commit for a rebalance.
-    bool hold_commits();
+    GroupSettings settings_;  // read before the client exists; the protocol observed at each rebalance
+    CommitHold commit_hold_;  // commits_held()
+    // Holds the periodic commits when `err` refused a commit for a rebalance.
     void hold_if_refused(rd_kafka_resp_err_t err);
 
     // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
     // is down to half its caps after it had filled (see FetchWakeup).
     std::unique_ptr<FetchWakeup> fetch_wakeup_;
-    std::size_t wake_below_records_ = 0;
-    std::size_t wake_below_bytes_ = 0;
-    std::size_t record_bytes_ = 0; // mean per record, to estimate the queue's bytes
-    bool wake_armed_ = false;
-    std::chrono::steady_clock::time_point next_wake_{};
+    std::optional<WakePacer> wake_pacer_; // set with fetch_wakeup_
 
     // The round-robin (see poll()). Queues of revoked partitions are removed.
     std::deque<Queue> queues_;      // a deque: a Queue (holding a deque) would be copied on a vector's growth
     std::size_t next_queue_ = 0;    // where the round-robin goes on
     std::size_t last_queue_ = 0;    // queue of the last held record (runs of one partition)
     std::deque<MessagePtr> errors_; // consumer errors met while taking records: returned first
-    std::size_t held_records_ = 0;
-    std::size_t held_bytes_ = 0;
-    std::size_t hold_max_records_ = 1; // the share of the prefetch caps held here
-    std::size_t hold_max_bytes_ = 1;
-    std::size_t max_prefetch_records_ = 0; // as configured, for the log line
-    std::size_t max_prefetch_bytes_ = 0;
-    std::uint64_t full_pauses_unlogged_ = 0; // pause_full(): lines are rate-limited
-    std::chrono::steady_clock::time_point next_full_log_{};
+    PrefetchCaps caps_;             // what the queues hold, against their share of the caps
 
-    bool stats_enabled_ = false;
-    std::mutex stats_mu_;
-    std::map<TopicPartition, StatsEntry> stats_;
+    LatestStats stats_;
 };
 
 } // namespace idemkafka::detail::kafka
