@@ -1,6 +1,7 @@
 #include "core/circuit_breaker.hpp"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 namespace idemkafka::detail {
@@ -12,78 +13,24 @@ constexpr std::size_t max_failures_kept = 10000;
 
 } // namespace
 
-Circuit::Circuit(const CircuitBreaker& settings)
-    : s_(settings), backoff_(Backoff{settings.backoff, settings.backoff_max})
+// ---- the evidence window ----------------------------------------------------
+
+void Circuit::Window::succeeded(std::size_t calls, std::size_t recovered)
 {
+    successes_ += calls;
+    recovered_ += std::min(recovered, calls);
 }
 
-void Circuit::succeeded(std::size_t calls, std::size_t recovered)
+Circuit::Clock::time_point Circuit::Window::advance(Clock::time_point now)
 {
-    if (!s_.enabled || calls == 0)
-        return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::probing) {
-        probe_successes_ += calls;
-    } else if (state_ == State::closed) {
-        successes_ += calls;
-        recovered_ += std::min(recovered, calls);
-    }
-    // open: a batch that began before the circuit opened, no news
-}
-
-Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std::string_view what,
-                                 Clock::time_point now, bool last_attempt)
-{
-    if (!s_.enabled)
-        return Verdict::counted;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::open)
-        return Verdict::outage;
-    last_error_.assign(what.data(), what.size());
-    if (state_ == State::probing)
-        return probe_failed(key, now);
     if (!window_.empty())
-        now = std::max(now, window_.back().at); // workers report out of order by a little
+        now = std::max(now, window_.back().at);
     while (!window_.empty() && (window_.front().at < now - s_.window || window_.size() >= max_failures_kept))
         forget_oldest();
-    const bool blamed = blamed_.count(key) != 0;
-    std::optional<Evidence> evidence;
-    if (blamed && convicted_.count(key) != 0) {
-        // Its failures are its own, not evidence; at its last attempt only
-        // a flapping downstream keeps it from the dead-letter topic.
-        if (last_attempt)
-            evidence = flapping(now);
-    } else {
-        track(partition, key, now);
-        evidence = judge(now);
-        if (!evidence && last_attempt)
-            evidence = flapping(now);
-    }
-    if (!evidence || (!last_attempt && blamed))
-        return Verdict::counted;
-    if (blamed && convicted_.count(key) == 0) {
-        // Blamed keys opened it again at a last attempt: if the handler
-        // works once more before they do, they are poison.
-        for (const auto& streak : streaks_)
-            if (blamed_.count(streak.first) != 0 && convicted_.size() < max_failures_kept)
-                convicted_.insert(streak.first);
-    }
-    open(std::move(*evidence), now);
-    return Verdict::outage;
+    return now;
 }
 
-Circuit::Verdict Circuit::probe_failed(std::uint64_t key, Clock::time_point now)
-{
-    ++probe_failures_;
-    ++round_failures_;
-    probe_new_keys_ += suspects_.insert(key).second ? 1 : 0;
-    probe_repeats_ += round_.insert(key).second ? 0 : 1; // already failed in this round
-    if (s_.give_up_after.count() > 0 && now - opened_at_ >= s_.give_up_after)
-        given_up_ = true;
-    return given_up_ ? Verdict::counted : Verdict::probe;
-}
-
-void Circuit::track(std::uint64_t partition, std::uint64_t key, Clock::time_point now)
+void Circuit::Window::track(std::uint64_t partition, std::uint64_t key, Clock::time_point now)
 {
     auto [st, fresh] = streaks_.try_emplace(key);
     if (fresh) {
@@ -97,23 +44,29 @@ void Circuit::track(std::uint64_t partition, std::uint64_t key, Clock::time_poin
     ++failures_;
 }
 
-void Circuit::open(Evidence evidence, Clock::time_point now)
+void Circuit::Window::forget_oldest()
 {
-    state_ = State::open;
-    opened_at_ = now;
-    given_up_ = given_up_told_ = false;
-    suspects_.swap(blamed_); // suspects again
-    blamed_.clear();
-    end_round();
-    for (const auto& streak : streaks_)
-        suspects_.insert(streak.first);
-    blaming_.store(!convicted_.empty(), std::memory_order_relaxed);
-    evidence.wait = round_wait_ = backoff_.next();
-    probe_at_ = now + evidence.wait;
-    opened_ = std::move(evidence);
+    auto st = streaks_.find(window_.front().key);
+    window_.pop_front();
+    if (st == streaks_.end() || --st->second.in_window > 0)
+        return;
+    order_.erase(st->second.order);
+    auto p = partitions_.find(st->second.partition);
+    p->second.erase(st->second.in_partition);
+    if (p->second.empty())
+        partitions_.erase(p);
+    streaks_.erase(st);
 }
 
-std::optional<Circuit::Evidence> Circuit::flapping(Clock::time_point now) const
+void Circuit::Window::clear()
+{
+    window_.clear();
+    streaks_.clear();
+    order_.clear();
+    partitions_.clear();
+}
+
+std::optional<Circuit::Evidence> Circuit::Window::flapping(Clock::time_point now) const
 {
     if (window_.empty() || streaks_.size() < s_.min_keys || partitions_.size() < s_.min_partitions)
         return std::nullopt;
@@ -132,52 +85,10 @@ std::optional<Circuit::Evidence> Circuit::flapping(Clock::time_point now) const
     e.partitions = partitions_.size();
     e.recovered = recovered;
     e.span = std::chrono::duration_cast<milliseconds>(now - oldest.at);
-    e.last_error = last_error_;
     return e;
 }
 
-void Circuit::succeeded_on(const std::vector<std::uint64_t>& keys)
-{
-    if (keys.empty())
-        return;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto key : keys) {
-        blamed_.erase(key);
-        convicted_.erase(key);
-    }
-    blaming_.store(!blamed_.empty() || !convicted_.empty(), std::memory_order_relaxed);
-}
-
-void Circuit::skipped(std::size_t records)
-{
-    if (!s_.enabled || records == 0)
-        return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == State::probing)
-        probe_skipped_ += records;
-}
-
-void Circuit::end_round()
-{
-    round_.clear();
-    round_failures_ = 0;
-}
-
-void Circuit::forget_oldest()
-{
-    auto st = streaks_.find(window_.front().key);
-    window_.pop_front();
-    if (st == streaks_.end() || --st->second.in_window > 0)
-        return;
-    order_.erase(st->second.order);
-    auto p = partitions_.find(st->second.partition);
-    p->second.erase(st->second.in_partition);
-    if (p->second.empty())
-        partitions_.erase(p);
-    streaks_.erase(st);
-}
-
-std::optional<Circuit::Evidence> Circuit::judge(Clock::time_point now) const
+std::optional<Circuit::Evidence> Circuit::Window::judge(Clock::time_point now) const
 {
     const double r = s_.failure_ratio;
     // Rounding must not turn "exactly the ratio" into "less".
@@ -205,10 +116,169 @@ std::optional<Circuit::Evidence> Circuit::judge(Clock::time_point now) const
         e.keys = keys;
         e.partitions = partitions;
         e.span = std::chrono::duration_cast<milliseconds>(now - first->since);
-        e.last_error = last_error_;
         return e;
     }
     return std::nullopt;
+}
+
+// ---- the probes -------------------------------------------------------------
+
+void Circuit::Probes::failed(std::uint64_t key)
+{
+    ++tally_.failures;
+    ++round_failures_;
+    tally_.new_keys += suspects_.insert(key).second ? 1 : 0;
+    tally_.repeats += round_.insert(key).second ? 0 : 1; // already failed in this round
+}
+
+bool Circuit::Probes::passes(const Tally& t, bool given_up) const
+{
+    return t.failures > 0 && t.new_keys == 0 &&
+           (given_up || ((t.repeats == 0 || t.skipped > 0) && round_failures_ <= limit_));
+}
+
+void Circuit::Probes::opened(Keys suspects)
+{
+    suspects_ = std::move(suspects);
+    end_round();
+}
+
+Circuit::Keys Circuit::Probes::closed()
+{
+    end_round();
+    return std::exchange(suspects_, Keys{});
+}
+
+void Circuit::Probes::end_round()
+{
+    round_.clear();
+    round_failures_ = 0;
+}
+
+// ---- the blame --------------------------------------------------------------
+
+void Circuit::Blame::convict(std::uint64_t key)
+{
+    if (blamed_.count(key) != 0 && convicted_.size() < max_failures_kept)
+        convicted_.insert(key);
+}
+
+Circuit::Keys Circuit::Blame::take_blamed()
+{
+    auto blamed = std::exchange(blamed_, Keys{});
+    update();
+    return blamed;
+}
+
+std::pair<std::size_t, std::size_t> Circuit::Blame::blame(Keys suspects)
+{
+    blamed_ = std::move(suspects);
+    if (blamed_.size() > max_failures_kept)
+        blamed_.clear(); // bounded; forgetting only makes them evidence again
+    std::size_t convicted = 0;
+    for (const auto key : blamed_)
+        convicted += convicted_.count(key);
+    update();
+    return {blamed_.size(), convicted};
+}
+
+void Circuit::Blame::succeeded_on(const std::vector<std::uint64_t>& keys)
+{
+    for (const auto key : keys) {
+        blamed_.erase(key);
+        convicted_.erase(key);
+    }
+    update();
+}
+
+// ---- the circuit ------------------------------------------------------------
+
+Circuit::Circuit(const CircuitBreaker& settings)
+    : s_(settings), window_(s_), probes_(s_.probe_records), backoff_(Backoff{settings.backoff, settings.backoff_max})
+{
+}
+
+void Circuit::succeeded(std::size_t calls, std::size_t recovered)
+{
+    if (!s_.enabled || calls == 0)
+        return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::probing)
+        probes_.succeeded(calls);
+    else if (state_ == State::closed)
+        window_.succeeded(calls, recovered);
+    // open: a batch that began before the circuit opened, no news
+}
+
+Circuit::Verdict Circuit::failed(std::uint64_t partition, std::uint64_t key, std::string_view what,
+                                 Clock::time_point now, bool last_attempt)
+{
+    if (!s_.enabled)
+        return Verdict::counted;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::open)
+        return Verdict::outage;
+    last_error_.assign(what.data(), what.size());
+    if (state_ == State::probing)
+        return probe_failed(key, now);
+    now = window_.advance(now);
+    const bool blamed = blame_.blamed(key);
+    std::optional<Evidence> evidence;
+    if (blamed && blame_.convicted(key)) {
+        // Its failures are its own, not evidence; at its last attempt only
+        // a flapping downstream keeps it from the dead-letter topic.
+        if (last_attempt)
+            evidence = window_.flapping(now);
+    } else {
+        window_.track(partition, key, now);
+        evidence = window_.judge(now);
+        if (!evidence && last_attempt)
+            evidence = window_.flapping(now);
+    }
+    if (!evidence || (!last_attempt && blamed))
+        return Verdict::counted;
+    if (blamed && !blame_.convicted(key))
+        window_.for_each_key([this](std::uint64_t k) { blame_.convict(k); });
+    open(std::move(*evidence), now);
+    return Verdict::outage;
+}
+
+Circuit::Verdict Circuit::probe_failed(std::uint64_t key, Clock::time_point now)
+{
+    probes_.failed(key);
+    if (s_.give_up_after.count() > 0 && now - opened_at_ >= s_.give_up_after)
+        given_up_ = true;
+    return given_up_ ? Verdict::counted : Verdict::probe;
+}
+
+void Circuit::open(Evidence evidence, Clock::time_point now)
+{
+    state_ = State::open;
+    opened_at_ = now;
+    given_up_ = given_up_told_ = false;
+    probes_.opened(blame_.take_blamed()); // suspects again
+    window_.for_each_key([this](std::uint64_t key) { probes_.suspect(key); });
+    evidence.last_error = last_error_;
+    evidence.wait = round_wait_ = backoff_.next();
+    probe_at_ = now + evidence.wait;
+    opened_ = std::move(evidence);
+}
+
+void Circuit::succeeded_on(const std::vector<std::uint64_t>& keys)
+{
+    if (keys.empty())
+        return;
+    std::lock_guard<std::mutex> lock(mu_);
+    blame_.succeeded_on(keys);
+}
+
+void Circuit::skipped(std::size_t records)
+{
+    if (!s_.enabled || records == 0)
+        return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::probing)
+        probes_.skipped(records);
 }
 
 Circuit::milliseconds Circuit::round_wait() const
@@ -235,7 +305,7 @@ bool Circuit::probe_due(Clock::time_point now)
     if (state_ != State::open || now < probe_at_)
         return false;
     state_ = State::probing;
-    probe_successes_ = probe_failures_ = probe_new_keys_ = probe_repeats_ = probe_skipped_ = 0;
+    probes_.begin();
     return true;
 }
 
@@ -245,11 +315,11 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
     Probe p;
     if (state_ != State::probing)
         return p;
-    p.successes = std::exchange(probe_successes_, 0);
-    p.failures = std::exchange(probe_failures_, 0);
-    p.new_keys = std::exchange(probe_new_keys_, 0);
-    p.skipped = std::exchange(probe_skipped_, 0);
-    const auto repeats = std::exchange(probe_repeats_, 0);
+    const auto tally = probes_.take();
+    p.successes = tally.successes;
+    p.failures = tally.failures;
+    p.new_keys = tally.new_keys;
+    p.skipped = tally.skipped;
     p.last_error = last_error_;
     p.counted = given_up_;
     p.gave_up = given_up_ && !std::exchange(given_up_told_, true);
@@ -260,27 +330,15 @@ Circuit::Probe Circuit::settle_probe(Clock::time_point now)
         // A fresh start: the outage's failures must not reopen the circuit
         // at the next failure.
         window_.clear();
-        streaks_.clear();
-        order_.clear();
-        partitions_.clear();
-        blamed_.swap(suspects_);
-        suspects_.clear();
-        if (blamed_.size() > max_failures_kept)
-            blamed_.clear(); // bounded; forgetting only makes them evidence again
-        p.blamed = blamed_.size();
-        for (const auto key : blamed_)
-            p.convicted += convicted_.count(key);
-        blaming_.store(!blamed_.empty() || !convicted_.empty(), std::memory_order_relaxed);
-        end_round();
+        std::tie(p.blamed, p.convicted) = blame_.blame(probes_.closed());
         backoff_.reset();
-    } else if (p.failures > 0 && p.new_keys == 0 &&
-               (given_up_ || ((repeats == 0 || p.skipped > 0) && round_failures_ <= round_limit()))) {
+    } else if (probes_.passes(tally, given_up_)) {
         // Still probing: the next batch goes past them (or, given up, they
         // run out their attempts).
         p.outcome = Probe::Outcome::passed;
     } else if (p.failures > 0) {
         p.outcome = Probe::Outcome::reopened;
-        end_round();
+        probes_.end_round();
         p.wait = round_wait_ = backoff_.next();
         probe_at_ = now + p.wait;
         state_ = State::open;

@@ -85,6 +85,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "core/backoff.hpp"
@@ -160,7 +161,7 @@ public:
     void succeeded_on(const std::vector<std::uint64_t>& keys);
     /// Whether some keys are blamed (see above): a hint, read without a lock,
     /// for whether succeeded_on() is worth its work.
-    bool blaming() const noexcept { return blaming_.load(std::memory_order_relaxed); }
+    bool blaming() const noexcept { return blame_.any(); }
     /// `records` of a transaction were settled without a handler call
     /// (duplicates): a probe that had them tried more than its failures.
     void skipped(std::size_t records);
@@ -191,75 +192,175 @@ public:
     Probe settle_probe(Clock::time_point now);
 
 private:
-    struct Failure {
-        Clock::time_point at;
-        std::uint64_t key;
-        // The counts just before it.
-        std::uint64_t failures_before;
-        std::uint64_t successes_before;
-        std::uint64_t recovered_before;
+    using Keys = std::unordered_set<std::uint64_t>;
+
+    // The evidence window, while closed: the failures within `window` and
+    // the streaks of their keys, and the counts of every failure and success
+    // judged while closed. Invariant: `streaks_` holds exactly the keys with
+    // a failure in `window_` (in_window: how many), and `order_` and
+    // `partitions_` hold one place per streak. Guarded by the circuit's mutex.
+    class Window {
+    public:
+        explicit Window(const CircuitBreaker& settings) : s_(settings) {}
+
+        /// `calls` successes, `recovered` of them of records that had failed.
+        void succeeded(std::size_t calls, std::size_t recovered);
+        /// Forgets what fell out of the window by `now` (made no earlier than
+        /// the last failure: workers report out of order by a little), and
+        /// returns that `now`.
+        Clock::time_point advance(Clock::time_point now);
+        /// A failure, into the window and its key's streak.
+        void track(std::uint64_t partition, std::uint64_t key, Clock::time_point now);
+        /// The keys' evidence (see above), without last_error and wait.
+        std::optional<Evidence> judge(Clock::time_point now) const;
+        /// The evidence of a flapping downstream (see above), likewise.
+        std::optional<Evidence> flapping(Clock::time_point now) const;
+        /// The keys with failures in the window.
+        template <class F> void for_each_key(F&& f) const
+        {
+            for (const auto& streak : streaks_)
+                f(streak.first);
+        }
+        /// A fresh start: the failures forgotten, the counts kept.
+        void clear();
+
+    private:
+        struct Failure {
+            Clock::time_point at;
+            std::uint64_t key;
+            // The counts just before it.
+            std::uint64_t failures_before;
+            std::uint64_t successes_before;
+            std::uint64_t recovered_before;
+        };
+        // Keys are ordered by (1 - r) x failures_before - r x successes_before
+        // (r: failure_ratio): a key failed as most attempts did since it began
+        // failing exactly when that is at most (1 - r) x failures_ - r x
+        // successes_, so the keys that are evidence are a prefix of the order.
+        using Order = std::multimap<double, std::uint64_t>;
+        struct Streak {
+            std::uint64_t partition;
+            std::uint64_t failures_before;  // failures_ when the key began failing
+            std::uint64_t successes_before; // successes_ likewise
+            Clock::time_point since;
+            std::size_t in_window; // its failures within the window; none: the streak ends
+            Order::iterator order;
+            std::multiset<double>::iterator in_partition;
+        };
+
+        void forget_oldest();
+
+        const CircuitBreaker& s_;
+        std::deque<Failure> window_;                        // the failures within the window, oldest first
+        std::unordered_map<std::uint64_t, Streak> streaks_; // the keys with failures in the window
+        Order order_;
+        // Per partition, the places in the order of its keys in `streaks_`.
+        std::unordered_map<std::uint64_t, std::multiset<double>> partitions_;
+        std::uint64_t failures_ = 0;  // every failure judged while closed
+        std::uint64_t successes_ = 0; // every success reported while closed
+        std::uint64_t recovered_ = 0; // of them, those of records that had failed before
     };
-    // Keys are ordered by (1 - r) x failures_before - r x successes_before
-    // (r: failure_ratio): a key failed as most attempts did since it began
-    // failing exactly when that is at most (1 - r) x failures_ - r x
-    // successes_, so the keys that are evidence are a prefix of the order.
-    using Order = std::multimap<double, std::uint64_t>;
-    struct Streak {
-        std::uint64_t partition;
-        std::uint64_t failures_before;  // failures_ when the key began failing
-        std::uint64_t successes_before; // successes_ likewise
-        Clock::time_point since;
-        std::size_t in_window; // its failures within the window; none: the streak ends
-        Order::iterator order;
-        std::multiset<double>::iterator in_partition;
+
+    // The probes since the circuit opened from closed: the tallies of the
+    // probe batch in flight, the round of probes (since it last opened), and
+    // the suspects. Invariant: every key of `round_` is a suspect; the
+    // tallies are zero outside a probe. Guarded by the circuit's mutex.
+    class Probes {
+    public:
+        /// What one probe batch saw.
+        struct Tally {
+            std::size_t successes = 0;
+            std::size_t failures = 0;
+            std::size_t new_keys = 0; // of `failures`, those of keys not suspect before
+            std::size_t repeats = 0;  // failures of keys that failed before in this round
+            std::size_t skipped = 0;
+        };
+
+        explicit Probes(std::size_t probe_records) : limit_(10 * std::max<std::size_t>(1, probe_records)) {}
+
+        /// A probe batch begins.
+        void begin() { tally_ = Tally{}; }
+        void succeeded(std::size_t calls) { tally_.successes += calls; }
+        void skipped(std::size_t records) { tally_.skipped += records; }
+        /// A failure of `key` in the probe: a suspect from now on.
+        void failed(std::uint64_t key);
+        /// The probe batch's tallies, zeroed.
+        Tally take() { return std::exchange(tally_, Tally{}); }
+        /// Whether a probe that saw `t` stays probing past its failures:
+        /// only suspects failed, none again in this round unless something
+        /// else was tried, and the round is within its limit; `given_up`:
+        /// whenever only suspects failed.
+        bool passes(const Tally& t, bool given_up) const;
+        /// The circuit opened from closed: `suspects` (the keys blamed till
+        /// then) and the keys of the evidence, added by suspect().
+        void opened(Keys suspects);
+        void suspect(std::uint64_t key) { suspects_.insert(key); }
+        /// A probe's success closed the circuit: its suspects, forgotten here.
+        Keys closed();
+        /// The round ends: open again for a backoff.
+        void end_round();
+
+    private:
+        const std::size_t limit_; // of failures in a round
+        Tally tally_;
+        // The keys that failed since the circuit opened from closed (the
+        // evidence's and the probes'), and those that failed in a probe of this
+        // round (since it last opened).
+        Keys suspects_;
+        Keys round_;
+        std::size_t round_failures_ = 0;
+    };
+
+    // The blame, while closed: the suspects when a probe's success last
+    // closed the circuit, until they succeed, and of them the convicted.
+    // Invariant: blaming_ == !blamed_.empty() || !convicted_.empty() whenever
+    // the circuit's mutex is free; convicted keys stay convicted across
+    // openings until they succeed.
+    class Blame {
+    public:
+        /// Read without a lock.
+        bool any() const noexcept { return blaming_.load(std::memory_order_relaxed); }
+        bool blamed(std::uint64_t key) const { return blamed_.count(key) != 0; }
+        bool convicted(std::uint64_t key) const { return convicted_.count(key) != 0; }
+        /// Blamed keys opened it again at a last attempt: if the handler
+        /// works once more before they do, they are poison (a blamed `key`
+        /// is convicted; bounded).
+        void convict(std::uint64_t key);
+        /// The circuit opened: the blamed keys, suspects again.
+        Keys take_blamed();
+        /// A probe's success closed it: `suspects` are blamed from now on.
+        /// Returns how many are blamed (bounded), and of them convicted.
+        std::pair<std::size_t, std::size_t> blame(Keys suspects);
+        /// Their records succeeded: no longer blamed.
+        void succeeded_on(const std::vector<std::uint64_t>& keys);
+
+    private:
+        void update() { blaming_.store(!blamed_.empty() || !convicted_.empty(), std::memory_order_relaxed); }
+
+        Keys blamed_; // the suspects when it last closed, until they succeed
+        // Blamed keys that opened it again at a last attempt (they and the
+        // blamed keys failing beside them), until they succeed: blamed again,
+        // their failures are no evidence.
+        Keys convicted_;
+        std::atomic<bool> blaming_{false};
     };
 
     Verdict probe_failed(std::uint64_t key, Clock::time_point now);
-    // A failure while closed, into the window and its key's streak.
-    void track(std::uint64_t partition, std::uint64_t key, Clock::time_point now);
     void open(Evidence evidence, Clock::time_point now);
-    void forget_oldest();
-    std::optional<Evidence> judge(Clock::time_point now) const;
-    // The evidence of a flapping downstream in the window (see above).
-    std::optional<Evidence> flapping(Clock::time_point now) const;
 
     const CircuitBreaker s_;
     mutable std::mutex mu_;
     State state_ = State::closed;
-    std::deque<Failure> window_;                        // the failures within the window, oldest first
-    std::unordered_map<std::uint64_t, Streak> streaks_; // the keys with failures in the window
-    Order order_;
-    // Per partition, the places in the order of its keys in `streaks_`.
-    std::unordered_map<std::uint64_t, std::multiset<double>> partitions_;
-    std::uint64_t failures_ = 0;  // every failure judged while closed
-    std::uint64_t successes_ = 0; // every success reported while closed
-    std::uint64_t recovered_ = 0; // of them, those of records that had failed before
+    Window window_;
+    Probes probes_;
+    Blame blame_;
     GrowingBackoff backoff_;
-    Clock::time_point opened_at_{};
-    Clock::time_point probe_at_{};
+    Clock::time_point opened_at_{};  // when it last opened from closed
+    Clock::time_point probe_at_{};   // open: when the backoff is over
     std::optional<Evidence> opened_; // not yet taken
-    std::size_t probe_successes_ = 0;
-    std::size_t probe_failures_ = 0;
-    std::size_t probe_new_keys_ = 0;
-    std::size_t probe_repeats_ = 0; // failures of keys that failed before in this round
-    std::size_t probe_skipped_ = 0;
-    // The keys that failed since the circuit opened from closed (the
-    // evidence's and the probes'), and those that failed in a probe of this
-    // round (since it last opened).
-    std::unordered_set<std::uint64_t> suspects_;
-    std::unordered_set<std::uint64_t> round_;
-    std::unordered_set<std::uint64_t> blamed_; // the suspects when it last closed, until they succeed
-    // Blamed keys that opened it again at a last attempt (they and the
-    // blamed keys failing beside them), until they succeed: blamed again,
-    // their failures are no evidence.
-    std::unordered_set<std::uint64_t> convicted_;
-    std::atomic<bool> blaming_{false}; // !blamed_.empty() || !convicted_.empty()
-    std::size_t round_failures_ = 0;
-    milliseconds round_wait_{0}; // the last backoff
-    bool given_up_ = false;      // open past give_up_after: the probes' failures count
-    bool given_up_told_ = false; // a settled probe has said so
-    void end_round();
-    std::size_t round_limit() const noexcept { return 10 * std::max<std::size_t>(1, s_.probe_records); }
+    milliseconds round_wait_{0};     // the last backoff
+    bool given_up_ = false;          // open past give_up_after: the probes' failures count
+    bool given_up_told_ = false;     // a settled probe has said so
     std::string last_error_;
 };
 
