@@ -26,7 +26,7 @@ std::vector<OffsetStore::Position> positions_of(const BatchOutcome& w, const std
         if (p.topic.empty()) {
             p.topic = std::string(it.record.topic);
             p.partition = it.record.partition;
-            p.epoch = it.part->epoch;
+            p.epoch = it.part->stored.epoch;
         }
         p.next_offset = std::max(p.next_offset, it.record.offset + 1);
     }

@@ -327,7 +327,7 @@ Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
     }
     m.info = w.info;
     for (const auto& [ps, next] : w.stored)
-        ps->stored_next = std::max(ps->stored_next, next);
+        ps->stored.next = std::max(ps->stored.next, next);
     return m;
 }
 
@@ -378,7 +378,7 @@ bool Engine::Impl::store_positions(std::set<PartitionState*> moved, std::size_t 
         // stored position behind Kafka's committed offset only means
         // commits PostgreSQL lost (see StoredPositions::acquire()).
         for (auto it = moved.begin(); it != moved.end();)
-            it = (*it)->position() > (*it)->stored_next ? std::next(it) : moved.erase(it);
+            it = (*it)->position() > (*it)->stored.next ? std::next(it) : moved.erase(it);
     }
     if (moved.empty())
         return true;

@@ -45,7 +45,7 @@ bool Engine::Impl::ensure_db()
     if (positions) {
         // Takeovers rewind partitions: no unit may be running then.
         if (reconnected ||
-            std::any_of(ledger.begin(), ledger.end(), [](const auto& p) { return !p.second.position_verified; }))
+            std::any_of(ledger.begin(), ledger.end(), [](const auto& p) { return !p.second.stored.verified; }))
             drain();
         // A new connection may reach another server than the one that
         // committed this member's last transactions (a failover to a
@@ -55,7 +55,7 @@ bool Engine::Impl::ensure_db()
         if (reconnected) {
             positions->reconnect();
             for (auto& [tp, ps] : ledger)
-                ps.position_verified = false;
+                ps.stored.verified = false;
         }
         // Partitions assigned while PostgreSQL was away, or verified again
         // after a reconnect, take their stored positions now (a seek),
@@ -69,7 +69,7 @@ bool Engine::Impl::ensure_db()
             count_in_flight();
         }
         for (const auto& [tp, ps] : ledger)
-            if (!ps.position_verified) {
+            if (!ps.stored.verified) {
                 db_hold();
                 return false;
             }
@@ -90,7 +90,7 @@ void Engine::Impl::apply_pauses()
     metrics.db_paused.set(db.closed() ? 1 : 0);
     std::set<TopicPartition> keep; // partitions waiting out a retry backoff stay paused
     for (const auto& [tp, ps] : ledger)
-        if (ps.retry_paused)
+        if (ps.rewind.paused)
             keep.insert(tp);
     kafka->pause_assignment(db.closed() || circuit.paused(), keep);
 }

@@ -35,7 +35,7 @@ bool Engine::Impl::assigned(std::vector<std::pair<TopicPartition, std::int64_t>>
                 offset = kafka::offset_end;
             for (const auto& tp : tps)
                 if (auto* ps = ledger.find(tp.topic, tp.partition))
-                    ps->position_verified = false;
+                    ps->stored.verified = false;
             if (!db.closed())
                 db_hold();
         }
@@ -60,8 +60,8 @@ std::optional<std::vector<OffsetCommit>> Engine::Impl::inherit_failures(const st
         auto* ps = ledger.find(c.tp.topic, c.tp.partition);
         if (!ps || c.offset < 0)
             continue;
-        ps->start_offset = c.offset;
-        ps->start_known = true;
+        ps->lag.start_offset = c.offset;
+        ps->lag.start_known = true;
         const auto failures = parse_failures_metadata(c.metadata);
         if (failures.empty())
             continue;
@@ -164,15 +164,15 @@ void Engine::Impl::rewind(PartitionState& ps, std::int64_t offset)
 
 void Engine::Impl::seek(PartitionState& ps)
 {
-    if (kafka->seek(ps.tp, ps.resume_from) != kafka::GroupMember::SeekResult::failed)
+    if (kafka->seek(ps.tp, ps.rewind.resume_from) != kafka::GroupMember::SeekResult::failed)
         PartitionLedger::seek_sent(ps);
 }
 
 void Engine::Impl::apply_holds(const Holds& holds)
 {
     for (const auto& action : ledger.apply(holds, Clock::now())) {
-        parking.drop_from(action.ps, action.ps->resume_from); // they come again from Kafka
-        dispatcher.drop_from(action.ps, action.ps->resume_from);
+        parking.drop_from(action.ps, action.ps->rewind.resume_from); // they come again from Kafka
+        dispatcher.drop_from(action.ps, action.ps->rewind.resume_from);
         seek(*action.ps);
         if (action.pause)
             kafka->pause(action.ps->tp, true);

@@ -15,14 +15,14 @@ void learn_start_offsets(PartitionLedger& ledger, kafka::GroupMember& consumer)
 {
     std::vector<std::pair<TopicPartition, std::int64_t>> wanted;
     for (const auto& [tp, ps] : ledger)
-        if (ps.processed_next < 0 && !ps.start_known)
+        if (ps.processed_next < 0 && !ps.lag.start_known)
             wanted.push_back({tp, offset_invalid});
     if (wanted.empty() || !consumer.committed(wanted, std::chrono::milliseconds(2000)))
         return; // none, or try again at the next update
     for (const auto& [tp, offset] : wanted)
         if (auto* ps = ledger.find(tp.topic, tp.partition); ps && offset != kafka::offset_unknown) {
-            ps->start_offset = offset;
-            ps->start_known = true;
+            ps->lag.start_offset = offset;
+            ps->lag.start_known = true;
         }
 }
 
@@ -50,10 +50,10 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
         row.topic = tp.topic;
         row.partition = tp.partition;
         row.committed = ps.committed_next >= 0 ? ps.committed_next
-                        : ps.start_known       ? std::max<std::int64_t>(-1, ps.start_offset)
+                        : ps.lag.start_known   ? std::max<std::int64_t>(-1, ps.lag.start_offset)
                                                : -1;
         const auto [lo, hi] = consumer.watermarks(tp);
-        std::int64_t pos = ps.processed_next >= 0 ? ps.processed_next : ps.start_offset;
+        std::int64_t pos = ps.processed_next >= 0 ? ps.processed_next : ps.lag.start_offset;
         if (pos == offset_invalid)
             pos = consumer.reset_to_latest() ? hi : lo;
         row.position = std::max<std::int64_t>(-1, pos);
@@ -61,7 +61,7 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
         if (hi >= 0 && pos >= 0)
             row.lag = std::max<std::int64_t>(0, hi - std::max(pos, lo));
         auto st = latest.find(tp);
-        if (st != latest.end() && st->second.at > ps.assigned_at && st->second.stats.lag() >= 0) {
+        if (st != latest.end() && st->second.at > ps.lag.assigned_at && st->second.stats.lag() >= 0) {
             const auto& fig = st->second.stats;
             row.source = LagSource::statistics;
             row.lag = fig.lag();
@@ -69,11 +69,11 @@ void update_lag(PartitionLedger& ledger, kafka::GroupMember& consumer, Metrics& 
             row.high_watermark = fig.hi_offset;
         }
         row.lag_seconds = PartitionLedger::lag_seconds(ps, row.lag, now_ms);
-        if (ps.position() != ps.seen_position || row.lag <= 0) {
-            ps.seen_position = ps.position();
-            ps.seen_position_at = Clock::now();
+        if (ps.position() != ps.lag.seen_position || row.lag <= 0) {
+            ps.lag.seen_position = ps.position();
+            ps.lag.seen_position_at = Clock::now();
         }
-        row.stalled_seconds = std::chrono::duration<double>(Clock::now() - ps.seen_position_at).count();
+        row.stalled_seconds = std::chrono::duration<double>(Clock::now() - ps.lag.seen_position_at).count();
         if (row.lag < 0)
             known = false;
         else
@@ -96,9 +96,9 @@ bool stalled_now(PartitionState& ps, kafka::GroupMember& consumer, const LogSink
     const auto marks = consumer.query_watermarks(ps.tp, std::chrono::milliseconds(1000));
     if (!marks)
         return false; // the leader did not answer: asked again after another bound
-    const std::int64_t pos = ps.processed_next >= 0                   ? ps.processed_next
-                             : ps.start_known && ps.start_offset >= 0 ? ps.start_offset
-                                                                      : marks->first;
+    const std::int64_t pos = ps.processed_next >= 0                           ? ps.processed_next
+                             : ps.lag.start_known && ps.lag.start_offset >= 0 ? ps.lag.start_offset
+                                                                              : marks->first;
     if (marks->second <= std::max(pos, marks->first))
         return false;
     emit(log, LogLevel::error,
@@ -123,17 +123,17 @@ void watch_fetch_stalls(PartitionLedger& ledger, kafka::GroupMember& consumer, M
     std::int64_t stalled = 0;
     for (auto& [tp, ps] : ledger) {
         if (consumer.held_back(tp) || ps.unit != 0 || !ps.in_flight.empty() || !ps.parked.empty())
-            ps.fetched_at = now; // not expected to fetch now
-        if (now - ps.fetched_at < bound) {
-            ps.stalled = false;
+            ps.lag.fetched_at = now; // not expected to fetch now
+        if (now - ps.lag.fetched_at < bound) {
+            ps.lag.stalled = false;
             continue;
         }
-        if (!ps.stalled) {
-            ps.stalled = stalled_now(ps, consumer, log, bound);
-            if (!ps.stalled)
-                ps.fetched_at = now; // nothing to fetch: looked at again after another bound
+        if (!ps.lag.stalled) {
+            ps.lag.stalled = stalled_now(ps, consumer, log, bound);
+            if (!ps.lag.stalled)
+                ps.lag.fetched_at = now; // nothing to fetch: looked at again after another bound
         }
-        if (ps.stalled)
+        if (ps.lag.stalled)
             ++stalled;
     }
     metrics.stalled_partitions.set(stalled);

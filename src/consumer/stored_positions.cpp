@@ -60,19 +60,19 @@ std::optional<std::map<TopicPartition, std::int64_t>> StoredPositions::acquire(k
 std::optional<std::int64_t> StoredPositions::stored_start(const OffsetStore::Stored& st, PartitionState* ps)
 {
     std::optional<std::int64_t> next = st.next_offset;
-    if (!next && ps && ps->began_at >= 0 && ps->position() > ps->began_at) {
+    if (!next && ps && ps->stored.began_at >= 0 && ps->position() > ps->stored.began_at) {
         // Taken again after a reconnect: this member processed records
         // of the partition, and stored their positions with them, but
         // the server has none (a failover to a standby without any of
         // them). Kafka's committed offset may have moved past them: they
         // are processed again from where this member began.
-        next = ps->began_at;
+        next = ps->stored.began_at;
         lost_every_position(*ps);
     }
     if (ps) {
-        ps->epoch = st.epoch;
-        ps->position_verified = true;
-        ps->stored_next = next.value_or(-1);
+        ps->stored.epoch = st.epoch;
+        ps->stored.verified = true;
+        ps->stored.next = next.value_or(-1);
     }
     return next;
 }
@@ -98,7 +98,7 @@ bool StoredPositions::place(kafka::GroupMember& consumer, const OffsetStore::Sto
         const auto start = kafka_known ? start_without_position(consumer, tp, kafka_offset) : std::nullopt;
         if (!start) {
             if (ps)
-                ps->position_verified = false;
+                ps->stored.verified = false;
             return false;
         }
         target[tp] = *start;
@@ -113,8 +113,8 @@ bool StoredPositions::place(kafka::GroupMember& consumer, const OffsetStore::Sto
     // restored backup) or an offset reset in Kafka. The records in
     // between come again; those whose claims survived are duplicates.
     if (ps) {
-        ps->start_offset = *next; // for the lag gauge
-        ps->start_known = true;
+        ps->lag.start_offset = *next; // for the lag gauge
+        ps->lag.start_known = true;
     }
     reported_.insert(tp);
     report_start(st.topic, st.partition, *next, kafka_offset);
@@ -136,8 +136,8 @@ std::optional<std::int64_t> StoredPositions::start_without_position(kafka::Group
     if (!start)
         return std::nullopt;
     if (auto* ps = ledger_.find(tp.topic, tp.partition)) {
-        ps->start_offset = *start; // for the lag gauge
-        ps->start_known = true;
+        ps->lag.start_offset = *start; // for the lag gauge
+        ps->lag.start_known = true;
     }
     emit(log_, LogLevel::info,
          fmt::format("{}/{} has no stored position: starts at {} ({})", tp.topic, tp.partition, *start,
@@ -226,11 +226,11 @@ void StoredPositions::lost_every_position(const PartitionState& ps)
                      "offset {} on (it is at {}): PostgreSQL lost the positions it stored (a failover to a standby "
                      "without them), or none was stored yet; the records from offset {} on are processed again "
                      "(those whose claims survived are skipped as duplicates)",
-                     ps.tp.topic, ps.tp.partition, ps.began_at, ps.position(), ps.began_at),
+                     ps.tp.topic, ps.tp.partition, ps.stored.began_at, ps.position(), ps.stored.began_at),
          "consumer",
          {{log_field::topic, ps.tp.topic},
           {log_field::partition, std::to_string(ps.tp.partition)},
-          {"began_at", std::to_string(ps.began_at)},
+          {"began_at", std::to_string(ps.stored.began_at)},
           {"position", std::to_string(ps.position())}});
 }
 
@@ -266,7 +266,7 @@ std::map<PartitionState*, std::int64_t> StoredPositions::verify(kafka::GroupMemb
 {
     std::vector<TopicPartition> unverified;
     for (const auto& [tp, ps] : ledger_)
-        if (!ps.position_verified)
+        if (!ps.stored.verified)
             unverified.push_back(tp);
     std::map<PartitionState*, std::int64_t> rewinds;
     if (unverified.empty())
@@ -307,7 +307,7 @@ StoredPositions::Stored StoredPositions::store(Worker& w, const std::set<Partiti
     std::vector<OffsetStore::Position> positions;
     for (auto* ps : moved)
         if (ps->position() >= 0)
-            positions.push_back({ps->tp.topic, ps->tp.partition, ps->position(), ps->epoch});
+            positions.push_back({ps->tp.topic, ps->tp.partition, ps->position(), ps->stored.epoch});
     if (!w.db) {
         // Lost in this batch (by another worker, too): the engine reconnects;
         // the positions go with the partition's next batch.
@@ -322,7 +322,7 @@ StoredPositions::Stored StoredPositions::store(Worker& w, const std::set<Partiti
         claims_.write_positions(tx, positions);
         tx.commit();
         for (auto* ps : moved)
-            ps->stored_next = std::max(ps->stored_next, ps->position());
+            ps->stored.next = std::max(ps->stored.next, ps->position());
         return Stored::yes;
     } catch (const Fenced&) {
         return Stored::fenced;

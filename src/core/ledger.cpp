@@ -133,22 +133,22 @@ Admission PartitionLedger::admit(PartitionState* ps, std::int64_t offset) noexce
 {
     if (!ps)
         return Admission::foreign;
-    if (ps->resume_from >= 0) {
-        if (offset < ps->resume_from)
+    if (ps->rewind.resume_from >= 0) {
+        if (offset < ps->rewind.resume_from)
             return Admission::stale;
-        ps->resume_from = -1;
-        ps->needs_seek = false;
+        ps->rewind.resume_from = -1;
+        ps->rewind.needs_seek = false;
     }
-    if (ps->began_at < 0 || offset < ps->began_at)
-        ps->began_at = offset;
-    ps->fetched_at = Clock::now();
+    if (ps->stored.began_at < 0 || offset < ps->stored.began_at)
+        ps->stored.began_at = offset;
+    ps->lag.fetched_at = Clock::now();
     return Admission::take;
 }
 
 void PartitionLedger::rewind(PartitionState& ps, std::int64_t offset) noexcept
 {
-    ps.resume_from = offset;
-    ps.needs_seek = true;
+    ps.rewind.resume_from = offset;
+    ps.rewind.needs_seek = true;
     // What comes again is not finished: the position must not pass it.
     ps.parked.erase(ps.parked.lower_bound(offset), ps.parked.end());
     // Running records from `offset` on come again too: their outcome, when
@@ -168,8 +168,8 @@ std::vector<PartitionLedger::Action> PartitionLedger::apply(const Holds& holds, 
         const auto wait = std::max(h.failures > 0 ? retry_.after(h.failures) : std::chrono::milliseconds(0), h.wait);
         const bool pause = wait.count() > 0;
         if (pause) {
-            ps->retry_paused = true;
-            ps->resume_at = now + wait;
+            ps->rewind.paused = true;
+            ps->rewind.resume_at = now + wait;
         }
         out.push_back({ps, pause});
     }
@@ -181,28 +181,29 @@ void PartitionLedger::complete(PartitionState& ps, std::int64_t offset)
     ps.processed_next = std::max(ps.processed_next, offset + 1);
     ps.parked.erase(offset);
     ps.in_flight.erase(offset);
-    ps.fenced = 0;
+    ps.stored.fenced = 0;
     forget_failures(ps, offset); // under the lock: workers count failures of the partition's other records
 }
 
 void PartitionLedger::trim(PartitionState& ps)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
-    ps.dead_lettered.erase(ps.dead_lettered.begin(), ps.dead_lettered.lower_bound(ps.position()));
+    ps.dead_letters.acknowledged.erase(ps.dead_letters.acknowledged.begin(),
+                                       ps.dead_letters.acknowledged.lower_bound(ps.position()));
 }
 
 PartitionLedger::Due PartitionLedger::due(Clock::time_point now)
 {
     Due out;
     for (auto& [tp, ps] : parts_) {
-        if (ps.needs_seek && ps.resume_from < 0)
-            ps.needs_seek = false; // the rewound record arrived: the seek happened
-        if (ps.needs_seek)
+        if (ps.rewind.needs_seek && ps.rewind.resume_from < 0)
+            ps.rewind.needs_seek = false; // the rewound record arrived: the seek happened
+        if (ps.rewind.needs_seek)
             out.seek.push_back(&ps);
-        if (ps.retry_paused && now >= ps.resume_at && !ps.needs_seek) {
-            ps.retry_paused = false;
-            if (std::exchange(ps.retake, false))
-                ps.position_verified = false; // taken over again before it is resumed
+        if (ps.rewind.paused && now >= ps.rewind.resume_at && !ps.rewind.needs_seek) {
+            ps.rewind.paused = false;
+            if (std::exchange(ps.stored.retake, false))
+                ps.stored.verified = false; // taken over again before it is resumed
             out.resume.push_back(&ps);
         }
     }
@@ -212,14 +213,14 @@ PartitionLedger::Due PartitionLedger::due(Clock::time_point now)
 std::optional<std::chrono::milliseconds> PartitionLedger::fence(const TopicPartition& tp, Clock::time_point now)
 {
     auto it = parts_.find(tp);
-    if (it == parts_.end() || it->second.retake)
+    if (it == parts_.end() || it->second.stored.retake)
         return std::nullopt;
     auto& ps = it->second;
-    ++ps.fenced;
-    ps.retake = true;
-    ps.retry_paused = true;
-    const auto wait = fence_.after(ps.fenced);
-    ps.resume_at = now + wait;
+    ++ps.stored.fenced;
+    ps.stored.retake = true;
+    ps.rewind.paused = true;
+    const auto wait = fence_.after(ps.stored.fenced);
+    ps.rewind.resume_at = now + wait;
     return wait;
 }
 
@@ -231,8 +232,8 @@ std::vector<OffsetCommit> PartitionLedger::take_commits(const std::set<TopicPart
         if (only && !only->count(tp))
             continue;
         auto position = ps.position();
-        if (position < 0 && ps.failures_dirty && ps.start_known)
-            position = ps.start_offset; // where it stands: committed before
+        if (position < 0 && ps.failures_dirty && ps.lag.start_known)
+            position = ps.lag.start_offset; // where it stands: committed before
         if (position < 0 || (position == ps.committed_next && !ps.failures_dirty))
             continue;
         out.push_back({tp, position, failures_metadata(ps.failures, position)});
@@ -300,15 +301,15 @@ void PartitionLedger::dead_lettered(PartitionState& ps, std::int64_t offset)
     std::lock_guard<std::mutex> lock(failures_mu_);
     if (ps.failures.erase(offset))
         ps.failures_dirty = true;
-    ps.dead_letter_due.erase(offset);
-    ps.dead_lettered.insert(offset);
+    ps.dead_letters.due.erase(offset);
+    ps.dead_letters.acknowledged.insert(offset);
 }
 
 int PartitionLedger::dead_letter_refused(PartitionState& ps, std::int64_t offset, DeadLetterReason reason,
                                          const std::string& error, int attempts)
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
-    auto& due = ps.dead_letter_due[offset];
+    auto& due = ps.dead_letters.due[offset];
     due.reason = reason;
     due.error = error;
     due.attempts = attempts;
@@ -319,11 +320,11 @@ RecordHistory PartitionLedger::history_of(const PartitionState& ps, std::int64_t
 {
     std::lock_guard<std::mutex> lock(failures_mu_);
     RecordHistory h;
-    if (ps.dead_lettered.count(offset)) {
+    if (ps.dead_letters.acknowledged.count(offset)) {
         h.dead_lettered = true;
         return h;
     }
-    if (auto d = ps.dead_letter_due.find(offset); d != ps.dead_letter_due.end())
+    if (auto d = ps.dead_letters.due.find(offset); d != ps.dead_letters.due.end())
         h.due = d->second;
     if (auto f = ps.failures.find(offset); f != ps.failures.end())
         h.failures = f->second;
@@ -337,10 +338,10 @@ constexpr std::size_t max_taken_times = 100000;
 
 void PartitionLedger::note_taken(PartitionState& ps, std::int64_t offset, std::int64_t timestamp_ms)
 {
-    while (!ps.taken_times.empty() && ps.taken_times.back().first >= offset)
-        ps.taken_times.pop_back();
-    if (ps.taken_times.size() < max_taken_times)
-        ps.taken_times.emplace_back(offset, timestamp_ms);
+    while (!ps.lag.taken_times.empty() && ps.lag.taken_times.back().first >= offset)
+        ps.lag.taken_times.pop_back();
+    if (ps.lag.taken_times.size() < max_taken_times)
+        ps.lag.taken_times.emplace_back(offset, timestamp_ms);
 }
 
 double PartitionLedger::lag_seconds(PartitionState& ps, std::int64_t lag, std::int64_t now_ms)
@@ -348,14 +349,14 @@ double PartitionLedger::lag_seconds(PartitionState& ps, std::int64_t lag, std::i
     // Before the first record is processed the position is unknown, and the
     // first record taken is the first unconsumed one.
     const std::int64_t position = ps.position();
-    while (!ps.taken_times.empty() && position >= 0 && ps.taken_times.front().first < position)
-        ps.taken_times.pop_front();
+    while (!ps.lag.taken_times.empty() && position >= 0 && ps.lag.taken_times.front().first < position)
+        ps.lag.taken_times.pop_front();
     if (lag == 0)
         return 0;
-    if (ps.taken_times.empty() || (position >= 0 && ps.taken_times.front().first != position) ||
-        ps.taken_times.front().second < 0)
+    if (ps.lag.taken_times.empty() || (position >= 0 && ps.lag.taken_times.front().first != position) ||
+        ps.lag.taken_times.front().second < 0)
         return -1;
-    return static_cast<double>(std::max<std::int64_t>(0, now_ms - ps.taken_times.front().second)) / 1000.0;
+    return static_cast<double>(std::max<std::int64_t>(0, now_ms - ps.lag.taken_times.front().second)) / 1000.0;
 }
 
 } // namespace idemkafka::detail

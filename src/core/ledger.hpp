@@ -91,42 +91,63 @@ struct RecordHistory {
 
 /// One assigned partition. Offsets are Kafka offsets; -1 means none yet.
 struct PartitionState {
+    /// What the lag gauge and the fetch-stall guard keep of the partition.
+    struct Lag {
+        std::int64_t start_offset = -1; // committed offset at assignment (for the lag gauge)
+        bool start_known = false;
+        Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
+        // The fetch-stall guard: when a record last arrived (or the partition was
+        // last paused, busy, or found with nothing to fetch), and whether it is
+        // reported as stalled now.
+        Clock::time_point fetched_at = assigned_at;
+        bool stalled = false;
+        // (offset, timestamp ms) of each record taken, in offset order, for the lag
+        // in seconds: the engine's thread appends (note_taken()) and the lag gauge
+        // drops what lies before the position, so its front is the first
+        // unconsumed record. Bounded by max_taken_times.
+        std::deque<std::pair<std::int64_t, std::int64_t>> taken_times;
+        // The position the lag gauge saw last and since when (for stalled_seconds).
+        std::int64_t seen_position = -2;
+        Clock::time_point seen_position_at = Clock::now();
+    };
+
+    /// offsets_in_database: the positions this member stores in PostgreSQL.
+    struct Stored {
+        std::int64_t epoch = 0; // our ownership epoch
+        bool verified = true;   // stored position applied
+        std::int64_t next = -1; // the position last stored (or read) in PostgreSQL
+        bool retake = false;    // take the partition over again when the pause ends
+        int fenced = 0;         // position writes refused in a row
+        // The lowest offset taken of the partition in this assignment: where it
+        // is processed again from when, after a reconnect, PostgreSQL has none of
+        // the positions this member stored.
+        std::int64_t began_at = -1;
+    };
+
+    /// A rewind and the retry backoff (or fence) that may follow it.
+    struct Rewind {
+        std::int64_t resume_from = -1; // after a rewind, polled records before it are stale
+        bool needs_seek = false;       // a rewind whose seek has not been sent yet
+        bool paused = false;           // waiting out a retry backoff (or a fence)
+        Clock::time_point resume_at{};
+    };
+
+    /// Dead letters of this assignment. Guarded like `failures`.
+    struct DeadLetters {
+        std::set<std::int64_t> acknowledged;       // acknowledged dead letters of this assignment
+        std::map<std::int64_t, DeadLetterDue> due; // refused ones
+    };
+
     TopicPartition tp;
     std::int64_t processed_next = -1; // next offset after the last processed record
     std::int64_t committed_next = -1; // last next-offset handed to an offset commit
-    std::int64_t resume_from = -1;    // after a rewind, polled records before it are stale
-    std::int64_t start_offset = -1;   // committed offset at assignment (for the lag gauge)
-    bool start_known = false;
-    Clock::time_point assigned_at = Clock::now(); // statistics from before are of an earlier owner
-    // The fetch-stall guard: when a record last arrived (or the partition was
-    // last paused, busy, or found with nothing to fetch), and whether it is
-    // reported as stalled now.
-    Clock::time_point fetched_at = assigned_at;
-    bool stalled = false;
-    // (offset, timestamp ms) of each record taken, in offset order, for the lag
-    // in seconds: the engine's thread appends (note_taken()) and the lag gauge
-    // drops what lies before the position, so its front is the first
-    // unconsumed record. Bounded by max_taken_times.
-    std::deque<std::pair<std::int64_t, std::int64_t>> taken_times;
-    // The position the lag gauge saw last and since when (for stalled_seconds).
-    std::int64_t seen_position = -2;
-    Clock::time_point seen_position_at = Clock::now();
+    Rewind rewind;
+    Lag lag;
     // The engine's, with Ordering::partition: 1 + the worker whose unit of
     // work holds records of this partition (one unit at a time), 0 when none.
     std::size_t unit = 0;
-    bool retired = false;          // revoked while a unit still pointed to it (PartitionLedger::revoke)
-    std::int64_t epoch = 0;        // offsets_in_database: our ownership epoch
-    bool position_verified = true; // offsets_in_database: stored position applied
-    std::int64_t stored_next = -1; // offsets_in_database: the position last stored (or read) in PostgreSQL
-    bool needs_seek = false;       // a rewind whose seek has not been sent yet
-    bool retry_paused = false;     // waiting out a retry backoff (or a fence)
-    bool retake = false;           // offsets_in_database: take the partition over again when the pause ends
-    int fenced = 0;                // offsets_in_database: position writes refused in a row
-    Clock::time_point resume_at{};
-    // The lowest offset taken of the partition in this assignment: where it
-    // is processed again from when, after a reconnect, PostgreSQL has none of
-    // the positions this member stored (offsets_in_database).
-    std::int64_t began_at = -1;
+    bool retired = false; // revoked while a unit still pointed to it (PartitionLedger::revoke)
+    Stored stored;
     // Ordering::key: offsets taken out of the partition's order (a parked
     // key's records, also once handed back to a batch) and not finished
     // yet. The committed position stays at the lowest of them.
@@ -155,10 +176,9 @@ struct PartitionState {
     }
 
     // Guarded by PartitionLedger's failures lock while workers run.
-    std::map<std::int64_t, int> failures;                  // handler failures by offset
-    bool failures_dirty = false;                           // `failures` changed since the last commit took them
-    std::set<std::int64_t> dead_lettered;                  // acknowledged dead letters of this assignment
-    std::map<std::int64_t, DeadLetterDue> dead_letter_due; // refused ones
+    std::map<std::int64_t, int> failures; // handler failures by offset
+    bool failures_dirty = false;          // `failures` changed since the last commit took them
+    DeadLetters dead_letters;
 };
 
 /// Where a partition must stop in a batch: records from `offset` on are not
@@ -295,7 +315,7 @@ public:
     /// longer holds the position back.
     static void drop(PartitionState& ps, std::int64_t offset) noexcept { ps.in_flight.erase(offset); }
     /// The seek of a rewind was sent (or queued): no need to send it again.
-    static void seek_sent(PartitionState& ps) noexcept { ps.needs_seek = false; }
+    static void seek_sent(PartitionState& ps) noexcept { ps.rewind.needs_seek = false; }
 
     /// What the consumer must do to one partition after a batch.
     struct Action {
@@ -303,7 +323,7 @@ public:
         bool pause; // for a retry backoff, after the seek
     };
     /// Rewinds each held partition to its hold, and starts a retry backoff for
-    /// holds after failures. The caller seeks each (to ps->resume_from) and
+    /// holds after failures. The caller seeks each (to ps->rewind.resume_from) and
     /// pauses those with `pause`. Holds on retired partitions are not ours
     /// to apply: they are skipped.
     std::vector<Action> apply(const Holds& holds, Clock::time_point now);

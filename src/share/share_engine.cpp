@@ -457,7 +457,7 @@ void ShareEngine::Impl::settle(Member& m, std::vector<Item>& chunk, const std::v
         auto& it = chunk[i];
         const bool on_last = deliveries[i] >= share_cfg.delivery_limit;
         const bool unfinished = it.state == ItemState::pending && (w.failed || held(w.holds, it));
-        if (it.part->dead_lettered.count(it.record.offset)) {
+        if (it.part->dead_letters.acknowledged.count(it.record.offset)) {
             acks[i] = kafka::Ack::reject;
             if (on_last && it.reason == DeadLetterReason::handler_failed)
                 share.delivery_limit_dead_letters.add();

@@ -364,7 +364,7 @@ TEST_CASE("claim transaction: positions commit with the claims; a stale epoch is
         return scalar(fmt::format("SELECT coalesce(max(next_offset), -1) FROM {} WHERE consumer_group = '{}'",
                                   f.offsets->qualified_name(), f.cfg.group_id));
     };
-    f.part.epoch = acquire();
+    f.part.stored.epoch = acquire();
 
     SECTION("our epoch: the position is stored with the claims")
     {

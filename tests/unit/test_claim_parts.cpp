@@ -141,8 +141,8 @@ TEST_CASE("collect: pending records not held, each id once, claimed in id order"
 TEST_CASE("positions_of: the next offset per partition, past every record not held", "[claim]")
 {
     Records r;
-    r.p0.epoch = 7;
-    r.p1.epoch = 9;
+    r.p0.stored.epoch = 7;
+    r.p1.stored.epoch = 9;
     r.add(r.p0, 10, new_event_id());
     r.add(r.p0, 12, new_event_id());
     r.add(r.p0, 11, new_event_id());

@@ -31,14 +31,14 @@ TEST_CASE("ledger: a polled record is foreign, stale before a rewind point, or t
     CHECK(PartitionLedger::admit(&ps, 5) == Admission::take);
 
     PartitionLedger::rewind(ps, 10);
-    CHECK(ps.needs_seek);
+    CHECK(ps.rewind.needs_seek);
     CHECK(PartitionLedger::admit(&ps, 9) == Admission::stale);
-    CHECK(ps.resume_from == 10);
+    CHECK(ps.rewind.resume_from == 10);
     // The first record at or past the point shows that the seek took effect,
     // also when the point itself is no record (a transaction marker).
     CHECK(PartitionLedger::admit(&ps, 11) == Admission::take);
-    CHECK(ps.resume_from == -1);
-    CHECK_FALSE(ps.needs_seek);
+    CHECK(ps.rewind.resume_from == -1);
+    CHECK_FALSE(ps.rewind.needs_seek);
     CHECK(PartitionLedger::admit(&ps, 3) == Admission::take); // no rewind pending: not the ledger's to judge
 }
 
@@ -63,11 +63,11 @@ TEST_CASE("ledger: holds keep the earliest offset and the most failures", "[unit
     const auto t0 = Clock::now();
     const auto actions = ledger.apply(h, t0);
     REQUIRE(actions.size() == 2);
-    CHECK(a.resume_from == 7);
-    CHECK(a.retry_paused);
-    CHECK(a.resume_at == t0 + milliseconds(400)); // third failure: 100, 200, 400
-    CHECK(b.resume_from == 4);
-    CHECK(b.resume_at == t0 + milliseconds(100));
+    CHECK(a.rewind.resume_from == 7);
+    CHECK(a.rewind.paused);
+    CHECK(a.rewind.resume_at == t0 + milliseconds(400)); // third failure: 100, 200, 400
+    CHECK(b.rewind.resume_from == 4);
+    CHECK(b.rewind.resume_at == t0 + milliseconds(100));
     for (const auto& act : actions)
         CHECK(act.pause);
 }
@@ -90,7 +90,7 @@ TEST_CASE("ledger: seeks are due until sent, paused partitions resume after thei
     CHECK(due.resume.empty()); // backoff (100 ms) not over
     due = ledger.due(t0 + milliseconds(100));
     CHECK(due.resume == std::vector<PartitionState*>{&ps});
-    CHECK_FALSE(ps.retry_paused);
+    CHECK_FALSE(ps.rewind.paused);
     CHECK(ledger.due(t0 + milliseconds(200)).resume.empty()); // once
 
     // A seek whose call failed: sent again, unless the rewound record arrived.
@@ -131,8 +131,8 @@ TEST_CASE("ledger: failures travel with the commit's metadata and are inherited 
 {
     auto ledger = make_ledger();
     auto& a = ledger.assign({"t", 0});
-    a.start_offset = 10; // committed at the assignment
-    a.start_known = true;
+    a.lag.start_offset = 10; // committed at the assignment
+    a.lag.start_known = true;
     CHECK(ledger.take_commits(nullptr).empty()); // nothing processed, nothing failed
 
     // A failure with nothing processed yet: the start offset goes again, with it.
@@ -222,7 +222,7 @@ TEST_CASE("ledger: failures, dead letters and what a revoke leaves", "[unit][led
     CHECK(ps.failures.empty());
     ledger.complete(ps, 3);
     ledger.trim(ps);
-    CHECK(ps.dead_lettered.empty()); // behind the position: forgotten
+    CHECK(ps.dead_letters.acknowledged.empty()); // behind the position: forgotten
 
     // A second assignment of the same partition starts from nothing.
     ledger.count_failure(ps, 7);
@@ -246,12 +246,12 @@ TEST_CASE("ledger: a fenced partition waits a growing backoff, once at a time, t
     CHECK_FALSE(ledger.fence({"t", 9}, t0)); // not ours
     auto due = ledger.due(t0 + milliseconds(1000));
     REQUIRE(due.resume.size() == 1);
-    CHECK_FALSE(ps.position_verified); // verified (taken over) before it runs again
+    CHECK_FALSE(ps.stored.verified); // verified (taken over) before it runs again
     wait = ledger.fence({"t", 0}, t0);
     REQUIRE(wait);
     CHECK(*wait == milliseconds(2000));
     ledger.complete(ps, 0);
-    CHECK(ps.fenced == 0); // a success ends the run of refusals
+    CHECK(ps.stored.fenced == 0); // a success ends the run of refusals
 }
 
 // Random sequences of batches, failures, give-backs, worker splits, rewinds,
@@ -330,8 +330,8 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
                 if (!assigned[p] || paused[p])
                     continue;
                 auto* ps = ledger.find("t", p);
-                if (ps->resume_from > 0 && chance(30)) {
-                    const std::int64_t stale = rng() % ps->resume_from;
+                if (ps->rewind.resume_from > 0 && chance(30)) {
+                    const std::int64_t stale = rng() % ps->rewind.resume_from;
                     REQUIRE(PartitionLedger::admit(ps, stale) == Admission::stale);
                 }
                 const std::int64_t n = rng() % 13;
@@ -404,8 +404,8 @@ TEST_CASE("ledger: randomized batches never commit past an unfinished record", "
             }
             for (const auto& act : ledger.apply(merged, now)) {
                 auto& mine = parked[act.ps->tp.partition]; // what the rewind brings again
-                mine.erase(mine.lower_bound(act.ps->resume_from), mine.end());
-                fetch[act.ps->tp.partition] = act.ps->resume_from; // the seek
+                mine.erase(mine.lower_bound(act.ps->rewind.resume_from), mine.end());
+                fetch[act.ps->tp.partition] = act.ps->rewind.resume_from; // the seek
                 PartitionLedger::seek_sent(*act.ps);
                 if (act.pause)
                     paused[act.ps->tp.partition] = true;
@@ -572,7 +572,7 @@ TEST_CASE("ledger: units merged out of order never commit past an unfinished rec
         };
         auto rewound = [&](const PartitionLedger::Action& act) {
             const int p = act.ps->tp.partition;
-            const auto from = act.ps->resume_from;
+            const auto from = act.ps->rewind.resume_from;
             auto& mine = parked[p];
             mine.erase(mine.lower_bound(from), mine.end());
             waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
