@@ -37,8 +37,10 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
         if (!w.db)
             throw pqxx::broken_connection("no PostgreSQL connection");
         const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
-        w.session_dirty = true; // the hook may change the session: the next claim transaction puts it back
-        pqxx::work tx(*w.db);
+        w.session_dirty = true;            // the hook may change the session: the next claim transaction puts it back
+        pg::KeptWork::Scope scope(w.kept); // rolled back unless committed
+        pqxx::work& tx = w.kept.on(*w.db);
+        w.kept.begin();
         pg::open_for_writes(tx, s_.cfg.lock_timeout);
         pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
         {
@@ -57,9 +59,9 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
             throw replaced_by_hook();
         if (outcome == ReconcileOutcome::skip) // the effect is there: claimed with what the hook wrote
             claim(tx, {it.id}, {fingerprint_of(it)});
-        if (!pg::arm_commit(tx))
+        if (!pg::commit_armed(tx))
             throw replaced_by_hook();
-        tx.commit();
+        scope.done();
     } catch (const std::exception& e) {
         reconcile_failed(it, where, e);
         return;

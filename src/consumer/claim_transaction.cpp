@@ -67,13 +67,10 @@ void ClaimTransaction::prepare(Worker& w)
     pg::set_session(db, "lock_timeout", std::to_string(s_.cfg.lock_timeout.count())); // ms
     pg::set_session(db, "idle_in_transaction_session_timeout", "0");
     pg::guard_session(db);
-    {
-        // What a claim transaction sees of the session after putting it back:
-        // the same at its arm means its handlers left the session alone.
-        pqxx::work tx(db);
-        tx.exec(pg::open_for_writes_sql(s_.cfg.lock_timeout, db.server_version()));
-        w.clean_session = tx.exec("SELECT " + pg::session_state_sql())[0][0].as<std::string>();
-    } // rolled back: nothing of it stays
+    // The session as open_for_writes_sql() puts it back (its defaults and the
+    // settings above): the same after a claim transaction's COMMIT means its
+    // handlers left the session alone.
+    w.clean_session = pg::session_state(db);
     w.session_dirty = true;
     mark_member(w);
 }
@@ -193,17 +190,20 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
 {
     // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
-    pqxx::work tx(*w.db);
-    // One round trip for both: the transaction's settings come first. What a
-    // handler left on the session goes back only when the last transaction's
-    // arm saw a change (or could not look): a dozen statements fewer per
-    // transaction otherwise.
+    pg::KeptWork::Scope scope(w.kept); // rolled back unless commit() commits
+    pqxx::work& tx = w.kept.on(*w.db);
+    // One round trip for all: BEGIN (where the kept work's last transaction
+    // committed), the transaction's settings, the claim. What a handler left
+    // on the session goes back only when the last transaction's end saw a
+    // change (or could not look): a dozen statements fewer per transaction
+    // otherwise.
     const bool clean = !w.session_dirty && pg::read_only_by_default(tx);
-    w.session_dirty = true; // until this transaction's arm finds the session unchanged
-    a.claimed = pg::ClaimedIds(pg::claimed_ids(claim(
-        tx, a.ids, a.fingerprints,
-        (clean ? pg::reopen_for_writes_sql() : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version())) +
-            "; ")));
+    w.session_dirty = true; // until this transaction's end finds the session unchanged
+    std::string before = w.kept.begin_sql();
+    before +=
+        clean ? pg::reopen_for_writes_sql() : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version());
+    before += "; ";
+    a.claimed = pg::ClaimedIds(pg::claimed_ids(claim(tx, a.ids, a.fingerprints, before)));
     w.watch.arm(s_.cfg.db_timeout);
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.
@@ -219,11 +219,13 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     if (const auto out = call_gathered(tx, w, b, a, failure))
         return *out;
     a.current = nobody;
-    return commit(tx, w, b, a);
+    const Outcome out = commit(tx, w, b, a);
+    scope.done();
+    return out;
 }
 
 // The stored positions, the checks that the transaction is still the claim's
-// own, and COMMIT.
+// own, and COMMIT (with the guard's arm: one round trip).
 ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a)
 {
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
@@ -231,12 +233,11 @@ ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, co
         write_positions(tx, positions_of(w, b.items, &stored));
     if (const auto state = pg::state_of(tx); state != pg::TxState::open)
         throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
-    const auto session = pg::arm_commit_state(tx);
-    if (!session)
-        throw Replaced{};
     if (w.revoked.load())
         throw Abandon{};
-    tx.commit();
+    const auto session = pg::commit_armed(tx);
+    if (!session)
+        throw Replaced{};
     w.session_dirty = *session != w.clean_session;
     w.stored = std::move(stored);
     w.info.claimed = a.claimed_override != SIZE_MAX ? a.claimed_override : a.claimed.size();

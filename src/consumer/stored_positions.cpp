@@ -317,10 +317,13 @@ StoredPositions::Stored StoredPositions::store(Worker& w, const std::set<Partiti
     }
     try {
         const pg::Watch::Armed armed(w.watch, locking_bound(cfg_));
-        pqxx::work tx(*w.db);
+        pg::KeptWork::Scope scope(w.kept); // rolled back unless committed
+        pqxx::work& tx = w.kept.on(*w.db);
+        w.kept.begin();
         pg::open_for_writes(tx, cfg_.lock_timeout);
         claims_.write_positions(tx, positions);
-        tx.commit();
+        w.kept.commit();
+        scope.done();
         for (auto* ps : moved)
             ps->stored.next = std::max(ps->stored.next, ps->position());
         return Stored::yes;

@@ -129,9 +129,10 @@ struct CallTallies {
 /// its share of the records and their outcome.
 struct Worker : pg::Session, BatchOutcome {
     // The session's settings as open_for_writes_sql() leaves them
-    // (pg::session_state_sql(), read at prepare()), and whether a handler may
-    // have changed them since: until a claim transaction's arm reads them
-    // unchanged, every claim transaction puts them back first.
+    // (pg::session_state(), read at prepare()), and whether a handler may
+    // have changed them since: until a claim transaction's COMMIT reads them
+    // unchanged (pg::commit_armed()), every claim transaction puts them back
+    // first.
     std::string clean_session;
     bool session_dirty = true;
     CallScratch scratch;

@@ -113,7 +113,7 @@ constexpr const char* durable_commit =
 // What a handler can leave on the session that open_for_writes_sql() puts back,
 // as one text. First in the arm statement's select list: read before it raises
 // synchronous_commit for the COMMIT.
-constexpr const char* session_state =
+constexpr const char* session_settings =
     "concat_ws('|', session_user, current_user, current_setting('search_path'), "
     "current_setting('statement_timeout'), current_setting('synchronous_commit'), "
     "current_setting('default_transaction_isolation'), current_setting('idle_in_transaction_session_timeout'), "
@@ -125,11 +125,6 @@ constexpr const char* origin_role = "CASE WHEN current_setting('session_replicat
                                     "set_config('session_replication_role', 'origin', true) END";
 
 } // namespace
-
-std::string session_state_sql()
-{
-    return session_state;
-}
 
 std::string reopen_for_writes_sql()
 {
@@ -171,18 +166,25 @@ namespace {
 
 constexpr const char* guard_table = "pg_temp.idemkafka_commit_guard";
 constexpr const char* commit_setting = "idemkafka.commit";
-constexpr const char* arm_statement = "idemkafka_arm_commit"; // prepared: it runs in every claim transaction
+// Prepared in SQL (libpqxx 6 prepares its own statements only when it runs
+// them itself): run with EXECUTE in a text of several.
+constexpr const char* arm_statement = "idemkafka_arm_commit";
+constexpr const char* session_statement = "idemkafka_session_state";
+// The arm's update fails on it where the transaction is not the claim's.
+constexpr const char* ended_constraint = "idemkafka_claims_transaction_ended";
 
 } // namespace
 
 void install_commit_guard(pqxx::connection& conn)
 {
     // Session objects: nothing in the database's schemas, nothing to migrate,
-    // gone with the session. One row, updated once per guarded transaction
-    // with its id (a heap-only update: the table stays one page, nothing is
-    // truncated at COMMIT); the trigger fires once per such transaction, at
-    // COMMIT or PREPARE TRANSACTION. arm_commit() sets the transaction-local
-    // setting it asks for.
+    // gone with the session. One row, updated twice per guarded transaction: by
+    // the claim statement with the transaction's id (which queues the
+    // trigger's event: the trigger fires once per such transaction, at COMMIT
+    // or PREPARE TRANSACTION) and by the arm, whose id must be the same (the
+    // check constraint). Heap-only updates: the table stays one page, nothing
+    // is truncated at COMMIT. The arm sets the transaction-local setting the
+    // trigger asks for.
     pqxx::nontransaction tx(conn);
     tx.exec(fmt::format(R"(CREATE OR REPLACE FUNCTION pg_temp.idemkafka_commit_guard() RETURNS trigger
 LANGUAGE plpgsql AS $guard$
@@ -193,18 +195,19 @@ BEGIN
   RETURN NULL;
 END
 $guard$;
-CREATE TEMPORARY TABLE IF NOT EXISTS idemkafka_commit_guard (xid bigint NOT NULL);
+CREATE TEMPORARY TABLE IF NOT EXISTS idemkafka_commit_guard (xid bigint NOT NULL, armed bigint,
+  CONSTRAINT {constraint} CHECK (armed IS NULL OR armed = xid));
 INSERT INTO {table} SELECT 0 WHERE NOT EXISTS (SELECT FROM {table});
 DROP TRIGGER IF EXISTS idemkafka_commit_guard ON {table};
-CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE ON {table}
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.idemkafka_commit_guard())",
+CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE OF xid ON {table}
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.idemkafka_commit_guard();
+PREPARE {arm} AS UPDATE {table} SET armed = txid_current() RETURNING set_config('{setting}', 'on', true), {durable};
+PREPARE {state} AS SELECT {session})",
                         fmt::arg("setting", commit_setting), fmt::arg("ended", transaction_ended),
-                        fmt::arg("table", guard_table)));
+                        fmt::arg("table", guard_table), fmt::arg("constraint", ended_constraint),
+                        fmt::arg("arm", arm_statement), fmt::arg("durable", durable_commit),
+                        fmt::arg("state", session_statement), fmt::arg("session", session_settings)));
     tx.commit();
-    // synchronous_commit again: a handler may have set it off inside the transaction.
-    conn.prepare(arm_statement, fmt::format("SELECT {}, set_config('{}', 'on', true), {} FROM {} WHERE xid = "
-                                            "txid_current_if_assigned()",
-                                            session_state, commit_setting, durable_commit, guard_table));
 }
 
 std::string commit_guard_cte()
@@ -212,7 +215,7 @@ std::string commit_guard_cte()
     // Each condition is true whatever the settings (set_config returns the value it sets), so
     // all are evaluated, on the guard's one row, before its update queues the guard's trigger
     // event: session_replication_role is origin by then, so that the trigger fires.
-    return fmt::format("WITH idemkafka_guard AS (UPDATE {} SET xid = txid_current() "
+    return fmt::format("WITH idemkafka_guard AS (UPDATE {} SET xid = txid_current(), armed = NULL "
                        "WHERE set_config('default_transaction_read_only', 'off', true) = 'off' "
                        "AND coalesce({}, 'origin') = 'origin' AND coalesce({}, 'local') = 'local') ",
                        guard_table, origin_role, durable_commit);
@@ -223,18 +226,26 @@ void guard_transaction(pqxx::dbtransaction& tx)
     tx.exec(commit_guard_cte() + "SELECT 1");
 }
 
-std::optional<std::string> arm_commit_state(pqxx::dbtransaction& tx)
+std::string session_state(pqxx::connection& conn)
 {
-    // No row: the guard's update went with the transaction that made it.
-    const auto r = exec_prepared(tx, arm_statement);
-    if (r.empty())
-        return std::nullopt;
-    return r[0][0].as<std::string>();
+    pqxx::nontransaction tx(conn);
+    return tx.exec(std::string("EXECUTE ") + session_statement)[0][0].as<std::string>();
 }
 
-bool arm_commit(pqxx::dbtransaction& tx)
+std::optional<std::string> commit_armed(pqxx::dbtransaction& tx)
 {
-    return arm_commit_state(tx).has_value();
+    // One text, one round trip: the arm (the session's settings are read after
+    // the COMMIT, where what a handler set for the transaction only is gone),
+    // which fails where the transaction is not the claim's, so that the
+    // COMMIT after it in the text is not run.
+    try {
+        return tx.exec(fmt::format("EXECUTE {}; COMMIT; EXECUTE {}", arm_statement, session_statement))[0][0]
+            .as<std::string>();
+    } catch (const pqxx::check_violation& e) {
+        if (std::strstr(e.what(), ended_constraint) == nullptr)
+            throw;
+        return std::nullopt;
+    }
 }
 
 bool replaced(const pqxx::dbtransaction& tx) noexcept

@@ -77,21 +77,21 @@ void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_tim
 std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version);
 
 /// The transaction declared read-write, for a session whose settings are known
-/// to be as open_for_writes_sql() leaves them: what arm_commit_state() read at
-/// the end of the session's last claim transaction equalled
-/// session_state_sql() read after open_for_writes_sql(), and
-/// read_only_by_default(). Only before the claim statement (prefixed with
-/// commit_guard_cte()), which does the rest of what open_for_writes_sql() does
-/// for the transaction only: synchronous_commit at least local,
-/// session_replication_role origin. Same form.
+/// to be as open_for_writes_sql() leaves them: what commit_armed() read after
+/// the session's last claim transaction equalled session_state() read when
+/// the session was set up, and read_only_by_default(). Only before the claim
+/// statement (prefixed with commit_guard_cte()), which does the rest of what
+/// open_for_writes_sql() does for the transaction only: synchronous_commit at
+/// least local, session_replication_role origin. Same form.
 std::string reopen_for_writes_sql();
 
-/// An expression (for a select list) whose text is the session's settings
-/// that open_for_writes_sql() puts back: the roles, search_path,
-/// statement_timeout, synchronous_commit, default_transaction_isolation,
-/// idle_in_transaction_session_timeout, lock_timeout,
-/// session_replication_role, transaction_timeout.
-std::string session_state_sql();
+/// The session's settings that open_for_writes_sql() puts back, as one text:
+/// the roles, search_path, statement_timeout, synchronous_commit,
+/// default_transaction_isolation, idle_in_transaction_session_timeout,
+/// lock_timeout, session_replication_role, transaction_timeout. Read outside
+/// a transaction (one round trip), as commit_armed() reads them after its
+/// COMMIT. Needs install_commit_guard().
+std::string session_state(pqxx::connection& conn);
 
 /// The server reports (PostgreSQL 14 and later, no round trip) read-only as
 /// the default of the session's transactions, as guard_session() sets it.
@@ -103,7 +103,7 @@ bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept;
 /// PREPARE TRANSACTION, tx.commit()) would commit the claims of records whose
 /// handlers never ran. install_commit_guard() gives `conn`'s session a
 /// one-row temporary table whose deferred constraint trigger refuses any
-/// COMMIT that arm_commit() did not allow: the claim statement (prefixed with
+/// COMMIT that commit_armed() did not allow: the claim statement (prefixed with
 /// commit_guard_cte()) updates the row, so such a COMMIT fails and the whole
 /// transaction rolls back. Run before guard_session (it creates objects);
 /// again on a new session.
@@ -124,22 +124,23 @@ std::string commit_guard_cte();
 /// not run the claim statement first (the reconcile hook's): one statement.
 void guard_transaction(pqxx::dbtransaction& tx);
 
-/// Lets the library's own COMMIT of `tx` through the guard: run after the last
-/// handler call. Raises synchronous_commit to local for the COMMIT when a
-/// handler set it off. False when `tx`'s transaction is not the one the claim
-/// statement began (a handler ran ROLLBACK; BEGIN or ROLLBACK AND CHAIN): it
-/// must be rolled back, not committed.
-bool arm_commit(pqxx::dbtransaction& tx);
-/// arm_commit(), returning session_state_sql() as the handlers left it (read
-/// before the guard raises synchronous_commit), or nullopt where arm_commit()
-/// returns false.
-std::optional<std::string> arm_commit_state(pqxx::dbtransaction& tx);
+/// Commits `tx`'s server transaction through the guard, after its last handler
+/// call, in one round trip: the arm (the setting the guard's trigger asks for,
+/// synchronous_commit raised to local again where a handler set it off), then
+/// COMMIT, then the session's settings read as session_state() reads them,
+/// which it returns. nullopt, nothing committed, when `tx`'s transaction is
+/// not the one the claim statement began (a handler ran ROLLBACK; BEGIN or
+/// ROLLBACK AND CHAIN): the arm's update fails on the guard's check, the
+/// COMMIT after it is not run, and the transaction must be rolled back. The
+/// pqxx::work stays open on libpqxx's side (see KeptWork): its next server
+/// transaction begins with the next BEGIN.
+std::optional<std::string> commit_armed(pqxx::dbtransaction& tx);
 
 /// True when the transaction the claim statement began has ended since, as
 /// the server last reported (no round trip): the transaction-local
 /// default_transaction_read_only of commit_guard_cte() went back to the
 /// session's value. False also when the server does not report the setting
-/// (before PostgreSQL 14); arm_commit() still catches the case there.
+/// (before PostgreSQL 14); commit_armed() still catches the case there.
 bool replaced(const pqxx::dbtransaction& tx) noexcept;
 
 /// The text of the guard's refusal, which the failure of such a handler

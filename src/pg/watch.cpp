@@ -148,6 +148,10 @@ void Session::connect(const std::string& conninfo)
 
 void Session::disconnect() noexcept
 {
+    if (kept.held()) {
+        watch.cut();
+        kept.drop();
+    }
     watch.detach();
     db.reset();
 }

@@ -19,6 +19,8 @@
 
 #include <pqxx/pqxx>
 
+#include "pg/kept_work.hpp"
+
 namespace idemkafka::detail::pg {
 
 /// The deadline of one connection's calls. attach() it to a connection right
@@ -94,14 +96,23 @@ private:
 /// connection is cut: the owner's stop() is bounded while PostgreSQL is frozen.
 constexpr std::chrono::milliseconds stop_grace{2000};
 
-/// A library connection and the watch of its calls.
+/// A library connection, the watch of its calls, and the work kept on it
+/// (claim transactions: KeptWork).
 struct Session {
     std::unique_ptr<pqxx::connection> db;
-    Watch watch; // declared after db: detached before db closes
+    Watch watch;   // declared after db: detached before db closes
+    KeptWork kept; // declared after both: dropped while they are there
+
+    Session() = default;
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+    ~Session() { disconnect(); }
 
     /// A new connection to `conninfo` (pg::connect), watched, not armed.
     void connect(const std::string& conninfo);
-    /// No connection.
+    /// No connection. A kept work goes without a round trip: the socket is
+    /// cut first, so its ROLLBACK fails at once (the server rolls back what
+    /// was open when it sees the connection gone).
     void disconnect() noexcept;
 };
 

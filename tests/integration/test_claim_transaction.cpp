@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <optional>
@@ -343,8 +344,69 @@ TEST_CASE("claim transaction: a handler that ends the transaction fails its reco
             CHECK(f.claims_total() == 0);
             CHECK(f.effects_total() == 0);
             CHECK(f.stage.calls == std::vector<std::size_t>{0, 1});
+
+            // The worker's next transaction, on the same connection, commits.
+            f.stage.script.clear();
+            f.stage.calls.clear();
+            f.reset();
+            REQUIRE(f.attempt(failure) == Outcome::committed);
+            CHECK(f.stage.calls == std::vector<std::size_t>{0, 1, 2});
+            CHECK(f.claims_total() == 3);
+            CHECK(f.effects_total() == 3);
         }
     }
+}
+
+namespace {
+
+// The round trips of `conn` while `run` runs, from libpq's trace of what the
+// client sent: each simple query, and each Sync that ends an extended-protocol
+// exchange, waits for the server's answer.
+std::size_t round_trips(pqxx::connection& conn, const std::function<void()>& run)
+{
+    std::FILE* trace = std::tmpfile();
+    REQUIRE(trace != nullptr);
+    conn.trace(trace);
+    run();
+    conn.trace(nullptr);
+    std::fflush(trace);
+    std::rewind(trace);
+    std::size_t n = 0;
+    char line[4096];
+    while (std::fgets(line, sizeof line, trace)) {
+        const std::string text(line);
+        if (text.find("\tF\t") != std::string::npos &&
+            (text.find("\tQuery\t") != std::string::npos || text.find("\tSync") != std::string::npos))
+            ++n;
+    }
+    std::fclose(trace);
+    return n;
+}
+
+} // namespace
+
+TEST_CASE("claim transaction: a transaction of one record is three round trips", "[claim_transaction]")
+{
+    // BEGIN goes with the claim, COMMIT with the guard's arm: the claim, the
+    // handler's statement, the end. Only the connection's first transaction
+    // (or the first after a failure) pays libpqxx's BEGIN of its own.
+    Fixture f;
+    f.records(1);
+    ClaimTransaction::Failure failure;
+    REQUIRE(f.attempt(failure) == Outcome::committed);
+    for (int i = 0; i < 3; ++i) {
+        f.records(1); // one more record; those before it are done
+        Outcome outcome{};
+        const auto trips = round_trips(*f.worker.db, [&] { outcome = f.attempt(failure); });
+        REQUIRE(outcome == Outcome::committed);
+        CHECK(f.worker.info.claimed == 1);
+        CHECK(trips == 3);
+    }
+    CHECK(f.stage.calls.size() == 4); // one call per record
+    CHECK(f.claims_total() == 4);
+    CHECK(f.effects_total() == 4);
+    // The server's transactions ended: nothing idles in a transaction between them.
+    CHECK(pg::state_of(f.worker.kept.on(*f.worker.db)) == pg::TxState::ended);
 }
 
 TEST_CASE("claim transaction: positions commit with the claims; a stale epoch is fenced, nothing commits",
