@@ -142,13 +142,13 @@ void Engine::Impl::await_unit()
 
 void Engine::Impl::watch_calls(Clock::time_point now)
 {
-    if (!calls.due(now))
+    if (!keepalive.watch_due(now))
         return;
     std::vector<std::optional<RunningCall::Seen>> running(crew.workers.size());
     for (std::size_t n = 0; n < crew.workers.size(); ++n)
         if (dispatcher.busy(n))
             running[n] = crew.workers[n].call.seen();
-    calls.watch(now, running, kafka->max_poll_interval());
+    keepalive.watch(now, running);
 }
 
 void Engine::Impl::cut_for_stop()

@@ -3,9 +3,9 @@
 // shares with the rebalance callbacks. Each part owns its state and says its
 // invariant where it is declared: the WaitingRoom (records polled, not yet in
 // a unit), the Dispatcher (units, lanes, shares), the gates (DatabaseGate,
-// CircuitGate, CommitPacer, KeepAlive, CallWatch in gates.hpp), the signals
-// from outside the loop (StopSignal, UnitWake, CallbackFault) and the
-// Sidecars. Its member functions live in engine.cpp (the run loop: polling,
+// CircuitGate, CommitPacer, KeepAlive with its CallWatch in gates.hpp), the
+// signals from outside the loop (StopSignal, UnitWake, CallbackFault) and
+// the Sidecars. Its member functions live in engine.cpp (the run loop: polling,
 // the merge of each unit, commits), engine_dispatch.cpp (handing units of
 // work to free workers), engine_rebalance.cpp (Kafka's assign and revoke,
 // rewinds, fences, per-key parking) and engine_gates.cpp (what the gates'
@@ -114,8 +114,7 @@ struct Engine::Impl final : kafka::GroupEvents {
                           [this](Item& it) { return decode(it); }, [this](std::size_t n) { submit(n); }}};
     DatabaseGate db{db_backoff_shape};
     CommitPacer pacer{cfg.commit_interval};
-    KeepAlive keepalive;
-    CallWatch calls{metrics, log};
+    KeepAlive keepalive{metrics, log}; // and the watch on handler calls that do not return
     CallbackFault fault;
     Sidecars sidecars;
     Crew crew;
@@ -291,7 +290,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     // abandons the running units (rolled back when their calls return).
     void await_unit();
 
-    // The busy workers' running calls to the CallWatch (every 200 ms).
+    // The busy workers' running calls to the keep-alive's CallWatch (every 200 ms).
     void watch_calls(Clock::time_point now);
 
     // A forced stop during a call that does not return: the workers'

@@ -1,6 +1,6 @@
 // The engine's parts, driven without Kafka or PostgreSQL: the waiting room,
 // the dispatcher (lanes, shares, slots), the database and circuit gates, the
-// commit pacer, the keep-alive and the watch on calls that do not return.
+// commit pacer, the keep-alive and its watch on calls that do not return.
 
 #include <chrono>
 #include <cstdint>
@@ -358,7 +358,9 @@ TEST_CASE("commit pacer: an offset commit per interval, ticks resend", "[unit][e
 
 TEST_CASE("keep-alive: polls within a fifth of max.poll.interval.ms", "[unit][engine_parts]")
 {
-    KeepAlive k;
+    Metrics metrics;
+    const LogSink quiet;
+    KeepAlive k(metrics, quiet);
     k.configure(30000ms, 5000ms);
     CHECK(k.after() == 6000ms);
     CHECK(k.revoke_wait() == 5000ms);
@@ -368,6 +370,29 @@ TEST_CASE("keep-alive: polls within a fifth of max.poll.interval.ms", "[unit][en
     k.polled(t0);
     CHECK(k.deadline() == t0 + 10000ms);
     CHECK_FALSE(k.paused());
+}
+
+TEST_CASE("keep-alive: its call watch is bound by the configured max.poll.interval.ms", "[unit][engine_parts]")
+{
+    Metrics metrics;
+    Captured log;
+    const LogSink sink = log.sink();
+    KeepAlive k(metrics, sink);
+    k.configure(2000ms, 5000ms);
+    RunningCall::Seen call;
+    call.since = t0;
+    call.where = "orders/1@3";
+    const std::vector<std::optional<RunningCall::Seen>> calls{call};
+    REQUIRE(k.watch_due(t0));
+    k.watch(t0 + 1999ms, calls);
+    CHECK_FALSE(k.watch_due(t0 + 2100ms)); // every 200 ms
+    CHECK(metrics.oldest_call_ms.get() == 1999);
+    CHECK(log.lines.empty());
+    REQUIRE(k.watch_due(t0 + 2199ms));
+    k.watch(t0 + 2200ms, calls); // past the bound
+    CHECK(metrics.stuck_calls.get() == 1);
+    REQUIRE(log.lines.size() == 1);
+    CHECK(log.lines[0].message.find("max.poll.interval.ms 2000 ms") != std::string::npos);
 }
 
 TEST_CASE("call watch: a call past the bound is said once per bound, gauged always", "[unit][engine_parts]")
