@@ -188,8 +188,8 @@ void Engine::Impl::take_parked()
     if (room.size() == first)
         return;
     for (auto i = first; i < room.size(); ++i)
-        if (decode_ahead())
-            decode(room[i]);
+        if (dispatcher.decode_ahead())
+            dispatcher.decode(room[i]);
     dispatcher.changed();
     count_parked();
 }
@@ -214,8 +214,8 @@ PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
         return nullptr;
     }
     auto& waiting = room.add(std::move(it), Clock::now());
-    if (decode_ahead())
-        decode(waiting); // while the workers run
+    if (dispatcher.decode_ahead())
+        dispatcher.decode(waiting); // while the workers run
     dispatcher.changed();
     return ps;
 }
@@ -410,7 +410,7 @@ void Engine::Impl::start()
     room.size_to(cfg.workers > 1 ? 2 * cfg.max_batch : cfg.max_batch);
     // Each worker has Stage slots of its own for its unit.
     const auto records = room.limit() + cfg.workers * dispatcher.unit_cap();
-    slots.emplace(records);
+    dispatcher.reserve_slots(records);
     stage.reserve(records);
     crew.pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
         if (crew.wake.ended())

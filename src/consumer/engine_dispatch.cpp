@@ -1,5 +1,5 @@
-// Handing out units of work (see Dispatcher): their Stage slots, the
-// screening before each unit's transaction, the worker that runs it.
+// Handing out units of work (see Dispatcher): the screening before each
+// unit's transaction, the worker that runs it.
 
 #include "consumer/engine_impl.hpp"
 
@@ -7,24 +7,6 @@
 #include <cstdint>
 
 namespace idemkafka::detail {
-
-bool Engine::Impl::decode_ahead() const
-{
-    // Slots for the free workers' next units stay free: records that wait
-    // without one are decoded when they are handed out.
-    return slots->available() > dispatcher.free_workers() * dispatcher.unit_cap();
-}
-
-bool Engine::Impl::decode(Item& it)
-{
-    const auto slot = slots->acquire();
-    if (!slot)
-        return false;
-    it.slot = *slot;
-    it.lease = SlotLease(*slots, *slot);
-    intake.decode(it);
-    return true;
-}
 
 bool Engine::Impl::dispatch_due() const
 {

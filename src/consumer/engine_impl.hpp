@@ -2,14 +2,15 @@
 // The consumer's engine: the run loop that wires its parts, and the state it
 // shares with the rebalance callbacks. Each part owns its state and says its
 // invariant where it is declared: the WaitingRoom (records polled, not yet in
-// a unit), the Dispatcher (units, lanes, shares), the gates (DatabaseGate,
-// CircuitGate, CommitPacer, KeepAlive with its CallWatch in gates.hpp), the
-// signals from outside the loop (StopSignal, UnitWake, CallbackFault) and
-// the Sidecars. Its member functions live in engine.cpp (the run loop: polling,
-// the merge of each unit, commits), engine_dispatch.cpp (handing units of
-// work to free workers), engine_rebalance.cpp (Kafka's assign and revoke,
-// rewinds, fences, per-key parking) and engine_gates.cpp (what the gates'
-// decisions do to the assignment). Private to the library.
+// a unit), the Dispatcher (units, lanes, shares, Stage slots), the gates
+// (DatabaseGate, CircuitGate, CommitPacer, KeepAlive with its CallWatch in
+// gates.hpp), the signals from outside the loop (StopSignal, UnitWake,
+// CallbackFault) and the Sidecars. Its member functions live in engine.cpp
+// (the run loop: polling, the merge of each unit, commits),
+// engine_dispatch.cpp (handing units of work to free workers),
+// engine_rebalance.cpp (Kafka's assign and revoke, rewinds, fences, per-key
+// parking) and engine_gates.cpp (what the gates' decisions do to the
+// assignment). Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -97,21 +98,19 @@ struct Engine::Impl final : kafka::GroupEvents {
                                                     dead_letters, circuit.circuit(), log, [this] { return forced(); },
                                                     positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
-    // The Stage slots of the records decoded (waiting or in units): the
-    // waiting room's limit and unit_cap per worker. Before every Item holder.
-    std::optional<SlotPool> slots;
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
                     std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
     std::unique_ptr<kafka::GroupMember> kafka;
 
-    WaitingRoom room{cfg.max_batch_bytes};
-    // The workers' units and the lanes they hold: max_batch spread over the
-    // workers, a unit is a worker's share of a full waiting room.
+    // The workers' units, the lanes they hold and the Stage slots of the
+    // records decoded: max_batch spread over the workers, a unit is a
+    // worker's share of a full waiting room.
     Dispatcher dispatcher{
         cfg.ordering, cfg.workers, std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers),
         Dispatcher::Hands{[this](std::size_t n) { return crew.workers[n].db != nullptr; },
-                          [this](Item& it) { return decode(it); }, [this](std::size_t n) { submit(n); }}};
+                          [this](Item& it) { intake.decode(it); }, [this](std::size_t n) { submit(n); }}};
+    WaitingRoom room{cfg.max_batch_bytes}; // after the dispatcher: its records hold the dispatcher's slots
     DatabaseGate db{db_backoff_shape};
     CommitPacer pacer{cfg.commit_interval};
     KeepAlive keepalive{metrics, log}; // and the watch on handler calls that do not return
@@ -249,13 +248,6 @@ struct Engine::Impl final : kafka::GroupEvents {
     // After its merge (or when it is dropped): the worker is idle, and the
     // states of partitions revoked while it ran go once no unit needs them.
     void free_worker(std::size_t n);
-
-    // Gives the record a Stage slot and decodes it there; false when no slot
-    // is free.
-    bool decode(Item& it);
-    // A polled record is decoded at once (while the workers run) when that
-    // leaves the slots the free workers' next units need.
-    bool decode_ahead() const;
 
     // Hands each free worker its next unit (Dispatcher::hand_out): the
     // records are decoded into Stage slots (if they were not decoded while

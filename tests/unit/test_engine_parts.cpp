@@ -45,28 +45,25 @@ std::vector<std::int64_t> offsets(const std::vector<Item>& items)
     return out;
 }
 
-// Two partitions, a waiting room of 100 records and a dispatcher whose
-// workers are all ready, whose records always find a slot (unless `slots`
-// runs out) and whose started units are listed.
+// Two partitions, a dispatcher whose workers are all ready, with `slots`
+// Stage slots, whose decoded records and started units are listed, and a
+// waiting room of 100 records (after the dispatcher: its records may hold
+// the dispatcher's slots).
 struct Desk {
     PartitionState p0 = partition(0);
     PartitionState p1 = partition(1);
-    WaitingRoom room{1 << 20};
-    std::size_t slots = 1000;
+    std::vector<std::int64_t> decoded; // offsets, as decoded
     std::vector<std::size_t> started;
     Dispatcher d;
+    WaitingRoom room{1 << 20};
 
-    Desk(Ordering ordering, std::size_t workers, std::size_t cap)
+    Desk(Ordering ordering, std::size_t workers, std::size_t cap, std::size_t slots = 1000)
         : d(ordering, workers, cap,
             Dispatcher::Hands{[](std::size_t) { return true; },
-                              [this](Item&) {
-                                  if (slots == 0)
-                                      return false;
-                                  --slots;
-                                  return true;
-                              },
+                              [this](Item& it) { decoded.push_back(it.record.offset); },
                               [this](std::size_t n) { started.push_back(n); }})
     {
+        d.reserve_slots(slots);
         room.size_to(100);
     }
 
@@ -136,7 +133,7 @@ TEST_CASE("waiting room: bytes, limit and since follow its records", "[unit][eng
 TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     for (std::int64_t o = 0; o < 4; ++o) {
         room.add(record(p0, o), t0);
         room.add(record(p1, o), t0);
@@ -180,7 +177,7 @@ TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order
 TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 1, 4);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.size_to(8);
     CHECK_FALSE(d.due(room, t0, 10ms, false)); // nothing waits
     room.add(record(p0, 0), t0);
@@ -205,7 +202,7 @@ TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
 TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][engine_parts]")
 {
     Desk desk(Ordering::key, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.add(record(p0, 0, "a"), t0);
     room.add(record(p0, 1, "b"), t0);
     room.add(record(p0, 2, "a"), t0);
@@ -230,10 +227,10 @@ TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][eng
     CHECK(d.unit(1)[0].dropped);
 }
 
-TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", "[unit][engine_parts]")
+TEST_CASE("dispatcher: a probe runs alone", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.add(record(p0, 0), t0);
     room.add(record(p1, 0), t0);
     d.changed();
@@ -242,23 +239,57 @@ TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", 
     d.changed();
     CHECK(d.hand_out(room, 1, true, t0) == 0); // not beside another
     desk.end(0);
+    d.changed();
+    CHECK(d.hand_out(room, 1, true, t0) == 1);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0});
+    CHECK(d.unit(0)[0].part == &p1);
+}
 
-    slots = 1;
+TEST_CASE("dispatcher: Stage slots; no free slot ends a unit, in order", "[unit][engine_parts]")
+{
+    // Seven slots, two free workers of three records each: one record may
+    // be decoded while it waits, and a unit takes it as it is.
+    Desk ahead(Ordering::partition, 2, 3, 7);
+    CHECK(ahead.d.decode_ahead());
+    ahead.room.add(record(ahead.p0, 0), t0);
+    REQUIRE(ahead.d.decode(ahead.room[0]));
+    CHECK(ahead.room[0].lease);
+    CHECK_FALSE(ahead.d.decode_ahead()); // six left: the free workers' next units
+    ahead.room.add(record(ahead.p0, 1), t0);
+    ahead.d.changed();
+    CHECK(ahead.d.hand_out(ahead.room, 3, false, t0) == 1);
+    CHECK(offsets(ahead.d.unit(0)) == std::vector<std::int64_t>{0, 1});
+    CHECK(ahead.decoded == std::vector<std::int64_t>{0, 1}); // each once
+    CHECK(ahead.d.decode_ahead());                           // five left, one free worker of three records
+
+    // Four slots: worker 1's unit ends at p1@2, which finds none.
+    Desk desk(Ordering::partition, 2, 3, 4);
+    auto& [p0, p1, decoded, started, d, room] = desk;
+    room.add(record(p0, 0), t0);
+    room.add(record(p0, 1), t0);
+    room.add(record(p1, 0), t0);
     room.add(record(p1, 1), t0);
     room.add(record(p1, 2), t0);
     d.changed();
-    CHECK(d.hand_out(room, 10, false, t0) == 1);
-    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0}); // p1@0; p1@1 found no slot
-    CHECK(room.size() == 2);
+    CHECK(d.hand_out(room, 3, false, t0) == 2);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0, 1});
+    CHECK(d.unit(0)[0].part == &p0);
+    CHECK(offsets(d.unit(1)) == std::vector<std::int64_t>{0, 1});
+    REQUIRE(room.size() == 1);
+    CHECK(decoded.size() == 4);
     const auto [records, bytes] = d.in_units();
-    CHECK(records == 1);
-    CHECK(bytes == 10);
+    CHECK(records == 4);
+    CHECK(bytes == 40);
+    CHECK_FALSE(d.decode(room[0]));
+    desk.end(0); // its slots come back
+    CHECK(d.decode(room[0]));
+    CHECK(room[0].record.offset == 2);
 }
 
 TEST_CASE("dispatcher: units abandoned by a revoke hold the retired states", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.add(record(p0, 0), t0);
     room.add(record(p1, 0), t0);
     d.changed();
