@@ -68,7 +68,7 @@ Engine::Impl::~Impl()
     if (kafka) {
         // Leave the group without committing anything, as a crash would
         // (but without the session timeout).
-        fault.stop_commits();
+        signals.fault.stop_commits();
         kafka->close(cfg.shutdown_timeout);
     }
 }
@@ -86,7 +86,7 @@ void Engine::Impl::abandon_units() noexcept
             release_lanes(n);
         free_worker(n);
     }
-    crew.wake.clear();
+    signals.wake.clear();
     ledger.release_retired(); // the states of partitions revoked while the units ran
 }
 
@@ -139,7 +139,7 @@ void Engine::Impl::fill_room()
     while (!room.full()) {
         // A unit ended: merge it (and hand its worker the next one) first.
         // A worker ending from here on wakes the poll below.
-        if (!crew.wake.begin_poll())
+        if (!signals.wake.begin_poll())
             return;
         // A free worker and records it may take: take what librdkafka holds
         // already, without waiting, then hand it out.
@@ -151,9 +151,9 @@ void Engine::Impl::fill_room()
                 idle_poll, std::max(milliseconds(0),
                                     std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
-        crew.wake.end_poll();
+        signals.wake.end_poll();
         keepalive.polled(Clock::now());
-        fault.rethrow();
+        signals.fault.rethrow();
         if (!m)
             return;
         if (m->err) {
@@ -172,7 +172,7 @@ void Engine::Impl::fill_room()
             if (ps->unit != 0 && !waiting_of.empty() && waiting_of[ps] >= dispatcher.unit_cap())
                 kafka->defer(ps->tp, true);
         }
-        if (stop.requested())
+        if (signals.stop.requested())
             return;
     }
 }
@@ -236,7 +236,7 @@ void Engine::Impl::count_parked()
 
 void Engine::Impl::merge_finished()
 {
-    crew.wake.clear(); // a unit ending from here on is seen again
+    signals.wake.clear(); // a unit ending from here on is seen again
     for (auto n : crew.pool->take_done())
         merge_unit(n);
 }
@@ -413,7 +413,7 @@ void Engine::Impl::start()
     dispatcher.reserve_slots(records);
     stage.reserve(records);
     crew.pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
-        if (crew.wake.ended())
+        if (signals.wake.ended())
             kafka->wake_poll(); // a poll waiting for records returns now
     });
     connect_at_start(secrets, [this] {
@@ -432,7 +432,7 @@ void Engine::Impl::start()
 void Engine::Impl::run()
 {
     start();
-    while (!stop.requested()) {
+    while (!signals.stop.requested()) {
         housekeeping();
         merge_finished();
         kafka->check_prefetch(true, 0, 0);
@@ -487,7 +487,7 @@ void Engine::run()
 
 void Engine::stop() noexcept
 {
-    impl_->stop.request();
+    impl_->signals.stop.request();
 }
 
 const Metrics& Engine::metrics() const noexcept

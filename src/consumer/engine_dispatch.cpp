@@ -10,7 +10,7 @@ namespace idemkafka::detail {
 
 bool Engine::Impl::dispatch_due() const
 {
-    return dispatcher.due(room, Clock::now(), cfg.max_batch_wait, stop.requested());
+    return dispatcher.due(room, Clock::now(), cfg.max_batch_wait, signals.stop.requested());
 }
 
 bool Engine::Impl::dispatch()

@@ -4,8 +4,8 @@
 // invariant where it is declared: the WaitingRoom (records polled, not yet in
 // a unit), the Dispatcher (units, lanes, shares, Stage slots), the gates
 // (DatabaseGate, CircuitGate, CommitPacer, KeepAlive with its CallWatch in
-// gates.hpp), the signals from outside the loop (StopSignal, UnitWake,
-// CallbackFault) and the Sidecars. Its member functions live in engine.cpp
+// gates.hpp), the signals from outside the loop (RunSignals: StopSignal,
+// UnitWake, CallbackFault) and the Sidecars. Its member functions live in engine.cpp
 // (the run loop: polling, the merge of each unit, commits),
 // engine_dispatch.cpp (handing units of work to free workers),
 // engine_rebalance.cpp (Kafka's assign and revoke, rewinds, fences, per-key
@@ -72,12 +72,11 @@ struct Tables {
     std::optional<OffsetStore> offsets; // offsets_in_database
 };
 
-// The workers, each with its PostgreSQL session and the unit it runs, the
-// pool of threads that runs their units, and the wake-up of the poll thread
-// when one ends. Sized and started by Engine::Impl::start().
+// The workers, each with its PostgreSQL session and the unit it runs, and
+// the pool of threads that runs their units (a unit's end wakes the poll
+// thread: RunSignals::wake). Sized and started by Engine::Impl::start().
 struct Crew {
     std::vector<Worker> workers;
-    UnitWake wake;
     std::unique_ptr<WorkerPool> pool; // last: its threads end before the rest goes
 };
 
@@ -88,7 +87,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     LogSink log;
     Metrics metrics;
     Tables tables{cfg};
-    StopSignal stop{cfg.shutdown_timeout};
+    RunSignals signals{cfg.shutdown_timeout}; // stop(), a unit's end, a callback's fault; before the crew
 
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
     Intake intake{cfg, stage, metrics, log};
@@ -114,7 +113,6 @@ struct Engine::Impl final : kafka::GroupEvents {
     DatabaseGate db{db_backoff_shape};
     CommitPacer pacer{cfg.commit_interval};
     KeepAlive keepalive{metrics, log}; // and the watch on handler calls that do not return
-    CallbackFault fault;
     Sidecars sidecars;
     Crew crew;
 
@@ -130,7 +128,7 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // A second stop(), or a first one older than shutdown_timeout, abandons
     // the current transaction.
-    bool forced() noexcept { return stop.forced(); }
+    bool forced() noexcept { return signals.stop.forced(); }
 
     // ConsumerConfig::pipeline, when it applies: a hand-over per record
     // costs two thread wake-ups, more than the overlap saves, so max_batch

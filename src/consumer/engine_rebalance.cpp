@@ -100,7 +100,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
         // generation the coordinator has left (ILLEGAL_GENERATION), which
         // librdkafka answers by dropping the whole assignment, the
         // partitions this member keeps included.
-        if (!lost && !fault.commits_stopped())
+        if (!lost && !signals.fault.commits_stopped())
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
         const auto deadline = Clock::now() + keepalive.revoke_wait();
         for (auto n : touching)
@@ -111,7 +111,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
                    touching.end());
     if (!touching.empty())
         abandon_for_revoke(touching, tps.size());
-    if (!lost && !fault.commits_stopped())
+    if (!lost && !signals.fault.commits_stopped())
         kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
     // Parked records go too: the position committed above stays before them.
     for (const auto& tp : tps)
@@ -145,7 +145,7 @@ void Engine::Impl::merge_in_callback() noexcept
     try {
         merge_finished();
     } catch (...) {
-        fault.keep(std::current_exception());
+        signals.fault.keep(std::current_exception());
     }
 }
 

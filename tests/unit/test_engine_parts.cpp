@@ -1,10 +1,13 @@
 // The engine's parts, driven without Kafka or PostgreSQL: the waiting room,
 // the dispatcher (lanes, shares, slots), the database and circuit gates, the
-// commit pacer, the keep-alive and its watch on calls that do not return.
+// commit pacer, the keep-alive and its watch on calls that do not return,
+// and the run's signals.
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +15,7 @@
 #include "catch_compat.hpp"
 #include "consumer/dispatcher.hpp"
 #include "consumer/gates.hpp"
+#include "consumer/run_signals.hpp"
 #include "consumer/waiting_room.hpp"
 #include "polled_item.hpp"
 
@@ -455,4 +459,39 @@ TEST_CASE("call watch: a call past the bound is said once per bound, gauged alwa
     calls[1].reset();
     watch.watch(t0 + 2200ms, calls, 1000ms);
     CHECK(metrics.oldest_call_ms.get() == 0);
+}
+
+TEST_CASE("run signals: a stop, a unit's end during a poll, a callback's fault", "[unit][engine_parts]")
+{
+    RunSignals signals(1h);
+    CHECK_FALSE(signals.stop.requested());
+    CHECK_FALSE(signals.stop.forced());
+    signals.stop.request();
+    CHECK(signals.stop.requested());
+    CHECK_FALSE(signals.stop.forced()); // within shutdown_timeout
+    signals.stop.request();
+    CHECK(signals.stop.forced()); // a second stop()
+
+    REQUIRE(signals.wake.begin_poll());
+    CHECK(signals.wake.ended()); // the poll is to be woken
+    signals.wake.end_poll();
+    CHECK_FALSE(signals.wake.begin_poll()); // merge the ended unit first
+    signals.wake.clear();
+    CHECK(signals.wake.begin_poll());
+    signals.wake.end_poll();
+    CHECK_FALSE(signals.wake.ended()); // not in a poll
+
+    CHECK_FALSE(signals.fault.commits_stopped());
+    signals.fault.keep(std::make_exception_ptr(std::runtime_error("first")));
+    signals.fault.keep(std::make_exception_ptr(std::runtime_error("second")));
+    CHECK(signals.fault.commits_stopped());
+    CHECK_THROWS_WITH(signals.fault.rethrow(), "first");
+    CHECK_NOTHROW(signals.fault.rethrow()); // once
+}
+
+TEST_CASE("run signals: a first stop is forced once older than shutdown_timeout", "[unit][engine_parts]")
+{
+    RunSignals signals(0ms);
+    signals.stop.request();
+    CHECK(signals.stop.forced());
 }
