@@ -122,7 +122,7 @@ void Engine::Impl::housekeeping()
     const auto due = ledger.due(now);
     for (auto* ps : due.seek)
         seek(*ps);
-    if (!db.closed() && !circuit.paused())
+    if (!gates.assignment_held())
         for (auto* ps : due.resume)
             kafka->pause(ps->tp, false);
 }
@@ -152,7 +152,7 @@ void Engine::Impl::fill_room()
                                     std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
         signals.wake.end_poll();
-        keepalive.polled(Clock::now());
+        gates.keepalive.polled(Clock::now());
         signals.fault.rethrow();
         if (!m)
             return;
@@ -181,7 +181,7 @@ void Engine::Impl::take_parked()
 {
     // Parked keys whose backoff is over run first, in their order (not
     // while PostgreSQL is away: they would only be rewound).
-    if (parking.empty() || db.closed())
+    if (parking.empty() || gates.db.closed())
         return;
     const auto now = Clock::now();
     const auto first = room.add_from([&](std::vector<Item>& records) { parking.take_due(now, records); }, now);
@@ -422,7 +422,7 @@ void Engine::Impl::start()
     });
     sidecars.start(cfg, tables.claims, metrics, log);
     kafka = std::make_unique<kafka::GroupMember>(cfg, *this, metrics, log, secrets);
-    keepalive.configure(kafka->max_poll_interval(), cfg.shutdown_timeout);
+    gates.keepalive.configure(kafka->max_poll_interval(), cfg.shutdown_timeout);
     if (cfg.max_batch_duration.count() > 0)
         dispatcher.set_budget(cfg.max_batch_duration);
     else // 40% of max.poll.interval.ms: a unit ends well before the group would drop this member

@@ -19,11 +19,11 @@ bool Engine::Impl::dispatch()
         return false;
     // The circuit's probe runs alone, as one unit of at most the waiting
     // room's (probe) limit.
-    const bool probe = circuit.probing();
+    const bool probe = gates.circuit.probing();
     const std::size_t cap = probe ? std::min(dispatcher.unit_cap(), room.limit()) : dispatcher.unit_cap();
     if (dispatcher.hand_out(room, cap, probe, Clock::now()) == 0)
         return false;
-    circuit.unit_started(probe);
+    gates.circuit.unit_started(probe);
     return true;
 }
 

@@ -2,15 +2,15 @@
 // The consumer's engine: the run loop that wires its parts, and the state it
 // shares with the rebalance callbacks. Each part owns its state and says its
 // invariant where it is declared: the WaitingRoom (records polled, not yet in
-// a unit), the Dispatcher (units, lanes, shares, Stage slots), the gates
-// (DatabaseGate, CircuitGate, CommitPacer, KeepAlive with its CallWatch in
-// gates.hpp), the signals from outside the loop (RunSignals: StopSignal,
-// UnitWake, CallbackFault) and the Sidecars. Its member functions live in engine.cpp
-// (the run loop: polling, the merge of each unit, commits),
-// engine_dispatch.cpp (handing units of work to free workers),
-// engine_rebalance.cpp (Kafka's assign and revoke, rewinds, fences, per-key
-// parking) and engine_gates.cpp (what the gates' decisions do to the
-// assignment). Private to the library.
+// a unit), the Dispatcher (units, lanes, shares, Stage slots), the gates in
+// gates.hpp (Gates: DatabaseGate, CircuitGate and KeepAlive with its
+// CallWatch; CommitPacer), the signals from outside the loop (RunSignals:
+// StopSignal, UnitWake, CallbackFault) and the Sidecars. Its member
+// functions live in engine.cpp (the run loop: polling, the merge of each
+// unit, commits), engine_dispatch.cpp (handing units of work to free
+// workers), engine_rebalance.cpp (Kafka's assign and revoke, rewinds,
+// fences, per-key parking) and engine_gates.cpp (what the gates' decisions
+// do to the assignment). Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -92,10 +92,12 @@ struct Engine::Impl final : kafka::GroupEvents {
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
-    CircuitGate circuit{cfg, metrics, log};
+    // PostgreSQL away, the circuit breaker, the keep-alive (and its watch on
+    // handler calls that do not return): what pauses the whole assignment.
+    Gates gates{cfg, db_backoff_shape, metrics, log};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, tables.claims, tables.offsets, ledger,
-                                                    dead_letters, circuit.circuit(), log, [this] { return forced(); },
-                                                    positions_after_merge()}};
+                                                    dead_letters, gates.circuit.circuit(), log,
+                                                    [this] { return forced(); }, positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
@@ -110,9 +112,7 @@ struct Engine::Impl final : kafka::GroupEvents {
         Dispatcher::Hands{[this](std::size_t n) { return crew.workers[n].db != nullptr; },
                           [this](Item& it) { intake.decode(it); }, [this](std::size_t n) { submit(n); }}};
     WaitingRoom room{cfg.max_batch_bytes}; // after the dispatcher: its records hold the dispatcher's slots
-    DatabaseGate db{db_backoff_shape};
     CommitPacer pacer{cfg.commit_interval};
-    KeepAlive keepalive{metrics, log}; // and the watch on handler calls that do not return
     Sidecars sidecars;
     Crew crew;
 

@@ -3,7 +3,8 @@
 // being away (DatabaseGate), the circuit breaker (CircuitGate), the offset
 // commit's pace (CommitPacer), and a handler call that does not return: the
 // keep-alive while every worker is busy and the watch on the call (KeepAlive,
-// with its CallWatch).
+// with its CallWatch); the three that pause the whole assignment together as
+// Gates.
 // Pure logic, no Kafka and no PostgreSQL. Private to the library.
 
 #include <chrono>
@@ -222,6 +223,28 @@ private:
     std::chrono::milliseconds revoke_wait_{10000};
     bool paused_ = false;
     CallWatch calls_;
+};
+
+/// The gates that hold the whole assignment paused: PostgreSQL away (db),
+/// the circuit open or probing (circuit) and the keep-alive polling while
+/// every worker is busy (keepalive). The assignment resumes (all but the
+/// partitions waiting out a retry backoff) only while neither the database
+/// nor the circuit holds it (assignment_held()); partitions assigned while
+/// any of the three holds it start paused (assigned_paused()).
+struct Gates {
+    Gates(const ConsumerConfig& cfg, Backoff db_backoff, Metrics& metrics, const LogSink& log)
+        : db(db_backoff), circuit(cfg, metrics, log), keepalive(metrics, log)
+    {
+    }
+
+    /// PostgreSQL is away or the circuit holds the assignment: nothing resumes.
+    bool assignment_held() const noexcept { return db.closed() || circuit.paused(); }
+    /// Partitions assigned now start paused.
+    bool assigned_paused() const noexcept { return assignment_held() || keepalive.paused(); }
+
+    DatabaseGate db;
+    CircuitGate circuit;
+    KeepAlive keepalive;
 };
 
 } // namespace idemkafka::detail

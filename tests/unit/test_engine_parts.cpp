@@ -495,3 +495,29 @@ TEST_CASE("run signals: a first stop is forced once older than shutdown_timeout"
     signals.stop.request();
     CHECK(signals.stop.forced());
 }
+
+TEST_CASE("gates: PostgreSQL away or the circuit hold the assignment, the keep-alive pauses new partitions",
+          "[unit][engine_parts]")
+{
+    ConsumerConfig cfg;
+    Metrics metrics;
+    const LogSink quiet;
+    Gates gates(cfg, Backoff{100ms, 400ms}, metrics, quiet);
+    CHECK_FALSE(gates.assignment_held());
+    CHECK_FALSE(gates.assigned_paused());
+
+    gates.keepalive.set_paused(true);
+    CHECK_FALSE(gates.assignment_held()); // the keep-alive resumes it itself
+    CHECK(gates.assigned_paused());
+    gates.keepalive.set_paused(false);
+
+    gates.db.hold(t0);
+    CHECK(gates.assignment_held());
+    CHECK(gates.assigned_paused());
+    gates.circuit.set_paused(true);
+    gates.db.reopen();
+    CHECK(gates.assignment_held()); // the circuit still holds it
+    gates.circuit.set_paused(false);
+    CHECK_FALSE(gates.assignment_held());
+    CHECK_FALSE(gates.assigned_paused());
+}
