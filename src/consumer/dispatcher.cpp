@@ -1,5 +1,5 @@
 // Handing out units of work: which waiting records a free worker takes (its
-// lanes, its share), and the lanes the busy units hold.
+// lanes, its share, free Stage slots), and the lanes the busy units hold.
 
 #include "consumer/dispatcher.hpp"
 
@@ -58,6 +58,17 @@ std::size_t Dispatcher::hand_out(WaitingRoom& room, std::size_t cap, bool one, C
     return sent;
 }
 
+bool Dispatcher::decode(Item& it)
+{
+    const auto slot = slots_->acquire();
+    if (!slot)
+        return false;
+    it.slot = *slot;
+    it.lease = SlotLease(*slots_, *slot);
+    hands_.decode(it);
+    return true;
+}
+
 Dispatcher::Lane Dispatcher::lane_of(const Item& it) const
 {
     if (ordering_ == Ordering::key)
@@ -106,7 +117,7 @@ void Dispatcher::fill(std::size_t n, WaitingRoom& room, std::size_t cap, std::si
         }
         if (!fits)
             return false;
-        if (!it.lease && !hands_.decode(it)) {
+        if (!it.lease && !decode(it)) {
             full = true; // no slot left (they come back as units end)
             return false;
         }

@@ -1,10 +1,12 @@
 #pragma once
 // The dispatcher: which waiting records each free worker takes as its next
-// unit of work, and which lanes the busy units hold. Private to the library.
+// unit of work, which lanes the busy units hold, and the Stage slots of the
+// records decoded. Private to the library.
 
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -29,6 +31,14 @@ namespace idemkafka::detail {
 ///
 /// A busy unit belongs to its worker until finish(): the poll thread only
 /// marks its records dropped (drop_from) and reads it. Poll thread only.
+///
+/// The Stage slots: a record is decoded into a slot of its own (decode()),
+/// which it holds (Item::lease) until it is destroyed or parked. There are
+/// as many as the waiting room's limit and unit_cap() per worker
+/// (reserve_slots()); a record decoded while it waits (decode_ahead()) must
+/// leave the slots the free workers' next units need. The pool outlives the
+/// units' records; the waiting room, whose records hold slots too, is to go
+/// before the dispatcher.
 class Dispatcher {
 public:
     using Lane = std::pair<PartitionState*, KeyId>;
@@ -36,12 +46,23 @@ public:
     /// What hand_out() needs of the engine.
     struct Hands {
         std::function<bool(std::size_t)> ready; ///< worker n can take a unit (it has a connection)
-        std::function<bool(Item&)> decode;      ///< gives a record a Stage slot; false when none is free
+        std::function<void(Item&)> decode;      ///< decodes a record into its Stage slot (Item::slot)
         std::function<void(std::size_t)> start; ///< runs worker n's unit, just filled and marked busy
     };
 
     /// `unit_cap`: records per unit (max_batch spread over the workers).
     Dispatcher(Ordering ordering, std::size_t workers, std::size_t unit_cap, Hands hands);
+
+    /// At start: the Stage slots of the records decoded, waiting or in units.
+    void reserve_slots(std::size_t records) { slots_.emplace(records); }
+
+    /// Gives the record a Stage slot and decodes it there; false when no slot
+    /// is free.
+    bool decode(Item& it);
+    /// A record that waits may be decoded now (while the workers run): that
+    /// leaves the slots the free workers' next units need. Records that
+    /// wait without one are decoded when they are handed out.
+    bool decode_ahead() const noexcept { return slots_->available() > free_workers() * unit_cap_; }
 
     /// The time budget of a unit, from its dispatch.
     void set_budget(std::chrono::milliseconds budget) noexcept { budget_ = budget; }
@@ -121,6 +142,7 @@ private:
     std::size_t unit_cap_;
     Hands hands_;
     std::chrono::milliseconds budget_{120000};
+    std::optional<SlotPool> slots_;        // before every record that may hold one of them
     std::vector<std::vector<Item>> units_; // per worker: its unit, empty when idle
     std::vector<Clock::time_point> deadlines_;
     std::vector<bool> busy_; // handed a unit not finished yet

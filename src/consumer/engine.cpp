@@ -68,7 +68,7 @@ Engine::Impl::~Impl()
     if (kafka) {
         // Leave the group without committing anything, as a crash would
         // (but without the session timeout).
-        fault.stop_commits();
+        signals.fault.stop_commits();
         kafka->close(cfg.shutdown_timeout);
     }
 }
@@ -86,7 +86,7 @@ void Engine::Impl::abandon_units() noexcept
             release_lanes(n);
         free_worker(n);
     }
-    crew.wake.clear();
+    signals.wake.clear();
     ledger.release_retired(); // the states of partitions revoked while the units ran
 }
 
@@ -122,7 +122,7 @@ void Engine::Impl::housekeeping()
     const auto due = ledger.due(now);
     for (auto* ps : due.seek)
         seek(*ps);
-    if (!db.closed() && !circuit.paused())
+    if (!gates.assignment_held())
         for (auto* ps : due.resume)
             kafka->pause(ps->tp, false);
 }
@@ -139,7 +139,7 @@ void Engine::Impl::fill_room()
     while (!room.full()) {
         // A unit ended: merge it (and hand its worker the next one) first.
         // A worker ending from here on wakes the poll below.
-        if (!crew.wake.begin_poll())
+        if (!signals.wake.begin_poll())
             return;
         // A free worker and records it may take: take what librdkafka holds
         // already, without waiting, then hand it out.
@@ -151,9 +151,9 @@ void Engine::Impl::fill_room()
                 idle_poll, std::max(milliseconds(0),
                                     std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - Clock::now())));
         auto m = kafka->poll(timeout);
-        crew.wake.end_poll();
-        keepalive.polled(Clock::now());
-        fault.rethrow();
+        signals.wake.end_poll();
+        gates.keepalive.polled(Clock::now());
+        signals.fault.rethrow();
         if (!m)
             return;
         if (m->err) {
@@ -172,7 +172,7 @@ void Engine::Impl::fill_room()
             if (ps->unit != 0 && !waiting_of.empty() && waiting_of[ps] >= dispatcher.unit_cap())
                 kafka->defer(ps->tp, true);
         }
-        if (stop.requested())
+        if (signals.stop.requested())
             return;
     }
 }
@@ -181,15 +181,15 @@ void Engine::Impl::take_parked()
 {
     // Parked keys whose backoff is over run first, in their order (not
     // while PostgreSQL is away: they would only be rewound).
-    if (parking.empty() || db.closed())
+    if (parking.empty() || gates.db.closed())
         return;
     const auto now = Clock::now();
     const auto first = room.add_from([&](std::vector<Item>& records) { parking.take_due(now, records); }, now);
     if (room.size() == first)
         return;
     for (auto i = first; i < room.size(); ++i)
-        if (decode_ahead())
-            decode(room[i]);
+        if (dispatcher.decode_ahead())
+            dispatcher.decode(room[i]);
     dispatcher.changed();
     count_parked();
 }
@@ -214,8 +214,8 @@ PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
         return nullptr;
     }
     auto& waiting = room.add(std::move(it), Clock::now());
-    if (decode_ahead())
-        decode(waiting); // while the workers run
+    if (dispatcher.decode_ahead())
+        dispatcher.decode(waiting); // while the workers run
     dispatcher.changed();
     return ps;
 }
@@ -236,7 +236,7 @@ void Engine::Impl::count_parked()
 
 void Engine::Impl::merge_finished()
 {
-    crew.wake.clear(); // a unit ending from here on is seen again
+    signals.wake.clear(); // a unit ending from here on is seen again
     for (auto n : crew.pool->take_done())
         merge_unit(n);
 }
@@ -410,10 +410,10 @@ void Engine::Impl::start()
     room.size_to(cfg.workers > 1 ? 2 * cfg.max_batch : cfg.max_batch);
     // Each worker has Stage slots of its own for its unit.
     const auto records = room.limit() + cfg.workers * dispatcher.unit_cap();
-    slots.emplace(records);
+    dispatcher.reserve_slots(records);
     stage.reserve(records);
     crew.pool = std::make_unique<WorkerPool>(cfg.workers, [this] {
-        if (crew.wake.ended())
+        if (signals.wake.ended())
             kafka->wake_poll(); // a poll waiting for records returns now
     });
     connect_at_start(secrets, [this] {
@@ -422,7 +422,7 @@ void Engine::Impl::start()
     });
     sidecars.start(cfg, tables.claims, metrics, log);
     kafka = std::make_unique<kafka::GroupMember>(cfg, *this, metrics, log, secrets);
-    keepalive.configure(kafka->max_poll_interval(), cfg.shutdown_timeout);
+    gates.keepalive.configure(kafka->max_poll_interval(), cfg.shutdown_timeout);
     if (cfg.max_batch_duration.count() > 0)
         dispatcher.set_budget(cfg.max_batch_duration);
     else // 40% of max.poll.interval.ms: a unit ends well before the group would drop this member
@@ -432,7 +432,7 @@ void Engine::Impl::start()
 void Engine::Impl::run()
 {
     start();
-    while (!stop.requested()) {
+    while (!signals.stop.requested()) {
         housekeeping();
         merge_finished();
         kafka->check_prefetch(true, 0, 0);
@@ -487,7 +487,7 @@ void Engine::run()
 
 void Engine::stop() noexcept
 {
-    impl_->stop.request();
+    impl_->signals.stop.request();
 }
 
 const Metrics& Engine::metrics() const noexcept

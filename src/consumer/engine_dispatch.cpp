@@ -1,5 +1,5 @@
-// Handing out units of work (see Dispatcher): their Stage slots, the
-// screening before each unit's transaction, the worker that runs it.
+// Handing out units of work (see Dispatcher): the screening before each
+// unit's transaction, the worker that runs it.
 
 #include "consumer/engine_impl.hpp"
 
@@ -8,27 +8,9 @@
 
 namespace idemkafka::detail {
 
-bool Engine::Impl::decode_ahead() const
-{
-    // Slots for the free workers' next units stay free: records that wait
-    // without one are decoded when they are handed out.
-    return slots->available() > dispatcher.free_workers() * dispatcher.unit_cap();
-}
-
-bool Engine::Impl::decode(Item& it)
-{
-    const auto slot = slots->acquire();
-    if (!slot)
-        return false;
-    it.slot = *slot;
-    it.lease = SlotLease(*slots, *slot);
-    intake.decode(it);
-    return true;
-}
-
 bool Engine::Impl::dispatch_due() const
 {
-    return dispatcher.due(room, Clock::now(), cfg.max_batch_wait, stop.requested());
+    return dispatcher.due(room, Clock::now(), cfg.max_batch_wait, signals.stop.requested());
 }
 
 bool Engine::Impl::dispatch()
@@ -37,11 +19,11 @@ bool Engine::Impl::dispatch()
         return false;
     // The circuit's probe runs alone, as one unit of at most the waiting
     // room's (probe) limit.
-    const bool probe = circuit.probing();
+    const bool probe = gates.circuit.probing();
     const std::size_t cap = probe ? std::min(dispatcher.unit_cap(), room.limit()) : dispatcher.unit_cap();
     if (dispatcher.hand_out(room, cap, probe, Clock::now()) == 0)
         return false;
-    circuit.unit_started(probe);
+    gates.circuit.unit_started(probe);
     return true;
 }
 

@@ -21,7 +21,7 @@ void Engine::Impl::connect(Worker& w, bool first)
 
 bool Engine::Impl::ensure_db()
 {
-    if (!db.retry_due(Clock::now()))
+    if (!gates.db.retry_due(Clock::now()))
         return false;
     bool reconnected = false;
     for (std::size_t i = 0; i < crew.workers.size(); ++i) {
@@ -37,7 +37,7 @@ bool Engine::Impl::ensure_db()
         } catch (const std::exception& e) {
             w.disconnect();
             say(log, LogLevel::warning, error_field(e.what()), "PostgreSQL reconnect failed, next attempt in {} ms: {}",
-                db.upcoming().count(), e.what());
+                gates.db.upcoming().count(), e.what());
             db_hold();
             return false;
         }
@@ -74,39 +74,39 @@ bool Engine::Impl::ensure_db()
                 return false;
             }
     }
-    if (db.reopen())
+    if (gates.db.reopen())
         apply_pauses();
     return true;
 }
 
 void Engine::Impl::db_hold()
 {
-    if (db.hold(Clock::now()))
+    if (gates.db.hold(Clock::now()))
         apply_pauses();
 }
 
 void Engine::Impl::apply_pauses()
 {
-    metrics.db_paused.set(db.closed() ? 1 : 0);
+    metrics.db_paused.set(gates.db.closed() ? 1 : 0);
     std::set<TopicPartition> keep; // partitions waiting out a retry backoff stay paused
     for (const auto& [tp, ps] : ledger)
         if (ps.rewind.paused)
             keep.insert(tp);
-    kafka->pause_assignment(db.closed() || circuit.paused(), keep);
+    kafka->pause_assignment(gates.assignment_held(), keep);
 }
 
 void Engine::Impl::await_unit()
 {
     const auto before = dispatcher.busy_units();
-    if (before == 0 || crew.pool->wait_any_until(keepalive.deadline()))
+    if (before == 0 || crew.pool->wait_any_until(gates.keepalive.deadline()))
         return;
     const auto since = Clock::now();
     metrics.long_call_waits.add();
     say(log, LogLevel::info, {},
         "every worker has been busy past the keep-alive point ({} ms after the last poll); the assignment is paused "
         "and polled until a unit of work ends, so this member stays in the group",
-        keepalive.after().count());
-    keepalive.set_paused(true);
+        gates.keepalive.after().count());
+    gates.keepalive.set_paused(true);
     kafka->pause_assignment(true);
     bool cut = false;
     // Until a unit ends, or a revoke served in the poll merged one.
@@ -122,7 +122,7 @@ void Engine::Impl::await_unit()
         }
         auto m = kafka->poll(milliseconds(100)); // rebalances are served in here
         const auto now = Clock::now();
-        keepalive.polled(now);
+        gates.keepalive.polled(now);
         watch_calls(now);
         if (m && m->err) {
             kafka->consumer_error(*m);
@@ -133,8 +133,8 @@ void Engine::Impl::await_unit()
                 rewind(*ps, m->offset);
         }
     }
-    keepalive.set_paused(false);
-    if (!db.closed())
+    gates.keepalive.set_paused(false);
+    if (!gates.db.closed())
         apply_pauses(); // resumes all but partitions waiting out a retry backoff
     say(log, LogLevel::info, {}, "a unit of work ended after {} ms of polling; the assignment is resumed",
         std::chrono::duration_cast<milliseconds>(Clock::now() - since).count());
@@ -142,13 +142,13 @@ void Engine::Impl::await_unit()
 
 void Engine::Impl::watch_calls(Clock::time_point now)
 {
-    if (!calls.due(now))
+    if (!gates.keepalive.watch_due(now))
         return;
     std::vector<std::optional<RunningCall::Seen>> running(crew.workers.size());
     for (std::size_t n = 0; n < crew.workers.size(); ++n)
         if (dispatcher.busy(n))
             running[n] = crew.workers[n].call.seen();
-    calls.watch(now, running, kafka->max_poll_interval());
+    gates.keepalive.watch(now, running);
 }
 
 void Engine::Impl::cut_for_stop()
@@ -165,28 +165,28 @@ void Engine::Impl::cut_for_stop()
 
 bool Engine::Impl::circuit_ready()
 {
-    if (!circuit.enabled())
+    if (!gates.circuit.enabled())
         return true;
     const auto now = Clock::now();
-    if (circuit.must_drain(now))
+    if (gates.circuit.must_drain(now))
         drain(); // what it decides must not meet a running unit
-    const auto settled = circuit.settle(now, dispatcher.busy_units());
+    const auto settled = gates.circuit.settle(now, dispatcher.busy_units());
     if (settled == Circuit::Probe::Outcome::closed)
         room.restore_limit();
     else if (settled == Circuit::Probe::Outcome::reopened)
         circuit_hold();
-    if (circuit.take_opened(now)) {
+    if (gates.circuit.take_opened(now)) {
         ledger.forgive_failures(); // the failures that showed the outage were not the records' either
         circuit_hold();
     }
-    if (const auto records = circuit.probe_due(now)) {
-        circuit.set_paused(false);
+    if (const auto records = gates.circuit.probe_due(now)) {
+        gates.circuit.set_paused(false);
         apply_pauses();          // all but partitions waiting out a retry backoff (or PostgreSQL)
         dispatcher.await_fill(); // the probe fills its unit (or waits max_batch_wait), not one poll's worth
         room.limit_to(*records);
         return false; // what was polled while paused goes back: the probe is polled afresh
     }
-    return !circuit.paused();
+    return !gates.circuit.paused();
 }
 
 void Engine::Impl::circuit_hold()
@@ -201,7 +201,7 @@ void Engine::Impl::circuit_hold()
     if (!holds.empty())
         room.drop_if([&](const Item& it) { return holds.covers(it.part, it.record.offset); });
     count_in_flight();
-    circuit.set_paused(true);
+    gates.circuit.set_paused(true);
     apply_pauses();
 }
 

@@ -2,14 +2,15 @@
 // The consumer's engine: the run loop that wires its parts, and the state it
 // shares with the rebalance callbacks. Each part owns its state and says its
 // invariant where it is declared: the WaitingRoom (records polled, not yet in
-// a unit), the Dispatcher (units, lanes, shares), the gates (DatabaseGate,
-// CircuitGate, CommitPacer, KeepAlive, CallWatch in gates.hpp), the signals
-// from outside the loop (StopSignal, UnitWake, CallbackFault) and the
-// Sidecars. Its member functions live in engine.cpp (the run loop: polling,
-// the merge of each unit, commits), engine_dispatch.cpp (handing units of
-// work to free workers), engine_rebalance.cpp (Kafka's assign and revoke,
-// rewinds, fences, per-key parking) and engine_gates.cpp (what the gates'
-// decisions do to the assignment). Private to the library.
+// a unit), the Dispatcher (units, lanes, shares, Stage slots), the gates in
+// gates.hpp (Gates: DatabaseGate, CircuitGate and KeepAlive with its
+// CallWatch; CommitPacer), the signals from outside the loop (RunSignals:
+// StopSignal, UnitWake, CallbackFault) and the Sidecars. Its member
+// functions live in engine.cpp (the run loop: polling, the merge of each
+// unit, commits), engine_dispatch.cpp (handing units of work to free
+// workers), engine_rebalance.cpp (Kafka's assign and revoke, rewinds,
+// fences, per-key parking) and engine_gates.cpp (what the gates' decisions
+// do to the assignment). Private to the library.
 
 #include <algorithm>
 #include <atomic>
@@ -71,12 +72,11 @@ struct Tables {
     std::optional<OffsetStore> offsets; // offsets_in_database
 };
 
-// The workers, each with its PostgreSQL session and the unit it runs, the
-// pool of threads that runs their units, and the wake-up of the poll thread
-// when one ends. Sized and started by Engine::Impl::start().
+// The workers, each with its PostgreSQL session and the unit it runs, and
+// the pool of threads that runs their units (a unit's end wakes the poll
+// thread: RunSignals::wake). Sized and started by Engine::Impl::start().
 struct Crew {
     std::vector<Worker> workers;
-    UnitWake wake;
     std::unique_ptr<WorkerPool> pool; // last: its threads end before the rest goes
 };
 
@@ -87,36 +87,32 @@ struct Engine::Impl final : kafka::GroupEvents {
     LogSink log;
     Metrics metrics;
     Tables tables{cfg};
-    StopSignal stop{cfg.shutdown_timeout};
+    RunSignals signals{cfg.shutdown_timeout}; // stop(), a unit's end, a callback's fault; before the crew
 
     PartitionLedger ledger{Backoff{cfg.retry_backoff, cfg.retry_backoff_max}, fence_backoff};
     Intake intake{cfg, stage, metrics, log};
     DeadLetterer dead_letters{cfg, ledger, metrics, log, secrets};
-    CircuitGate circuit{cfg, metrics, log};
+    // PostgreSQL away, the circuit breaker, the keep-alive (and its watch on
+    // handler calls that do not return): what pauses the whole assignment.
+    Gates gates{cfg, db_backoff_shape, metrics, log};
     ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, tables.claims, tables.offsets, ledger,
-                                                    dead_letters, circuit.circuit(), log, [this] { return forced(); },
-                                                    positions_after_merge()}};
+                                                    dead_letters, gates.circuit.circuit(), log,
+                                                    [this] { return forced(); }, positions_after_merge()}};
     std::optional<StoredPositions> positions; // offsets_in_database
-    // The Stage slots of the records decoded (waiting or in units): the
-    // waiting room's limit and unit_cap per worker. Before every Item holder.
-    std::optional<SlotPool> slots;
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
                     std::max<std::size_t>(1, cfg.max_prefetch_bytes / 2)};
     std::unique_ptr<kafka::GroupMember> kafka;
 
-    WaitingRoom room{cfg.max_batch_bytes};
-    // The workers' units and the lanes they hold: max_batch spread over the
-    // workers, a unit is a worker's share of a full waiting room.
+    // The workers' units, the lanes they hold and the Stage slots of the
+    // records decoded: max_batch spread over the workers, a unit is a
+    // worker's share of a full waiting room.
     Dispatcher dispatcher{
         cfg.ordering, cfg.workers, std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers),
         Dispatcher::Hands{[this](std::size_t n) { return crew.workers[n].db != nullptr; },
-                          [this](Item& it) { return decode(it); }, [this](std::size_t n) { submit(n); }}};
-    DatabaseGate db{db_backoff_shape};
+                          [this](Item& it) { intake.decode(it); }, [this](std::size_t n) { submit(n); }}};
+    WaitingRoom room{cfg.max_batch_bytes}; // after the dispatcher: its records hold the dispatcher's slots
     CommitPacer pacer{cfg.commit_interval};
-    KeepAlive keepalive;
-    CallWatch calls{metrics, log};
-    CallbackFault fault;
     Sidecars sidecars;
     Crew crew;
 
@@ -132,7 +128,7 @@ struct Engine::Impl final : kafka::GroupEvents {
 
     // A second stop(), or a first one older than shutdown_timeout, abandons
     // the current transaction.
-    bool forced() noexcept { return stop.forced(); }
+    bool forced() noexcept { return signals.stop.forced(); }
 
     // ConsumerConfig::pipeline, when it applies: a hand-over per record
     // costs two thread wake-ups, more than the overlap saves, so max_batch
@@ -251,13 +247,6 @@ struct Engine::Impl final : kafka::GroupEvents {
     // states of partitions revoked while it ran go once no unit needs them.
     void free_worker(std::size_t n);
 
-    // Gives the record a Stage slot and decodes it there; false when no slot
-    // is free.
-    bool decode(Item& it);
-    // A polled record is decoded at once (while the workers run) when that
-    // leaves the slots the free workers' next units need.
-    bool decode_ahead() const;
-
     // Hands each free worker its next unit (Dispatcher::hand_out): the
     // records are decoded into Stage slots (if they were not decoded while
     // waiting) and, on the worker, screened (the reconcile hook runs on its
@@ -291,7 +280,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     // abandons the running units (rolled back when their calls return).
     void await_unit();
 
-    // The busy workers' running calls to the CallWatch (every 200 ms).
+    // The busy workers' running calls to the keep-alive's CallWatch (every 200 ms).
     void watch_calls(Clock::time_point now);
 
     // A forced stop during a call that does not return: the workers'

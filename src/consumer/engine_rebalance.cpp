@@ -36,11 +36,11 @@ bool Engine::Impl::assigned(std::vector<std::pair<TopicPartition, std::int64_t>>
             for (const auto& tp : tps)
                 if (auto* ps = ledger.find(tp.topic, tp.partition))
                     ps->stored.verified = false;
-            if (!db.closed())
+            if (!gates.db.closed())
                 db_hold();
         }
     }
-    return db.closed() || keepalive.paused() || circuit.paused();
+    return gates.assigned_paused();
 }
 
 std::optional<std::vector<OffsetCommit>> Engine::Impl::inherit_failures(const std::vector<TopicPartition>& tps)
@@ -100,9 +100,9 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
         // generation the coordinator has left (ILLEGAL_GENERATION), which
         // librdkafka answers by dropping the whole assignment, the
         // partitions this member keeps included.
-        if (!lost && !fault.commits_stopped())
+        if (!lost && !signals.fault.commits_stopped())
             kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
-        const auto deadline = Clock::now() + keepalive.revoke_wait();
+        const auto deadline = Clock::now() + gates.keepalive.revoke_wait();
         for (auto n : touching)
             crew.pool->wait_until(n, deadline);
     }
@@ -111,7 +111,7 @@ void Engine::Impl::revoked(const std::set<TopicPartition>& tps, bool lost)
                    touching.end());
     if (!touching.empty())
         abandon_for_revoke(touching, tps.size());
-    if (!lost && !fault.commits_stopped())
+    if (!lost && !signals.fault.commits_stopped())
         kafka->commit(ledger.take_commits(&tps), false, sync_commit_bound);
     // Parked records go too: the position committed above stays before them.
     for (const auto& tp : tps)
@@ -137,7 +137,7 @@ void Engine::Impl::abandon_for_revoke(const std::vector<std::size_t>& touching, 
         "past the revoke wait ({} ms): their transactions roll back when their calls return, and the new owners "
         "process those records (the claims keep their effects in PostgreSQL once; side effects outside it may "
         "happen twice)",
-        revoked, touching.size(), keepalive.revoke_wait().count());
+        revoked, touching.size(), gates.keepalive.revoke_wait().count());
 }
 
 void Engine::Impl::merge_in_callback() noexcept
@@ -145,7 +145,7 @@ void Engine::Impl::merge_in_callback() noexcept
     try {
         merge_finished();
     } catch (...) {
-        fault.keep(std::current_exception());
+        signals.fault.keep(std::current_exception());
     }
 }
 

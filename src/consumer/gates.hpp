@@ -1,8 +1,10 @@
 #pragma once
 // What holds the run loop back, each with its state in one place: PostgreSQL
 // being away (DatabaseGate), the circuit breaker (CircuitGate), the offset
-// commit's pace (CommitPacer), the keep-alive while every worker is busy
-// (KeepAlive) and the watch on handler calls that do not return (CallWatch).
+// commit's pace (CommitPacer), and a handler call that does not return: the
+// keep-alive while every worker is busy and the watch on the call (KeepAlive,
+// with its CallWatch); the three that pause the whole assignment together as
+// Gates.
 // Pure logic, no Kafka and no PostgreSQL. Private to the library.
 
 #include <chrono>
@@ -154,34 +156,6 @@ private:
     std::optional<Clock::time_point> uncommitted_since_;
 };
 
-/// The member must poll to stay in its group. While the poll thread cannot
-/// poll for records (the waiting room is full and no unit ends, or it
-/// drains every unit) past after() since the last poll, the assignment is
-/// paused and polled (paused()); a revoke waits at most revoke_wait() for
-/// the units with records of the revoked partitions.
-class KeepAlive {
-public:
-    /// From the group's max.poll.interval.ms and the stop's shutdown_timeout.
-    void configure(std::chrono::milliseconds max_poll_interval, std::chrono::milliseconds shutdown_timeout) noexcept
-    {
-        after_ = std::min(std::chrono::milliseconds(10000), max_poll_interval / 5);
-        revoke_wait_ = std::min(shutdown_timeout, max_poll_interval / 2);
-    }
-    void polled(Clock::time_point now) noexcept { last_polled_ = now; }
-    /// Until when a wait for a unit may go on without a poll.
-    Clock::time_point deadline() const noexcept { return last_polled_ + after_; }
-    std::chrono::milliseconds after() const noexcept { return after_; }
-    std::chrono::milliseconds revoke_wait() const noexcept { return revoke_wait_; }
-    bool paused() const noexcept { return paused_; }
-    void set_paused(bool paused) noexcept { paused_ = paused; }
-
-private:
-    Clock::time_point last_polled_ = Clock::now();
-    std::chrono::milliseconds after_{10000};
-    std::chrono::milliseconds revoke_wait_{10000};
-    bool paused_ = false;
-};
-
 /// A handler call cannot be interrupted, but one that does not return must
 /// be seen: the gauge of the oldest call running (Metrics::oldest_call_ms,
 /// every 200 ms at most), and a call running past max.poll.interval.ms is
@@ -206,6 +180,71 @@ private:
     const LogSink& log_;
     std::vector<Told> told_;
     Clock::time_point next_{};
+};
+
+/// A handler call that does not return, while every worker is busy (or the
+/// poll thread drains every unit). The member must poll to stay in its
+/// group: past after() since the last poll the assignment is paused and
+/// polled (paused()), and a revoke waits at most revoke_wait() for the units
+/// with records of the revoked partitions. And the call must be seen: the
+/// CallWatch hears of the running calls (watch_due(), watch()) with
+/// max.poll.interval.ms as its bound, the one configure() was given.
+class KeepAlive {
+public:
+    KeepAlive(Metrics& metrics, const LogSink& log) : calls_(metrics, log) {}
+
+    /// From the group's max.poll.interval.ms and the stop's shutdown_timeout.
+    void configure(std::chrono::milliseconds max_poll_interval, std::chrono::milliseconds shutdown_timeout) noexcept
+    {
+        max_poll_interval_ = max_poll_interval;
+        after_ = std::min(std::chrono::milliseconds(10000), max_poll_interval / 5);
+        revoke_wait_ = std::min(shutdown_timeout, max_poll_interval / 2);
+    }
+    void polled(Clock::time_point now) noexcept { last_polled_ = now; }
+    /// Until when a wait for a unit may go on without a poll.
+    Clock::time_point deadline() const noexcept { return last_polled_ + after_; }
+    std::chrono::milliseconds after() const noexcept { return after_; }
+    std::chrono::milliseconds revoke_wait() const noexcept { return revoke_wait_; }
+    bool paused() const noexcept { return paused_; }
+    void set_paused(bool paused) noexcept { paused_ = paused; }
+
+    /// Whether watch() looks at the running calls again at `now`.
+    bool watch_due(Clock::time_point now) const noexcept { return calls_.due(now); }
+    /// `calls[n]`: worker n's running call, if any (CallWatch::watch).
+    void watch(Clock::time_point now, const std::vector<std::optional<RunningCall::Seen>>& calls)
+    {
+        calls_.watch(now, calls, max_poll_interval_);
+    }
+
+private:
+    Clock::time_point last_polled_ = Clock::now();
+    std::chrono::milliseconds max_poll_interval_{300000};
+    std::chrono::milliseconds after_{10000};
+    std::chrono::milliseconds revoke_wait_{10000};
+    bool paused_ = false;
+    CallWatch calls_;
+};
+
+/// The gates that hold the whole assignment paused: PostgreSQL away (db),
+/// the circuit open or probing (circuit) and the keep-alive polling while
+/// every worker is busy (keepalive). The assignment resumes (all but the
+/// partitions waiting out a retry backoff) only while neither the database
+/// nor the circuit holds it (assignment_held()); partitions assigned while
+/// any of the three holds it start paused (assigned_paused()).
+struct Gates {
+    Gates(const ConsumerConfig& cfg, Backoff db_backoff, Metrics& metrics, const LogSink& log)
+        : db(db_backoff), circuit(cfg, metrics, log), keepalive(metrics, log)
+    {
+    }
+
+    /// PostgreSQL is away or the circuit holds the assignment: nothing resumes.
+    bool assignment_held() const noexcept { return db.closed() || circuit.paused(); }
+    /// Partitions assigned now start paused.
+    bool assigned_paused() const noexcept { return assignment_held() || keepalive.paused(); }
+
+    DatabaseGate db;
+    CircuitGate circuit;
+    KeepAlive keepalive;
 };
 
 } // namespace idemkafka::detail

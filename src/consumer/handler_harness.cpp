@@ -154,18 +154,9 @@ struct HarnessCore::Impl {
         if (!ps)
             ps = &ledger.assign(tp);
 
-        std::vector<Item> items(1);
+        std::vector<Item> items;
+        items.push_back(polled(m, tp, offset, ps));
         Item& it = items.front();
-        it.record.topic = tp.topic;
-        it.record.partition = tp.partition;
-        it.record.offset = offset;
-        it.record.timestamp_ms = m.timestamp_ms >= 0 ? m.timestamp_ms : now_ms();
-        if (m.key)
-            it.record.key = std::string_view(*m.key);
-        if (m.value)
-            it.record.value = std::string_view(*m.value);
-        it.record.headers = m.headers;
-        it.part = ps;
 
         Delivery d;
         d.topic = tp.topic;
@@ -176,14 +167,7 @@ struct HarnessCore::Impl {
 
         metrics.consumed.add(1);
         intake.decode(items, 0);
-        if (!worker.db) {
-            try {
-                connect(false);
-            } catch (const std::exception& e) {
-                throw DatabaseError(
-                    secrets_of(cfg.postgres)(fmt::format("handler harness: PostgreSQL reconnect: {}", e.what())));
-            }
-        }
+        reconnect_if_lost();
         const Holds holds = claims.screen(intake, worker, items);
         worker.reset(holds);
         if (it.state == ItemState::pending && !holds.covers(ps, offset)) {
@@ -192,26 +176,73 @@ struct HarnessCore::Impl {
         }
         d.event_id = it.id;
 
-        if (worker.failed) {
-            if (worker.lost_connection)
-                worker.disconnect();
-            if (worker.error)
-                std::rethrow_exception(worker.error);
-            throw DatabaseError(fmt::format(
-                "handler harness: the transaction of {}/{}@{} failed outside the handler (the log says why); "
-                "nothing of it committed",
-                tp.topic, tp.partition, offset));
+        throw_if_failed(tp, offset);
+        settle(d, it, ps, letters_before);
+        if (d.outcome == DeliveryOutcome::failed)
+            return d; // not completed: the record comes again
+        ledger.complete(*ps, offset);
+        ledger.trim(*ps);
+        return d;
+    }
+
+    // The record as the engine would have polled it.
+    Item polled(const TestMessage& m, const TopicPartition& tp, std::int64_t offset, PartitionState* ps) const
+    {
+        Item it;
+        it.record.topic = tp.topic;
+        it.record.partition = tp.partition;
+        it.record.offset = offset;
+        it.record.timestamp_ms = m.timestamp_ms >= 0 ? m.timestamp_ms : now_ms();
+        if (m.key)
+            it.record.key = std::string_view(*m.key);
+        if (m.value)
+            it.record.value = std::string_view(*m.value);
+        it.record.headers = m.headers;
+        it.part = ps;
+        return it;
+    }
+
+    // The worker's connection, again after it was lost.
+    void reconnect_if_lost()
+    {
+        if (worker.db)
+            return;
+        try {
+            connect(false);
+        } catch (const std::exception& e) {
+            throw DatabaseError(
+                secrets_of(cfg.postgres)(fmt::format("handler harness: PostgreSQL reconnect: {}", e.what())));
         }
+    }
+
+    // The worker's transaction failed: what it threw, or a DatabaseError.
+    void throw_if_failed(const TopicPartition& tp, std::int64_t offset)
+    {
+        if (!worker.failed)
+            return;
+        if (worker.lost_connection)
+            worker.disconnect();
+        if (worker.error)
+            std::rethrow_exception(worker.error);
+        throw DatabaseError(
+            fmt::format("handler harness: the transaction of {}/{}@{} failed outside the handler (the log says why); "
+                        "nothing of it committed",
+                        tp.topic, tp.partition, offset));
+    }
+
+    // What became of the record: dead-lettered, failed (held, or its key
+    // parked), a duplicate, or processed (counted as the engine's merge does).
+    void settle(Delivery& d, const Item& it, PartitionState* ps, std::size_t letters_before)
+    {
         if (dead_letters.size() > letters_before) {
             d.outcome = DeliveryOutcome::dead_lettered;
             d.reason = it.reason;
             d.error = it.error;
             d.attempt = it.attempts;
             d.dead_letter = dead_letters.back();
-        } else if (worker.holds.covers(ps, offset, it.record.key)) { // held, or its key parked (Ordering::key)
+        } else if (worker.holds.covers(ps, d.offset, it.record.key)) { // held, or its key parked (Ordering::key)
             d.outcome = DeliveryOutcome::failed;
             d.error = it.error;
-            return d; // not completed: the record comes again
         } else if (it.state == ItemState::done) {
             d.outcome = DeliveryOutcome::duplicate; // the reconcile hook skipped it (claimed with its effect)
         } else {
@@ -221,9 +252,6 @@ struct HarnessCore::Impl {
             metrics.claimed.add(worker.info.claimed);
             metrics.duplicates.add(worker.info.duplicates);
         }
-        ledger.complete(*ps, offset);
-        ledger.trim(*ps);
-        return d;
     }
 
     Delivery redeliver()

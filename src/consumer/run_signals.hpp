@@ -1,8 +1,8 @@
 #pragma once
 // What reaches the run loop from outside its own steps: stop() (from any
 // thread, or a signal handler), a worker's unit ending while the poll thread
-// waits in a poll, and an exception thrown inside a librdkafka callback.
-// Private to the library.
+// waits in a poll, and an exception thrown inside a librdkafka callback; the
+// run's RunSignals hold one of each. Private to the library.
 
 #include <atomic>
 #include <chrono>
@@ -99,6 +99,20 @@ public:
 private:
     std::exception_ptr error_;
     bool no_commit_ = false;
+};
+
+/// The signals of one run, each set from outside the run loop's own steps
+/// and read by the loop at its own points: `stop` by stop() (any thread, a
+/// signal handler; read between steps and by a transaction before its next
+/// handler call), `wake` by a worker whose unit ended (read before and after
+/// each poll), `fault` by a librdkafka callback inside a poll (rethrown after
+/// it; no commit meanwhile).
+struct RunSignals {
+    explicit RunSignals(std::chrono::milliseconds shutdown_timeout) noexcept : stop(shutdown_timeout) {}
+
+    StopSignal stop;
+    UnitWake wake;
+    CallbackFault fault;
 };
 
 } // namespace idemkafka::detail

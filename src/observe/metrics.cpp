@@ -121,50 +121,68 @@ std::string escape_label(const std::string& v)
     return out;
 }
 
+// The counters: those of the table, the histograms and the dead letters by reason.
+void render_counters(std::string& out, const MetricsSnapshot& s, const std::string& label)
+{
+    for (const auto& c : counters) {
+        out += fmt::format("# HELP idemkafka_{}_total {}\n# TYPE idemkafka_{}_total counter\n"
+                           "idemkafka_{}_total{{group=\"{}\"}} {}\n",
+                           c.name, c.help, c.name, c.name, label, s.*c.field);
+    }
+    render_histogram(out, "handler_seconds", "Handler call duration.", label, s.handler_seconds);
+    render_histogram(out, "batch_records", "Records per committed batch.", label, s.batch_records);
+    render_histogram(out, "commit_delay_seconds", "From the PostgreSQL commit to the Kafka offset commit.", label,
+                     s.commit_delay_seconds);
+    out += "# HELP idemkafka_dead_lettered_total Records sent to the dead-letter topic.\n"
+           "# TYPE idemkafka_dead_lettered_total counter\n";
+    for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
+        out += fmt::format("idemkafka_dead_lettered_total{{group=\"{}\",reason=\"{}\"}} {}\n", label,
+                           to_string(static_cast<DeadLetterReason>(i)), s.dead_lettered[i]);
+}
+
+// The assignment and its lag, as a whole and per partition.
+void render_lag(std::string& out, const MetricsSnapshot& s, const std::string& label)
+{
+    render_gauge(out, "assigned_partitions", "Partitions currently assigned.", label, s.assigned_partitions);
+    render_gauge(out, "lag", "Records not yet processed on the assigned partitions (-1: unknown).", label, s.lag);
+    out += "# HELP idemkafka_consumer_lag Records not yet processed on one assigned partition (-1: unknown).\n"
+           "# TYPE idemkafka_consumer_lag gauge\n";
+    for (const auto& p : s.partitions)
+        out += fmt::format("idemkafka_consumer_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}\n", label,
+                           escape_label(p.topic), p.partition, p.lag);
+    out += "# HELP idemkafka_lag_seconds Seconds from the timestamp of the first record not yet processed on one "
+           "assigned partition to now (0: caught up, -1: unknown).\n"
+           "# TYPE idemkafka_lag_seconds gauge\n";
+    for (const auto& p : s.partitions)
+        out += fmt::format("idemkafka_lag_seconds{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {:.3f}\n", label,
+                           escape_label(p.topic), p.partition, p.lag_seconds);
+}
+
+// What the consumer holds in memory: records in flight, prefetched and parked.
+void render_held(std::string& out, const MetricsSnapshot& s, const std::string& label)
+{
+    render_gauge(out, "in_flight_records", "Records taken from Kafka and not yet committed or skipped.", label,
+                 s.in_flight_records);
+    render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, s.in_flight_bytes);
+    render_gauge(out, "prefetched_records",
+                 "Records taken from the Kafka client and held per partition, not handed to processing yet.", label,
+                 s.prefetched_records);
+    render_gauge(out, "prefetched_bytes", "Key and payload bytes of the prefetched records held.", label,
+                 s.prefetched_bytes);
+    render_gauge(out, "parked_records", "Records parked now behind a failed record of their key.", label,
+                 s.parked_records);
+    render_gauge(out, "parked_keys", "Keys parked now after a failed record.", label, s.parked_keys);
+}
+
 } // namespace
 
 std::string MetricsSnapshot::to_prometheus(const std::string& group) const
 {
     std::string out;
     const std::string label = escape_label(group);
-    for (const auto& c : counters) {
-        out += fmt::format("# HELP idemkafka_{}_total {}\n# TYPE idemkafka_{}_total counter\n"
-                           "idemkafka_{}_total{{group=\"{}\"}} {}\n",
-                           c.name, c.help, c.name, c.name, label, this->*c.field);
-    }
-    render_histogram(out, "handler_seconds", "Handler call duration.", label, handler_seconds);
-    render_histogram(out, "batch_records", "Records per committed batch.", label, batch_records);
-    render_histogram(out, "commit_delay_seconds", "From the PostgreSQL commit to the Kafka offset commit.", label,
-                     commit_delay_seconds);
-    out += "# HELP idemkafka_dead_lettered_total Records sent to the dead-letter topic.\n"
-           "# TYPE idemkafka_dead_lettered_total counter\n";
-    for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
-        out += fmt::format("idemkafka_dead_lettered_total{{group=\"{}\",reason=\"{}\"}} {}\n", label,
-                           to_string(static_cast<DeadLetterReason>(i)), dead_lettered[i]);
-    render_gauge(out, "assigned_partitions", "Partitions currently assigned.", label, assigned_partitions);
-    render_gauge(out, "lag", "Records not yet processed on the assigned partitions (-1: unknown).", label, lag);
-    out += "# HELP idemkafka_consumer_lag Records not yet processed on one assigned partition (-1: unknown).\n"
-           "# TYPE idemkafka_consumer_lag gauge\n";
-    for (const auto& p : partitions)
-        out += fmt::format("idemkafka_consumer_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {}\n", label,
-                           escape_label(p.topic), p.partition, p.lag);
-    out += "# HELP idemkafka_lag_seconds Seconds from the timestamp of the first record not yet processed on one "
-           "assigned partition to now (0: caught up, -1: unknown).\n"
-           "# TYPE idemkafka_lag_seconds gauge\n";
-    for (const auto& p : partitions)
-        out += fmt::format("idemkafka_lag_seconds{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {:.3f}\n", label,
-                           escape_label(p.topic), p.partition, p.lag_seconds);
-    render_gauge(out, "in_flight_records", "Records taken from Kafka and not yet committed or skipped.", label,
-                 in_flight_records);
-    render_gauge(out, "in_flight_bytes", "Key and payload bytes of the records in flight.", label, in_flight_bytes);
-    render_gauge(out, "prefetched_records",
-                 "Records taken from the Kafka client and held per partition, not handed to processing yet.", label,
-                 prefetched_records);
-    render_gauge(out, "prefetched_bytes", "Key and payload bytes of the prefetched records held.", label,
-                 prefetched_bytes);
-    render_gauge(out, "parked_records", "Records parked now behind a failed record of their key.", label,
-                 parked_records);
-    render_gauge(out, "parked_keys", "Keys parked now after a failed record.", label, parked_keys);
+    render_counters(out, *this, label);
+    render_lag(out, *this, label);
+    render_held(out, *this, label);
     render_gauge(out, "oldest_claim_age_seconds", "Age of the group's oldest claim in the claims table (-1: unknown).",
                  label, oldest_claim_age_seconds);
     render_gauge(out, "expired_partitions_kept",
@@ -226,70 +244,86 @@ HistogramSnapshot Metrics::Histogram::snapshot() const
     return h;
 }
 
+namespace {
+
+// The counters, the dead letters by reason among them.
+void copy_counters(const Metrics& m, MetricsSnapshot& s)
+{
+    s.consumed = m.consumed.get();
+    s.claimed = m.claimed.get();
+    s.duplicates = m.duplicates.get();
+    s.decode_errors = m.decode_errors.get();
+    s.invalid_event_ids = m.invalid_event_ids.get();
+    s.handler_failures = m.handler_failures.get();
+    s.db_commits = m.db_commits.get();
+    s.db_failures = m.db_failures.get();
+    s.db_reconnects = m.db_reconnects.get();
+    s.offset_commits = m.offset_commits.get();
+    s.offset_commit_failures = m.offset_commit_failures.get();
+    s.rebalances = m.rebalances.get();
+    s.kafka_errors = m.kafka_errors.get();
+    s.retries = m.retries.get();
+    s.transaction_retries = m.transaction_retries.get();
+    s.batch_splits = m.batch_splits.get();
+    s.dead_letter_failures = m.dead_letter_failures.get();
+    s.fenced_writes = m.fenced_writes.get();
+    s.positions_behind_kafka = m.positions_behind_kafka.get();
+    s.records_behind_kafka = m.records_behind_kafka.get();
+    s.positions_lost = m.positions_lost.get();
+    s.lock_timeouts = m.lock_timeouts.get();
+    s.frozen_members_ended = m.frozen_members_ended.get();
+    s.lost_sessions_ended = m.lost_sessions_ended.get();
+    s.db_timeouts = m.db_timeouts.get();
+    s.handler_aborted_transactions = m.handler_aborted_transactions.get();
+    s.long_call_waits = m.long_call_waits.get();
+    s.stuck_calls = m.stuck_calls.get();
+    s.revoke_abandons = m.revoke_abandons.get();
+    s.parked = m.parked.get();
+    s.parking_overflows = m.parking_overflows.get();
+    s.prefetch_pauses = m.prefetch_pauses.get();
+    s.circuit_opened = m.circuit_opened.get();
+    s.circuit_gave_up = m.circuit_gave_up.get();
+    s.circuit_open_seconds = static_cast<double>(m.circuit_open_ms.get()) / 1000.0;
+    s.beyond_dedup_horizon = m.beyond_dedup_horizon.get();
+    s.horizon_processed = m.horizon_processed.get();
+    s.key_window_closed = m.key_window_closed.get();
+    s.outbox_published = m.outbox_published.get();
+    s.outbox_failures = m.outbox_failures.get();
+    for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
+        s.dead_lettered[i] = m.dead_lettered[i].get();
+}
+
+// The histograms and the gauges.
+void copy_gauges(const Metrics& m, MetricsSnapshot& s)
+{
+    s.handler_seconds = m.handler_seconds.snapshot();
+    s.batch_records = m.batch_records.snapshot();
+    s.commit_delay_seconds = m.commit_delay_seconds.snapshot();
+    s.assigned_partitions = m.assigned_partitions.get();
+    s.lag = m.lag.get();
+    s.partitions = m.partitions();
+    s.in_flight_records = m.in_flight_records.get();
+    s.in_flight_bytes = m.in_flight_bytes.get();
+    s.prefetched_records = m.prefetched_records.get();
+    s.prefetched_bytes = m.prefetched_bytes.get();
+    s.parked_records = m.parked_records.get();
+    s.parked_keys = m.parked_keys.get();
+    s.oldest_claim_unix_ms = m.oldest_claim_unix_ms.get();
+    s.expired_partitions_kept = m.expired_partitions_kept.get();
+    s.stalled_partitions = m.stalled_partitions.get();
+    s.circuit_open = m.circuit_open.get();
+    s.oldest_call_seconds = static_cast<double>(m.oldest_call_ms.get()) / 1000.0;
+    s.db_paused = m.db_paused.get();
+    s.loop_heartbeat_unix_ms = m.loop_heartbeat_unix_ms.get();
+}
+
+} // namespace
+
 MetricsSnapshot Metrics::snapshot() const
 {
     MetricsSnapshot s;
-    s.consumed = consumed.get();
-    s.claimed = claimed.get();
-    s.duplicates = duplicates.get();
-    s.decode_errors = decode_errors.get();
-    s.invalid_event_ids = invalid_event_ids.get();
-    s.handler_failures = handler_failures.get();
-    s.db_commits = db_commits.get();
-    s.db_failures = db_failures.get();
-    s.db_reconnects = db_reconnects.get();
-    s.offset_commits = offset_commits.get();
-    s.offset_commit_failures = offset_commit_failures.get();
-    s.rebalances = rebalances.get();
-    s.kafka_errors = kafka_errors.get();
-    s.retries = retries.get();
-    s.transaction_retries = transaction_retries.get();
-    s.batch_splits = batch_splits.get();
-    s.dead_letter_failures = dead_letter_failures.get();
-    s.fenced_writes = fenced_writes.get();
-    s.positions_behind_kafka = positions_behind_kafka.get();
-    s.records_behind_kafka = records_behind_kafka.get();
-    s.positions_lost = positions_lost.get();
-    s.lock_timeouts = lock_timeouts.get();
-    s.frozen_members_ended = frozen_members_ended.get();
-    s.lost_sessions_ended = lost_sessions_ended.get();
-    s.db_timeouts = db_timeouts.get();
-    s.handler_aborted_transactions = handler_aborted_transactions.get();
-    s.long_call_waits = long_call_waits.get();
-    s.stuck_calls = stuck_calls.get();
-    s.revoke_abandons = revoke_abandons.get();
-    s.parked = parked.get();
-    s.parking_overflows = parking_overflows.get();
-    s.prefetch_pauses = prefetch_pauses.get();
-    s.circuit_opened = circuit_opened.get();
-    s.circuit_gave_up = circuit_gave_up.get();
-    s.circuit_open_seconds = static_cast<double>(circuit_open_ms.get()) / 1000.0;
-    s.beyond_dedup_horizon = beyond_dedup_horizon.get();
-    s.horizon_processed = horizon_processed.get();
-    s.key_window_closed = key_window_closed.get();
-    s.outbox_published = outbox_published.get();
-    s.outbox_failures = outbox_failures.get();
-    for (std::size_t i = 0; i < dead_letter_reason_count; ++i)
-        s.dead_lettered[i] = dead_lettered[i].get();
-    s.handler_seconds = handler_seconds.snapshot();
-    s.batch_records = batch_records.snapshot();
-    s.commit_delay_seconds = commit_delay_seconds.snapshot();
-    s.assigned_partitions = assigned_partitions.get();
-    s.lag = lag.get();
-    s.partitions = partitions();
-    s.in_flight_records = in_flight_records.get();
-    s.in_flight_bytes = in_flight_bytes.get();
-    s.prefetched_records = prefetched_records.get();
-    s.prefetched_bytes = prefetched_bytes.get();
-    s.parked_records = parked_records.get();
-    s.parked_keys = parked_keys.get();
-    s.oldest_claim_unix_ms = oldest_claim_unix_ms.get();
-    s.expired_partitions_kept = expired_partitions_kept.get();
-    s.stalled_partitions = stalled_partitions.get();
-    s.circuit_open = circuit_open.get();
-    s.oldest_call_seconds = static_cast<double>(oldest_call_ms.get()) / 1000.0;
-    s.db_paused = db_paused.get();
-    s.loop_heartbeat_unix_ms = loop_heartbeat_unix_ms.get();
+    copy_counters(*this, s);
+    copy_gauges(*this, s);
     if (s.oldest_claim_unix_ms >= 0) {
         const auto now_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -227,21 +227,32 @@ struct TestBroker::Impl {
         std::lock_guard<std::mutex> lock(producer_mu);
         rd_kafka_t* rk = client();
         require_topic(rk, topic);
-        HeadersPtr hdrs{rd_kafka_headers_new(headers.size())};
-        for (const auto& h : headers)
-            rd_kafka_header_add(hdrs.get(), h.name.data(), static_cast<ssize_t>(h.name.size()),
-                                h.value ? h.value->data() : nullptr,
-                                h.value ? static_cast<ssize_t>(h.value->size()) : 0);
         std::uint64_t id = 0;
         {
             std::lock_guard<std::mutex> dl(deliveries.mu);
             id = deliveries.next_id++;
             deliveries.pending.emplace(id, Deliveries::Result{});
         }
-        const auto forget = [&] {
+        try {
+            send(rk, topic, partition, key, value, headers, id);
+        } catch (const KafkaError&) {
             std::lock_guard<std::mutex> dl(deliveries.mu);
             deliveries.pending.erase(id);
-        };
+            throw;
+        }
+        return await_delivery(rk, topic, id);
+    }
+
+    // Hands the record to librdkafka; its delivery report comes with `id`.
+    static void send(rd_kafka_t* rk, const std::string& topic, std::int32_t partition,
+                     const std::optional<std::string>& key, const std::optional<std::string>& value,
+                     const std::vector<Header>& headers, std::uint64_t id)
+    {
+        HeadersPtr hdrs{rd_kafka_headers_new(headers.size())};
+        for (const auto& h : headers)
+            rd_kafka_header_add(hdrs.get(), h.name.data(), static_cast<ssize_t>(h.name.size()),
+                                h.value ? h.value->data() : nullptr,
+                                h.value ? static_cast<ssize_t>(h.value->size()) : 0);
         // rd_kafka_produceva(), not the producev() macros: those use GNU
         // statement expressions, which -Wpedantic refuses under clang.
         rd_kafka_vu_t vus[7] = {};
@@ -266,10 +277,15 @@ struct TestBroker::Impl {
         if (rd_kafka_error_t* error = rd_kafka_produceva(rk, vus, std::size(vus))) {
             const std::string why = fmt::format("{} ({})", rd_kafka_error_string(error), rd_kafka_error_name(error));
             rd_kafka_error_destroy(error);
-            forget();
             throw KafkaError(fmt::format("TestBroker::produce to {}: {}", topic, why));
         }
         (void)hdrs.release(); // the message owns them now
+    }
+
+    // The offset of the record sent with `id`, once acknowledged; throws when
+    // it failed or produce_timeout passed first.
+    std::int64_t await_delivery(rd_kafka_t* rk, const std::string& topic, std::uint64_t id)
+    {
         const auto deadline = std::chrono::steady_clock::now() + produce_timeout;
         for (;;) {
             rd_kafka_poll(rk, std::min(100, ms_left(deadline)));

@@ -1,10 +1,13 @@
 // The engine's parts, driven without Kafka or PostgreSQL: the waiting room,
 // the dispatcher (lanes, shares, slots), the database and circuit gates, the
-// commit pacer, the keep-alive and the watch on calls that do not return.
+// commit pacer, the keep-alive and its watch on calls that do not return,
+// and the run's signals.
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +15,7 @@
 #include "catch_compat.hpp"
 #include "consumer/dispatcher.hpp"
 #include "consumer/gates.hpp"
+#include "consumer/run_signals.hpp"
 #include "consumer/waiting_room.hpp"
 #include "polled_item.hpp"
 
@@ -45,28 +49,25 @@ std::vector<std::int64_t> offsets(const std::vector<Item>& items)
     return out;
 }
 
-// Two partitions, a waiting room of 100 records and a dispatcher whose
-// workers are all ready, whose records always find a slot (unless `slots`
-// runs out) and whose started units are listed.
+// Two partitions, a dispatcher whose workers are all ready, with `slots`
+// Stage slots, whose decoded records and started units are listed, and a
+// waiting room of 100 records (after the dispatcher: its records may hold
+// the dispatcher's slots).
 struct Desk {
     PartitionState p0 = partition(0);
     PartitionState p1 = partition(1);
-    WaitingRoom room{1 << 20};
-    std::size_t slots = 1000;
+    std::vector<std::int64_t> decoded; // offsets, as decoded
     std::vector<std::size_t> started;
     Dispatcher d;
+    WaitingRoom room{1 << 20};
 
-    Desk(Ordering ordering, std::size_t workers, std::size_t cap)
+    Desk(Ordering ordering, std::size_t workers, std::size_t cap, std::size_t slots = 1000)
         : d(ordering, workers, cap,
             Dispatcher::Hands{[](std::size_t) { return true; },
-                              [this](Item&) {
-                                  if (slots == 0)
-                                      return false;
-                                  --slots;
-                                  return true;
-                              },
+                              [this](Item& it) { decoded.push_back(it.record.offset); },
                               [this](std::size_t n) { started.push_back(n); }})
     {
+        d.reserve_slots(slots);
         room.size_to(100);
     }
 
@@ -136,7 +137,7 @@ TEST_CASE("waiting room: bytes, limit and since follow its records", "[unit][eng
 TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     for (std::int64_t o = 0; o < 4; ++o) {
         room.add(record(p0, o), t0);
         room.add(record(p1, o), t0);
@@ -180,7 +181,7 @@ TEST_CASE("dispatcher: a partition's records run in one unit at a time, in order
 TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 1, 4);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.size_to(8);
     CHECK_FALSE(d.due(room, t0, 10ms, false)); // nothing waits
     room.add(record(p0, 0), t0);
@@ -205,7 +206,7 @@ TEST_CASE("dispatcher: when a unit is due", "[unit][engine_parts]")
 TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][engine_parts]")
 {
     Desk desk(Ordering::key, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.add(record(p0, 0, "a"), t0);
     room.add(record(p0, 1, "b"), t0);
     room.add(record(p0, 2, "a"), t0);
@@ -230,10 +231,10 @@ TEST_CASE("dispatcher: keys share a partition over several workers", "[unit][eng
     CHECK(d.unit(1)[0].dropped);
 }
 
-TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", "[unit][engine_parts]")
+TEST_CASE("dispatcher: a probe runs alone", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.add(record(p0, 0), t0);
     room.add(record(p1, 0), t0);
     d.changed();
@@ -242,23 +243,57 @@ TEST_CASE("dispatcher: a probe runs alone; no free slot ends a unit, in order", 
     d.changed();
     CHECK(d.hand_out(room, 1, true, t0) == 0); // not beside another
     desk.end(0);
+    d.changed();
+    CHECK(d.hand_out(room, 1, true, t0) == 1);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0});
+    CHECK(d.unit(0)[0].part == &p1);
+}
 
-    slots = 1;
+TEST_CASE("dispatcher: Stage slots; no free slot ends a unit, in order", "[unit][engine_parts]")
+{
+    // Seven slots, two free workers of three records each: one record may
+    // be decoded while it waits, and a unit takes it as it is.
+    Desk ahead(Ordering::partition, 2, 3, 7);
+    CHECK(ahead.d.decode_ahead());
+    ahead.room.add(record(ahead.p0, 0), t0);
+    REQUIRE(ahead.d.decode(ahead.room[0]));
+    CHECK(ahead.room[0].lease);
+    CHECK_FALSE(ahead.d.decode_ahead()); // six left: the free workers' next units
+    ahead.room.add(record(ahead.p0, 1), t0);
+    ahead.d.changed();
+    CHECK(ahead.d.hand_out(ahead.room, 3, false, t0) == 1);
+    CHECK(offsets(ahead.d.unit(0)) == std::vector<std::int64_t>{0, 1});
+    CHECK(ahead.decoded == std::vector<std::int64_t>{0, 1}); // each once
+    CHECK(ahead.d.decode_ahead());                           // five left, one free worker of three records
+
+    // Four slots: worker 1's unit ends at p1@2, which finds none.
+    Desk desk(Ordering::partition, 2, 3, 4);
+    auto& [p0, p1, decoded, started, d, room] = desk;
+    room.add(record(p0, 0), t0);
+    room.add(record(p0, 1), t0);
+    room.add(record(p1, 0), t0);
     room.add(record(p1, 1), t0);
     room.add(record(p1, 2), t0);
     d.changed();
-    CHECK(d.hand_out(room, 10, false, t0) == 1);
-    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0}); // p1@0; p1@1 found no slot
-    CHECK(room.size() == 2);
+    CHECK(d.hand_out(room, 3, false, t0) == 2);
+    CHECK(offsets(d.unit(0)) == std::vector<std::int64_t>{0, 1});
+    CHECK(d.unit(0)[0].part == &p0);
+    CHECK(offsets(d.unit(1)) == std::vector<std::int64_t>{0, 1});
+    REQUIRE(room.size() == 1);
+    CHECK(decoded.size() == 4);
     const auto [records, bytes] = d.in_units();
-    CHECK(records == 1);
-    CHECK(bytes == 10);
+    CHECK(records == 4);
+    CHECK(bytes == 40);
+    CHECK_FALSE(d.decode(room[0]));
+    desk.end(0); // its slots come back
+    CHECK(d.decode(room[0]));
+    CHECK(room[0].record.offset == 2);
 }
 
 TEST_CASE("dispatcher: units abandoned by a revoke hold the retired states", "[unit][engine_parts]")
 {
     Desk desk(Ordering::partition, 2, 10);
-    auto& [p0, p1, room, slots, started, d] = desk;
+    auto& [p0, p1, decoded, started, d, room] = desk;
     room.add(record(p0, 0), t0);
     room.add(record(p1, 0), t0);
     d.changed();
@@ -358,7 +393,9 @@ TEST_CASE("commit pacer: an offset commit per interval, ticks resend", "[unit][e
 
 TEST_CASE("keep-alive: polls within a fifth of max.poll.interval.ms", "[unit][engine_parts]")
 {
-    KeepAlive k;
+    Metrics metrics;
+    const LogSink quiet;
+    KeepAlive k(metrics, quiet);
     k.configure(30000ms, 5000ms);
     CHECK(k.after() == 6000ms);
     CHECK(k.revoke_wait() == 5000ms);
@@ -368,6 +405,29 @@ TEST_CASE("keep-alive: polls within a fifth of max.poll.interval.ms", "[unit][en
     k.polled(t0);
     CHECK(k.deadline() == t0 + 10000ms);
     CHECK_FALSE(k.paused());
+}
+
+TEST_CASE("keep-alive: its call watch is bound by the configured max.poll.interval.ms", "[unit][engine_parts]")
+{
+    Metrics metrics;
+    Captured log;
+    const LogSink sink = log.sink();
+    KeepAlive k(metrics, sink);
+    k.configure(2000ms, 5000ms);
+    RunningCall::Seen call;
+    call.since = t0;
+    call.where = "orders/1@3";
+    const std::vector<std::optional<RunningCall::Seen>> calls{call};
+    REQUIRE(k.watch_due(t0));
+    k.watch(t0 + 1999ms, calls);
+    CHECK_FALSE(k.watch_due(t0 + 2100ms)); // every 200 ms
+    CHECK(metrics.oldest_call_ms.get() == 1999);
+    CHECK(log.lines.empty());
+    REQUIRE(k.watch_due(t0 + 2199ms));
+    k.watch(t0 + 2200ms, calls); // past the bound
+    CHECK(metrics.stuck_calls.get() == 1);
+    REQUIRE(log.lines.size() == 1);
+    CHECK(log.lines[0].message.find("max.poll.interval.ms 2000 ms") != std::string::npos);
 }
 
 TEST_CASE("call watch: a call past the bound is said once per bound, gauged always", "[unit][engine_parts]")
@@ -399,4 +459,65 @@ TEST_CASE("call watch: a call past the bound is said once per bound, gauged alwa
     calls[1].reset();
     watch.watch(t0 + 2200ms, calls, 1000ms);
     CHECK(metrics.oldest_call_ms.get() == 0);
+}
+
+TEST_CASE("run signals: a stop, a unit's end during a poll, a callback's fault", "[unit][engine_parts]")
+{
+    RunSignals signals(1h);
+    CHECK_FALSE(signals.stop.requested());
+    CHECK_FALSE(signals.stop.forced());
+    signals.stop.request();
+    CHECK(signals.stop.requested());
+    CHECK_FALSE(signals.stop.forced()); // within shutdown_timeout
+    signals.stop.request();
+    CHECK(signals.stop.forced()); // a second stop()
+
+    REQUIRE(signals.wake.begin_poll());
+    CHECK(signals.wake.ended()); // the poll is to be woken
+    signals.wake.end_poll();
+    CHECK_FALSE(signals.wake.begin_poll()); // merge the ended unit first
+    signals.wake.clear();
+    CHECK(signals.wake.begin_poll());
+    signals.wake.end_poll();
+    CHECK_FALSE(signals.wake.ended()); // not in a poll
+
+    CHECK_FALSE(signals.fault.commits_stopped());
+    signals.fault.keep(std::make_exception_ptr(std::runtime_error("first")));
+    signals.fault.keep(std::make_exception_ptr(std::runtime_error("second")));
+    CHECK(signals.fault.commits_stopped());
+    CHECK_THROWS_WITH(signals.fault.rethrow(), "first");
+    CHECK_NOTHROW(signals.fault.rethrow()); // once
+}
+
+TEST_CASE("run signals: a first stop is forced once older than shutdown_timeout", "[unit][engine_parts]")
+{
+    RunSignals signals(0ms);
+    signals.stop.request();
+    CHECK(signals.stop.forced());
+}
+
+TEST_CASE("gates: PostgreSQL away or the circuit hold the assignment, the keep-alive pauses new partitions",
+          "[unit][engine_parts]")
+{
+    ConsumerConfig cfg;
+    Metrics metrics;
+    const LogSink quiet;
+    Gates gates(cfg, Backoff{100ms, 400ms}, metrics, quiet);
+    CHECK_FALSE(gates.assignment_held());
+    CHECK_FALSE(gates.assigned_paused());
+
+    gates.keepalive.set_paused(true);
+    CHECK_FALSE(gates.assignment_held()); // the keep-alive resumes it itself
+    CHECK(gates.assigned_paused());
+    gates.keepalive.set_paused(false);
+
+    gates.db.hold(t0);
+    CHECK(gates.assignment_held());
+    CHECK(gates.assigned_paused());
+    gates.circuit.set_paused(true);
+    gates.db.reopen();
+    CHECK(gates.assignment_held()); // the circuit still holds it
+    gates.circuit.set_paused(false);
+    CHECK_FALSE(gates.assignment_held());
+    CHECK_FALSE(gates.assigned_paused());
 }
