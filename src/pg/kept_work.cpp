@@ -18,12 +18,6 @@ const char* KeptWork::begin_sql() const noexcept
     return work_ && state_of(*work_) == TxState::ended ? "BEGIN; " : "";
 }
 
-void KeptWork::begin()
-{
-    if (*begin_sql())
-        work_->exec("BEGIN");
-}
-
 void KeptWork::commit()
 {
     work_->exec("COMMIT");

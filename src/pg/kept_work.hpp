@@ -36,9 +36,6 @@ public:
     /// last one committed), "" where it is: the start of the text of the
     /// transaction's first statement.
     const char* begin_sql() const noexcept;
-    /// BEGIN in a round trip of its own, where begin_sql() would be needed:
-    /// for a transaction whose first statement cannot carry it.
-    void begin();
     /// COMMIT in a round trip of its own; the work stays, its next server
     /// transaction not begun.
     void commit();

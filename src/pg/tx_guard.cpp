@@ -157,9 +157,9 @@ std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int serv
                        durable_commit, origin_role);
 }
 
-void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout)
+void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout, const char* before)
 {
-    tx.exec(open_for_writes_sql(lock_timeout, tx.conn().server_version()));
+    tx.exec(before + open_for_writes_sql(lock_timeout, tx.conn().server_version()));
 }
 
 namespace {

@@ -68,7 +68,9 @@ void guard_session(pqxx::connection& conn);
 /// idle_in_transaction_session_timeout 0, session_replication_role origin
 /// where it was replica. A session SET is transactional: rolled back with the
 /// transaction, kept when it commits.
-void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout);
+/// `before`: statements sent first in the same text, each ending in "; "
+/// (KeptWork::begin_sql()).
+void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout, const char* before = "");
 
 /// The statements open_for_writes() runs on a server of `server_version`
 /// (PQserverVersion), for a text of several statements that must begin with
