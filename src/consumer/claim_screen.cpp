@@ -40,7 +40,7 @@ void ClaimTransaction::reconcile(Worker& w, Item& it)
         w.session_dirty = true;            // the hook may change the session: the next claim transaction puts it back
         pg::KeptWork::Scope scope(w.kept); // rolled back unless committed
         pqxx::work& tx = w.kept.on(*w.db);
-        pg::open_for_writes(tx, s_.cfg.lock_timeout, w.kept.begin_sql()); // BEGIN in the same round trip
+        pg::open_for_writes(tx, s_.cfg.lock_timeout, w.kept.begins()); // BEGIN in the same round trip
         pg::guard_transaction(tx); // the hook's own COMMIT would commit without the claim
         {
             const pg::Watch::Paused paused(w.watch, s_.cfg.db_timeout); // the hook's time is its own

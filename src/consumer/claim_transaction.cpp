@@ -199,9 +199,9 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     // otherwise.
     const bool clean = !w.session_dirty && pg::read_only_by_default(tx);
     w.session_dirty = true; // until this transaction's end finds the session unchanged
-    std::string before = w.kept.begin_sql();
-    before +=
-        clean ? pg::reopen_for_writes_sql() : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version());
+    const bool begin = w.kept.begins();
+    std::string before = clean ? pg::reopen_for_writes_sql(begin)
+                               : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version(), begin);
     before += "; ";
     a.claimed = pg::ClaimedIds(pg::claimed_ids(claim(tx, a.ids, a.fingerprints, before)));
     w.watch.arm(s_.cfg.db_timeout);

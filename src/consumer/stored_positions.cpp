@@ -319,7 +319,7 @@ StoredPositions::Stored StoredPositions::store(Worker& w, const std::set<Partiti
         const pg::Watch::Armed armed(w.watch, locking_bound(cfg_));
         pg::KeptWork::Scope scope(w.kept); // rolled back unless committed
         pqxx::work& tx = w.kept.on(*w.db);
-        pg::open_for_writes(tx, cfg_.lock_timeout, w.kept.begin_sql()); // BEGIN in the same round trip
+        pg::open_for_writes(tx, cfg_.lock_timeout, w.kept.begins()); // BEGIN in the same round trip
         claims_.write_positions(tx, positions);
         w.kept.commit();
         scope.done();

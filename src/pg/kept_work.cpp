@@ -13,9 +13,9 @@ pqxx::work& KeptWork::on(pqxx::connection& conn)
     return *work_;
 }
 
-const char* KeptWork::begin_sql() const noexcept
+bool KeptWork::begins() const noexcept
 {
-    return work_ && state_of(*work_) == TxState::ended ? "BEGIN; " : "";
+    return work_ && state_of(*work_) == TxState::ended;
 }
 
 void KeptWork::commit()

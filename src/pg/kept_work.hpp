@@ -9,7 +9,7 @@
 // transaction, where a transaction of one record has five. libpqxx still
 // sees one open transaction: between the server's transactions it is idle
 // (not "idle in transaction"), and the next transaction's first statement
-// begins it (begin_sql()). Anything but a commit drops the work (Scope), so
+// begins it (begins()). Anything but a commit drops the work (Scope), so
 // a failure ends the server's transaction as libpqxx always did, with
 // ROLLBACK, and the next transaction gets a new work. Private to the library.
 
@@ -32,10 +32,10 @@ public:
     pqxx::work& on(pqxx::connection& conn);
     /// Whether a work is kept.
     bool held() const noexcept { return work_.has_value(); }
-    /// "BEGIN; " where the kept work's server transaction is not begun (the
-    /// last one committed), "" where it is: the start of the text of the
-    /// transaction's first statement.
-    const char* begin_sql() const noexcept;
+    /// True where the kept work's server transaction is not begun (the last
+    /// one committed): the text of the transaction's first statement begins
+    /// it (BEGIN READ WRITE, see open_for_writes()).
+    bool begins() const noexcept;
     /// COMMIT in a round trip of its own; the work stays, its next server
     /// transaction not begun.
     void commit();

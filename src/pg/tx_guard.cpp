@@ -126,11 +126,21 @@ constexpr const char* origin_role = "CASE WHEN current_setting('session_replicat
 
 } // namespace
 
-std::string reopen_for_writes_sql()
+namespace {
+
+// The transaction declared read-write: with its BEGIN where the text begins it.
+const char* read_write(bool begin) noexcept
+{
+    return begin ? "BEGIN READ WRITE" : "SET TRANSACTION READ WRITE";
+}
+
+} // namespace
+
+std::string reopen_for_writes_sql(bool begin)
 {
     // synchronous_commit and session_replication_role: in the claim statement (commit_guard_cte()),
     // prepared once, where a SELECT of their own here would be parsed and planned at every transaction.
-    return "SET TRANSACTION READ WRITE";
+    return read_write(begin);
 }
 
 bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept
@@ -140,7 +150,7 @@ bool read_only_by_default(const pqxx::dbtransaction& tx) noexcept
     return reported && std::strcmp(reported, "on") == 0;
 }
 
-std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version)
+std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version, bool begin)
 {
     // What a handler's session-level SET committed goes back to the session's own defaults
     // (its connection options, role and database settings): RESET is allowed to any user,
@@ -149,17 +159,17 @@ std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int serv
     // not fire under replica. idle_in_transaction_session_timeout is the library's: 0 (a
     // server default shorter than a handler call would end the batch at every attempt; a
     // frozen member's session is ended by the group, see end_frozen_members).
-    return fmt::format("SET TRANSACTION READ WRITE; RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; "
+    return fmt::format("{}; RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; "
                        "RESET statement_timeout; {}RESET synchronous_commit; RESET default_transaction_isolation; "
                        "SET idle_in_transaction_session_timeout = 0; SET default_transaction_read_only = on; "
                        "SET lock_timeout = {}; SELECT {}, {}",
-                       server_version >= 170000 ? "RESET transaction_timeout; " : "", lock_timeout.count(),
-                       durable_commit, origin_role);
+                       read_write(begin), server_version >= 170000 ? "RESET transaction_timeout; " : "",
+                       lock_timeout.count(), durable_commit, origin_role);
 }
 
-void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout, const char* before)
+void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout, bool begin)
 {
-    tx.exec(before + open_for_writes_sql(lock_timeout, tx.conn().server_version()));
+    tx.exec(open_for_writes_sql(lock_timeout, tx.conn().server_version(), begin));
 }
 
 namespace {
@@ -170,7 +180,7 @@ constexpr const char* commit_setting = "idemkafka.commit";
 // them itself): run with EXECUTE in a text of several.
 constexpr const char* arm_statement = "idemkafka_arm_commit";
 constexpr const char* session_statement = "idemkafka_session_state";
-// The arm's update fails on it where the transaction is not the claim's.
+// What the arm raises where the transaction is not the claim's.
 constexpr const char* ended_constraint = "idemkafka_claims_transaction_ended";
 
 } // namespace
@@ -178,13 +188,14 @@ constexpr const char* ended_constraint = "idemkafka_claims_transaction_ended";
 void install_commit_guard(pqxx::connection& conn)
 {
     // Session objects: nothing in the database's schemas, nothing to migrate,
-    // gone with the session. One row, updated twice per guarded transaction: by
-    // the claim statement with the transaction's id (which queues the
+    // gone with the session. One row, updated once per guarded transaction,
+    // by the claim statement, with the transaction's id (which queues the
     // trigger's event: the trigger fires once per such transaction, at COMMIT
-    // or PREPARE TRANSACTION) and by the arm, whose id must be the same (the
-    // check constraint). Heap-only updates: the table stays one page, nothing
-    // is truncated at COMMIT. The arm sets the transaction-local setting the
-    // trigger asks for.
+    // or PREPARE TRANSACTION). Heap-only updates: the table stays one page,
+    // nothing is truncated at COMMIT. The arm reads the row: where its id is
+    // the transaction's, it sets the transaction-local setting the trigger
+    // asks for; where not, it raises (a function called only then: a
+    // PL/pgSQL call costs more than the arm's whole select).
     pqxx::nontransaction tx(conn);
     tx.exec(fmt::format(R"(CREATE OR REPLACE FUNCTION pg_temp.idemkafka_commit_guard() RETURNS trigger
 LANGUAGE plpgsql AS $guard$
@@ -195,13 +206,19 @@ BEGIN
   RETURN NULL;
 END
 $guard$;
-CREATE TEMPORARY TABLE IF NOT EXISTS idemkafka_commit_guard (xid bigint NOT NULL, armed bigint,
-  CONSTRAINT {constraint} CHECK (armed IS NULL OR armed = xid));
+CREATE OR REPLACE FUNCTION pg_temp.idemkafka_transaction_ended() RETURNS text
+LANGUAGE plpgsql AS $ended$
+BEGIN
+  RAISE EXCEPTION '{constraint}: the transaction is not the one the claims began' USING ERRCODE = 'check_violation';
+END
+$ended$;
+CREATE TEMPORARY TABLE IF NOT EXISTS idemkafka_commit_guard (xid bigint NOT NULL);
 INSERT INTO {table} SELECT 0 WHERE NOT EXISTS (SELECT FROM {table});
 DROP TRIGGER IF EXISTS idemkafka_commit_guard ON {table};
 CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE OF xid ON {table}
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.idemkafka_commit_guard();
-PREPARE {arm} AS UPDATE {table} SET armed = txid_current() RETURNING set_config('{setting}', 'on', true), {durable};
+PREPARE {arm} AS SELECT CASE WHEN xid = txid_current() THEN set_config('{setting}', 'on', true)
+  ELSE pg_temp.idemkafka_transaction_ended() END, {durable} FROM {table};
 PREPARE {state} AS SELECT {session})",
                         fmt::arg("setting", commit_setting), fmt::arg("ended", transaction_ended),
                         fmt::arg("table", guard_table), fmt::arg("constraint", ended_constraint),
@@ -215,7 +232,7 @@ std::string commit_guard_cte()
     // Each condition is true whatever the settings (set_config returns the value it sets), so
     // all are evaluated, on the guard's one row, before its update queues the guard's trigger
     // event: session_replication_role is origin by then, so that the trigger fires.
-    return fmt::format("WITH idemkafka_guard AS (UPDATE {} SET xid = txid_current(), armed = NULL "
+    return fmt::format("WITH idemkafka_guard AS (UPDATE {} SET xid = txid_current() "
                        "WHERE set_config('default_transaction_read_only', 'off', true) = 'off' "
                        "AND coalesce({}, 'origin') = 'origin' AND coalesce({}, 'local') = 'local') ",
                        guard_table, origin_role, durable_commit);
@@ -236,7 +253,7 @@ std::optional<std::string> commit_armed(pqxx::dbtransaction& tx)
 {
     // One text, one round trip: the arm (the session's settings are read after
     // the COMMIT, where what a handler set for the transaction only is gone),
-    // which fails where the transaction is not the claim's, so that the
+    // which raises where the transaction is not the claim's, so that the
     // COMMIT after it in the text is not run.
     try {
         return tx.exec(fmt::format("EXECUTE {}; COMMIT; EXECUTE {}", arm_statement, session_statement))[0][0]

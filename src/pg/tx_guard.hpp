@@ -68,15 +68,15 @@ void guard_session(pqxx::connection& conn);
 /// idle_in_transaction_session_timeout 0, session_replication_role origin
 /// where it was replica. A session SET is transactional: rolled back with the
 /// transaction, kept when it commits.
-/// `before`: statements sent first in the same text, each ending in "; "
-/// (KeptWork::begin_sql()).
-void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout, const char* before = "");
+/// `begin`: the server transaction of `tx` is not begun (KeptWork::begins()),
+/// the same text begins it: BEGIN READ WRITE in one statement.
+void open_for_writes(pqxx::dbtransaction& tx, std::chrono::milliseconds lock_timeout, bool begin = false);
 
 /// The statements open_for_writes() runs on a server of `server_version`
 /// (PQserverVersion), for a text of several statements that must begin with
-/// them (no "; " at the end). idle_in_transaction_session_timeout is set to 0
-/// for the session.
-std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version);
+/// them (no "; " at the end); with `begin`, the first begins the transaction.
+/// idle_in_transaction_session_timeout is set to 0 for the session.
+std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int server_version, bool begin);
 
 /// The transaction declared read-write, for a session whose settings are known
 /// to be as open_for_writes_sql() leaves them: what commit_armed() read after
@@ -84,8 +84,9 @@ std::string open_for_writes_sql(std::chrono::milliseconds lock_timeout, int serv
 /// the session was set up, and read_only_by_default(). Only before the claim
 /// statement (prefixed with commit_guard_cte()), which does the rest of what
 /// open_for_writes_sql() does for the transaction only: synchronous_commit at
-/// least local, session_replication_role origin. Same form.
-std::string reopen_for_writes_sql();
+/// least local, session_replication_role origin. Same form; with `begin`,
+/// BEGIN READ WRITE.
+std::string reopen_for_writes_sql(bool begin);
 
 /// The session's settings that open_for_writes_sql() puts back, as one text:
 /// the roles, search_path, statement_timeout, synchronous_commit,
@@ -132,7 +133,7 @@ void guard_transaction(pqxx::dbtransaction& tx);
 /// COMMIT, then the session's settings read as session_state() reads them,
 /// which it returns. nullopt, nothing committed, when `tx`'s transaction is
 /// not the one the claim statement began (a handler ran ROLLBACK; BEGIN or
-/// ROLLBACK AND CHAIN): the arm's update fails on the guard's check, the
+/// ROLLBACK AND CHAIN): the arm raises on the guard row's id, the
 /// COMMIT after it is not run, and the transaction must be rolled back. The
 /// pqxx::work stays open on libpqxx's side (see KeptWork): its next server
 /// transaction begins with the next BEGIN.
