@@ -8,14 +8,15 @@
 
 namespace idemkafka::detail::kafka {
 
-/// librdkafka before 2.1 looks at a partition whose prefetch queue reached
-/// queued.min.messages (or queued.max.messages.kbytes) again only when its
-/// broker thread wakes: on a response, a request to send, or after up to a
-/// second (2.1 added fetch.queue.backoff.ms for this). A prefetch cap smaller
-/// than a second of consumption then stalls the consumer. wake() has a thread
-/// of its own ask the leaders of the assigned partitions for their end
-/// offsets: the request wakes each leader's broker thread, which fetches again
-/// if the queue is below its caps.
+/// librdkafka looks at a partition again only when its broker thread wakes
+/// (on a response, a request to send, or after up to a second): a partition
+/// resumed while no fetch of its broker is under way (GroupMember::resume()),
+/// and before 2.1 a partition whose prefetch queue had reached
+/// queued.min.messages or queued.max.messages.kbytes (2.1 added
+/// fetch.queue.backoff.ms for that). Either would stall the consumer for up to
+/// a second. wake() has a thread of its own ask the leaders of the assigned
+/// partitions for their end offsets: the request wakes each leader's broker
+/// thread, which fetches what is fetchable.
 class FetchWakeup {
 public:
     /// `rk` must outlive this object.

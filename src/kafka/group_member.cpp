@@ -127,12 +127,11 @@ GroupMember::GroupMember(const ConsumerConfig& cfg, GroupEvents& events, Metrics
         secrets);
     rd_kafka_poll_set_consumer(rk_.get());
     consumer_queue_.reset(rd_kafka_queue_get_consumer(rk_.get()));
-    if (rd_kafka_version() < 0x020100ff && consumer_queue_) {
+    fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
+    if (rd_kafka_version() < 0x020100ff && consumer_queue_)
         wake_pacer_.emplace(
             std::max<std::size_t>(1, std::strtoull(props["queued.min.messages"].c_str(), nullptr, 10) / 2),
             std::strtoull(props["queued.max.messages.kbytes"].c_str(), nullptr, 10) * 512);
-        fetch_wakeup_ = std::make_unique<FetchWakeup>(rk_.get());
-    }
     subscribe(cfg);
 }
 
@@ -259,7 +258,7 @@ void GroupMember::on_assign(rd_kafka_topic_partition_list_t* list)
     if (paused)
         rd_kafka_pause_partitions(rk_.get(), list);
     else
-        rd_kafka_resume_partitions(rk_.get(), list);
+        resume(list);
     for (int i = 0; i < list->cnt; ++i) {
         set_paused(list->elems[i].topic, list->elems[i].partition, paused);
         if (auto* l = find_queue(list->elems[i].topic, list->elems[i].partition))
@@ -471,7 +470,21 @@ void GroupMember::resume_full(Queue& l)
         return;
     auto list = make_list(1);
     rd_kafka_topic_partition_list_add(list.get(), l.topic.c_str(), l.partition);
-    rd_kafka_resume_partitions(rk_.get(), list.get());
+    resume(list.get());
+}
+
+// librdkafka looks at a resumed partition when its broker's thread wakes: on
+// a response, a request to send, or after up to a second (socket.blocking.max.ms,
+// whatever the version). With every other partition of that broker paused or
+// at its prefetch cap no fetch is under way, and the partition would wait
+// for that second; FetchWakeup's request wakes the thread at once.
+void GroupMember::resume(rd_kafka_topic_partition_list_t* list)
+{
+    if (list->cnt == 0)
+        return;
+    rd_kafka_resume_partitions(rk_.get(), list);
+    if (fetch_wakeup_) // gone once the member closes
+        fetch_wakeup_->wake();
 }
 
 // At most a line every 10 s; it counts the pauses it did not log.
@@ -584,7 +597,7 @@ void GroupMember::read(const rd_kafka_message_t& m, Record& record)
 // Called around filling a batch: see WakePacer.
 void GroupMember::check_prefetch(bool before_batch, std::size_t batch_records, std::size_t batch_bytes)
 {
-    if (!fetch_wakeup_)
+    if (!wake_pacer_ || !fetch_wakeup_)
         return;
     const auto queued = static_cast<std::size_t>(rd_kafka_queue_length(consumer_queue_.get()));
     if (wake_pacer_->check(before_batch, queued, batch_records, batch_bytes, Clock::now()))
@@ -638,7 +651,7 @@ void GroupMember::pause(const TopicPartition& tp, bool pause)
     if (pause)
         rd_kafka_pause_partitions(rk_.get(), list.get());
     else
-        rd_kafka_resume_partitions(rk_.get(), list.get());
+        resume(list.get());
     set_paused(tp.topic, tp.partition, pause);
 }
 
@@ -664,7 +677,7 @@ void GroupMember::pause_assignment(bool pause, const std::set<TopicPartition>& k
         else
             rd_kafka_topic_partition_list_add(resume.get(), p.topic, p.partition);
     }
-    rd_kafka_resume_partitions(rk_.get(), resume.get());
+    this->resume(resume.get());
     for (int i = 0; i < resume->cnt; ++i)
         set_paused(resume->elems[i].topic, resume->elems[i].partition, false);
 }

@@ -217,6 +217,7 @@ private:
     void count_held() noexcept;                                // the prefetched_* gauges
     void pause_full(Queue& l);
     void resume_full(Queue& l);
+    void resume(rd_kafka_topic_partition_list_t* list); // and wakes the fetchers
     void log_full_pause(const Queue& l);
     void set_paused(std::string_view topic, std::int32_t partition, bool paused);
     void forget_queues();
@@ -234,10 +235,10 @@ private:
     // Holds the periodic commits when `err` refused a commit for a rebalance.
     void hold_if_refused(rd_kafka_resp_err_t err);
 
-    // librdkafka before 2.1 only: wakes the fetchers once the prefetch queue
-    // is down to half its caps after it had filled (see FetchWakeup).
+    // Wakes the fetchers after a resume, and (librdkafka before 2.1) once the
+    // prefetch queue is down to half its caps after it had filled (see FetchWakeup).
     std::unique_ptr<FetchWakeup> fetch_wakeup_;
-    std::optional<WakePacer> wake_pacer_; // set with fetch_wakeup_
+    std::optional<WakePacer> wake_pacer_; // librdkafka before 2.1: wakes for the prefetch queue too
 
     // The round-robin (see poll()). Queues of revoked partitions are removed.
     std::deque<Queue> queues_;      // a deque: a Queue (holding a deque) would be copied on a vector's growth
