@@ -213,7 +213,16 @@ struct RunState {
     std::shared_ptr<std::atomic<std::size_t>> processed = std::make_shared<std::atomic<std::size_t>>(0);
 
     RunState(Result& r, const OnReady& ready) : result(r), on_ready(ready) {}
-    void ready() { on_ready(processed); }
+    /// The mode is ready for records: the first call runs on_ready (which may
+    /// start the paced producer), later ones (the Spring peer's ASSIGNED
+    /// after a rebalance) do nothing.
+    void ready()
+    {
+        if (readied_)
+            return;
+        readied_ = true;
+        on_ready(processed);
+    }
     void set_processed(std::size_t n) noexcept { processed->store(n); }
     /// Whether the record with sequence number `seq` counts for latency.
     bool measured(std::int64_t seq, const Job& job) const noexcept
@@ -225,6 +234,9 @@ struct RunState {
         cpu_after = m.sample();
         cpu_taken = true;
     }
+
+private:
+    bool readied_ = false;
 };
 
 /// How long a run may go without progress before it is declared stuck (and
