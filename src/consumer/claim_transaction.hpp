@@ -152,6 +152,13 @@ public:
     /// counted and logged. Never throws.
     void end_frozen_members(pg::Session& w);
 
+    /// Marks `s`'s new session as one of this member's (MemberMarker), so
+    /// that other members can end it should this member freeze inside a
+    /// transaction on it, and records it as this member's own: never taken
+    /// for a frozen member's here, and the session it replaces (a lost
+    /// connection the server still keeps) is ended. Once per connection.
+    void mark_member(pg::Session& s);
+
     // The types of one attempt, for the claim_*.cpp files and their tests.
 
     /// How an attempt (one transaction) ended.
@@ -238,15 +245,14 @@ private:
     void reconcile_failed(Item& it, const std::string& where, const std::exception& e);
     // The member lock (member_sessions.cpp).
     void frozen_member_ended(int pid, std::int64_t idle_ms, bool ended, std::chrono::milliseconds stale);
-    void mark_member(Worker& w);
-    void end_lost_session(Worker& w, const Backend& lost);
+    void end_lost_session(pg::Session& s, const Backend& lost);
 
     Setup s_;
     std::mutex fenced_mu_;
     std::vector<TopicPartition> fenced_;
     MemberMarker marker_;
     // This member's own sessions: never taken for a frozen member's (see
-    // end_frozen_members()); a worker's lost one is ended at its reconnect.
+    // end_frozen_members()); a connection's lost one is ended at its reconnect.
     OwnSessions own_;
 };
 

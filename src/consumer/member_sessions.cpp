@@ -62,7 +62,7 @@ constexpr const char* started_us_sql = "(extract(epoch FROM backend_start) * 100
 // them exclusively (any role that can connect may) must not keep the
 // consumer from starting; without the marker only the frozen-member search
 // of the other members misses this session.
-void ClaimTransaction::mark_member(Worker& w)
+void ClaimTransaction::mark_member(pg::Session& w)
 {
     const auto row = [&] {
         pqxx::nontransaction tx(*w.db);
@@ -87,11 +87,12 @@ void ClaimTransaction::mark_member(Worker& w)
 // A connection cut on the client's side only (packets that vanished, a
 // deadline of db_timeout, tcp_user_timeout) leaves its server session alive
 // until the server notices, maybe for hours: idle in its transaction, it
-// holds the claims of the batch it ran, and the new session's claim of the
-// same records would wait lock_timeout on them. It is this member's own, so
-// it is ended at once, named by its pid and its start (a pid alone may
-// belong to a new session by now).
-void ClaimTransaction::end_lost_session(Worker& w, const Backend& lost)
+// holds the claims of the batch it ran (or the stored positions it took
+// over), and the new session's claim of the same records would wait
+// lock_timeout on them. It is this member's own, so it is ended at once,
+// named by its pid and its start (a pid alone may belong to a new session
+// by now).
+void ClaimTransaction::end_lost_session(pg::Session& w, const Backend& lost)
 {
     try {
         pqxx::nontransaction tx(*w.db);
@@ -107,7 +108,7 @@ void ClaimTransaction::end_lost_session(Worker& w, const Backend& lost)
             s_.metrics.lost_sessions_ended.add();
             say(s_.log, LogLevel::warning, {{"pid", std::to_string(lost.pid)}},
                 "ended this member's earlier PostgreSQL session {} ({}), whose connection was lost while the server "
-                "kept it: what it held (claims of a batch run again now) is released",
+                "kept it: the row locks of its open transaction (claims, stored positions) are released",
                 lost.pid, state);
         } else {
             say(s_.log, LogLevel::warning, {{"pid", std::to_string(lost.pid)}},

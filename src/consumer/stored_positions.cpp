@@ -184,10 +184,18 @@ StoredPositions::take_over_once(const std::vector<std::pair<std::string, std::in
 {
     if (!own_.db) {
         own_.connect(cfg_.postgres);
-        const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
-        pg::require_own_session(*own_.db, cfg_.postgres);
-        pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
-        pg::guard_session(*own_.db);
+        try {
+            const pg::Watch::Armed armed(own_.watch, cfg_.db_timeout);
+            pg::require_own_session(*own_.db, cfg_.postgres);
+            pg::set_session(*own_.db, "lock_timeout", std::to_string(cfg_.lock_timeout.count())); // ms
+            pg::guard_session(*own_.db);
+            // Its takeovers lock rows of the offset table: frozen inside one, it
+            // must be found by the other members' frozen-member search.
+            claims_.mark_member(own_);
+        } catch (...) {
+            own_.disconnect(); // set up again, whole, at the next attempt
+            throw;
+        }
     }
     // On the poll thread: a frozen server must not stop the polling.
     const pg::Watch::Armed armed(own_.watch, locking_bound(cfg_));

@@ -570,6 +570,60 @@ TEST_CASE("a frozen member holding a stored-position row lock does not stall its
     CHECK(s.stored_total() == 200);
 }
 
+// The successor's side of the same: its own takeover runs on a connection of
+// the poll thread, which must carry the member marker too. Frozen inside that
+// transaction (its positions' rows locked), an unmarked session would be
+// invisible to the other members' frozen-member search, and the partitions
+// it took would wait for it for as long as it stays frozen.
+TEST_CASE("the session that takes over stored positions is marked as a member of the group", "[offsets]")
+{
+    OffsetsSetup s(2);
+    s.publish(40);
+    {
+        pqxx::connection db(pg());
+        pqxx::work tx(db);
+        OffsetStore("public", "consumer_offset").ensure_schema(tx);
+        tx.commit();
+    }
+    for (int p = 0; p < s.partitions; ++p)
+        exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
+                         "VALUES ('{}', '{}', {}, 0, 1)",
+                         s.group, s.topic, p));
+    // The rows locked here: the takeover waits inside its transaction, where
+    // it can be looked at.
+    pqxx::connection locker(pg());
+    pqxx::work lock(locker);
+    lock.exec(fmt::format("SELECT 1 FROM consumer_offset WHERE consumer_group = '{}' FOR UPDATE", s.group));
+
+    auto cfg = s.config();
+    cfg.lock_timeout = 20s;
+    const auto m = detail::MemberMarker::of(cfg.schema, cfg.table, s.group);
+    std::atomic<int> calls{0};
+    Consumer c(cfg, decode, event_id_of, s.handler(calls));
+    Runner<Consumer> run(c);
+    const auto takeovers = [&](bool marked) {
+        return scalar(fmt::format(
+            "SELECT count(*) FROM pg_stat_activity a WHERE a.datname = current_database() AND a.pid <> "
+            "pg_backend_pid() AND a.wait_event_type = 'Lock' AND a.query LIKE '%epoch = o.epoch + 1%'{}",
+            marked ? fmt::format(" AND (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = "
+                                 "'advisory' AND l.granted AND ((l.classid = {}::oid AND l.objid = {}::oid) OR "
+                                 "(l.classid = {}::oid AND l.objid = {}::oid))) = 2",
+                                 detail::MemberMarker::space_a, m.key_a, detail::MemberMarker::space_b, m.key_b)
+                   : std::string()));
+    };
+    const bool waiting = wait_until([&] { return takeovers(false) == 1; }, 30s);
+    const auto marked = takeovers(true);
+    lock.commit();
+    const bool all = wait_until([&] { return s.rows() == 40; }, 30s);
+    run.join();
+    REQUIRE_FALSE(run.error());
+    CHECK(waiting);
+    CHECK(marked == 1);
+    CHECK(all);
+    CHECK(calls == 40);
+    CHECK(s.stored_total() == 40);
+}
+
 // The guard behind it, shown where librdkafka still fetches the committed
 // offset itself (Kafka's offsets, its read refused before and at the
 // assignment): a partition owned and never fetched is an error and a gauge.
