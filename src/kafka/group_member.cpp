@@ -547,8 +547,9 @@ void GroupMember::set_paused(std::string_view topic, std::int32_t partition, boo
 
 bool GroupMember::held_back(const TopicPartition& tp)
 {
-    const auto& q = queue_of(tp.topic, tp.partition);
-    return q.paused || q.deferred || q.full;
+    // A partition with no queue has nothing held and no flag set.
+    const auto* q = find_queue(tp.topic, tp.partition);
+    return q && (q->paused || q->deferred || q->full);
 }
 
 void GroupMember::defer(const TopicPartition& tp, bool defer)
@@ -667,7 +668,7 @@ void GroupMember::pause_assignment(bool pause, const std::set<TopicPartition>& k
             set_paused(list->elems[i].topic, list->elems[i].partition, true);
         return;
     }
-    auto resume = make_list(list->cnt);
+    auto to_resume = make_list(list->cnt);
     for (int i = 0; i < list->cnt; ++i) {
         const auto& p = list->elems[i];
         if (keep_paused.count({p.topic, p.partition}))
@@ -675,11 +676,11 @@ void GroupMember::pause_assignment(bool pause, const std::set<TopicPartition>& k
         if (auto* l = find_queue(p.topic, p.partition); l && l->full)
             l->paused = false; // its fetch resumes once half its held records went out
         else
-            rd_kafka_topic_partition_list_add(resume.get(), p.topic, p.partition);
+            rd_kafka_topic_partition_list_add(to_resume.get(), p.topic, p.partition);
     }
-    this->resume(resume.get());
-    for (int i = 0; i < resume->cnt; ++i)
-        set_paused(resume->elems[i].topic, resume->elems[i].partition, false);
+    resume(to_resume.get());
+    for (int i = 0; i < to_resume->cnt; ++i)
+        set_paused(to_resume->elems[i].topic, to_resume->elems[i].partition, false);
 }
 
 void GroupMember::commit(const std::vector<OffsetCommit>& offsets, bool async, milliseconds bound)

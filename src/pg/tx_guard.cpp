@@ -124,10 +124,6 @@ constexpr const char* session_settings =
 constexpr const char* origin_role = "CASE WHEN current_setting('session_replication_role') = 'replica' THEN "
                                     "set_config('session_replication_role', 'origin', true) END";
 
-} // namespace
-
-namespace {
-
 // The transaction declared read-write: with its BEGIN where the text begins it.
 const char* read_write(bool begin) noexcept
 {
