@@ -136,6 +136,10 @@ void Engine::Impl::fill_room()
     // the waiting room holds a unit's worth (no partition has one before).
     std::map<const PartitionState*, std::size_t> waiting_of;
     take_parked();
+    // One clock read per poll: what the loop decides is in milliseconds
+    // (max_batch_wait, the poll's timeout, the keepalive), a record takes
+    // microseconds.
+    auto now = Clock::now();
     while (!room.full()) {
         // A unit ended: merge it (and hand its worker the next one) first.
         // A worker ending from here on wakes the poll below.
@@ -144,15 +148,16 @@ void Engine::Impl::fill_room()
         // A free worker and records it may take: take what librdkafka holds
         // already, without waiting, then hand it out.
         milliseconds timeout = idle_poll;
-        if (dispatch_due())
+        if (dispatch_due(now))
             timeout = milliseconds(0);
         else if (dispatcher.dirty() && !room.empty())
-            timeout = std::min(
-                idle_poll, std::max(milliseconds(0),
-                                    std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - Clock::now())));
+            timeout =
+                std::min(idle_poll, std::max(milliseconds(0),
+                                             std::chrono::ceil<milliseconds>(room.since() + cfg.max_batch_wait - now)));
         auto m = kafka->poll(timeout);
         signals.wake.end_poll();
-        gates.keepalive.polled(Clock::now());
+        now = Clock::now();
+        gates.keepalive.polled(now);
         signals.fault.rethrow();
         if (!m)
             return;
@@ -162,7 +167,7 @@ void Engine::Impl::fill_room()
                 return;
             continue;
         }
-        auto* ps = take_polled(std::move(m));
+        auto* ps = take_polled(std::move(m), now);
         if (ps && cfg.ordering == Ordering::partition) {
             if (!waiting_of.empty())
                 ++waiting_of[ps];
@@ -194,7 +199,7 @@ void Engine::Impl::take_parked()
     count_parked();
 }
 
-PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
+PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m, Clock::time_point now)
 {
     auto* ps = ledger.find(kafka::GroupMember::topic_of(*m), m->partition);
     if (PartitionLedger::admit(ps, m->offset) != Admission::take)
@@ -213,7 +218,7 @@ PartitionState* Engine::Impl::take_polled(kafka::MessagePtr m)
         count_parked();
         return nullptr;
     }
-    auto& waiting = room.add(std::move(it), Clock::now());
+    auto& waiting = room.add(std::move(it), now);
     if (dispatcher.decode_ahead())
         dispatcher.decode(waiting); // while the workers run
     dispatcher.changed();

@@ -8,20 +8,21 @@
 
 namespace idemkafka::detail {
 
-bool Engine::Impl::dispatch_due() const
+bool Engine::Impl::dispatch_due(Clock::time_point now) const
 {
-    return dispatcher.due(room, Clock::now(), cfg.max_batch_wait, signals.stop.requested());
+    return dispatcher.due(room, now, cfg.max_batch_wait, signals.stop.requested());
 }
 
 bool Engine::Impl::dispatch()
 {
-    if (!dispatch_due())
+    const auto now = Clock::now();
+    if (!dispatch_due(now))
         return false;
     // The circuit's probe runs alone, as one unit of at most the waiting
     // room's (probe) limit.
     const bool probe = gates.circuit.probing();
     const std::size_t cap = probe ? std::min(dispatcher.unit_cap(), room.limit()) : dispatcher.unit_cap();
-    if (dispatcher.hand_out(room, cap, probe, Clock::now()) == 0)
+    if (dispatcher.hand_out(room, cap, probe, now) == 0)
         return false;
     gates.circuit.unit_started(probe);
     return true;

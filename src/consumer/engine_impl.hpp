@@ -215,9 +215,9 @@ struct Engine::Impl final : kafka::GroupEvents {
     void fill_room();
     // Parked keys whose backoff is over go to the waiting room first.
     void take_parked();
-    // A polled record into the waiting room (or parking); its partition, or
-    // null when it is not taken (not ours, stale, parked).
-    PartitionState* take_polled(kafka::MessagePtr m);
+    // A polled record into the waiting room (or parking), polled at `now`;
+    // its partition, or null when it is not taken (not ours, stale, parked).
+    PartitionState* take_polled(kafka::MessagePtr m, Clock::time_point now);
 
     // The in-flight gauges after records left the waiting room.
     void count_in_flight();
@@ -253,8 +253,8 @@ struct Engine::Impl final : kafka::GroupEvents {
     // idle connection, dead letters are published), never on the poll
     // thread. True when a unit was handed out.
     bool dispatch();
-    // Records wait for a free worker, and a unit is worth handing out now.
-    bool dispatch_due() const;
+    // Records wait for a free worker, and a unit is worth handing out at `now`.
+    bool dispatch_due(Clock::time_point now) const;
     // Runs worker n's unit on the pool.
     void submit(std::size_t n);
 
