@@ -19,10 +19,19 @@ std::string uuid_literal(const EventId& id)
     return "'" + id.to_string() + "'";
 }
 
-// SET LOCAL takes no parameters; the value is a number we format ourselves.
-std::string set_lock_timeout(std::chrono::milliseconds d)
+// The bounds of a maintenance transaction, its first statement. lock_timeout:
+// each wait for a lock. idle_in_transaction_session_timeout: a client that
+// stopped between two statements (a frozen process, a paused VM) holds what
+// the transaction locked, the default partition or, while a partition is
+// dropped, the whole table, and every claim routed there waits on it; the
+// server ends such a session once it has sat idle that long. The
+// maintenance's transactions never wait on their client, so the same bound
+// serves both, at least a second. SET LOCAL takes no parameters; the values
+// are numbers we format ourselves.
+std::string bound_transaction(std::chrono::milliseconds d)
 {
-    return fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(d.count(), 1));
+    return fmt::format("SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
+                       std::max<std::int64_t>(d.count(), 1), std::max<std::int64_t>(d.count(), 1000));
 }
 
 // A claim expires when it was processed before the cutoff ($1, ms) and,
@@ -94,7 +103,7 @@ bool MaintenanceOps::create_partition(pqxx::connection& conn, const Partition* d
 {
     const std::string q = quote_identifier(store_.schema()) + "." + quote_identifier(name);
     pqxx::work tx(conn);
-    tx.exec(set_lock_timeout(cfg_.lock_timeout));
+    tx.exec(bound_transaction(cfg_.lock_timeout));
     const std::string in_range =
         fmt::format("event_id >= {}::uuid AND event_id < {}::uuid", uuid_literal(lo), uuid_literal(hi));
     rows = 0;
@@ -153,7 +162,7 @@ void MaintenanceOps::drop_expired(pqxx::connection& conn, TimePoint now, TimePoi
         }
         try {
             pqxx::work tx(conn);
-            tx.exec(set_lock_timeout(cfg_.lock_timeout));
+            tx.exec(bound_transaction(cfg_.lock_timeout));
             if (partition_bound(to_ms(locked_cutoff(tx, now, cutoff_time))) < *p.hi) {
                 note(actions, LogLevel::info,
                      fmt::format("kept {}: a group registered a longer retention meanwhile", what));
@@ -205,7 +214,7 @@ void MaintenanceOps::purge(pqxx::connection& conn, const std::string& target, co
         std::uint64_t n = 0;
         {
             pqxx::work tx(conn);
-            tx.exec(set_lock_timeout(cfg_.lock_timeout));
+            tx.exec(bound_transaction(cfg_.lock_timeout));
             const std::int64_t batch_cutoff = to_ms(locked_cutoff(tx, now, cutoff));
             n = static_cast<std::uint64_t>(
                 pg::exec_params(tx, sql, batch_cutoff, static_cast<std::int64_t>(cfg_.purge_batch)).affected_rows());

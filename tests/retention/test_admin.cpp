@@ -3,6 +3,9 @@
 // concurrent migrations, odd names. Exit status 0 ok, 1 failure, 2 bad usage.
 
 #include <algorithm>
+#include <csignal>
+
+#include <sys/types.h>
 
 #include <nlohmann/json.hpp>
 
@@ -315,6 +318,78 @@ TEST_CASE("admin: maintain, with --dry-run, purge mode and the maintenance lock"
         CHECK(has(r.out, "in 3 batches"));
         CHECK(scalar("SELECT count(*) FROM " + plain) == 4);
     }
+}
+
+// A maintenance frozen (SIGSTOP, a paused VM) inside one of its transactions,
+// after a statement that locked the default partition, holds that lock for as
+// long as it stays frozen: every claim routed to the default partition waits
+// on it. The server ends such a transaction by itself once it has sat idle for
+// the maintenance's bound, and the claims go on.
+TEST_CASE("admin: a maintenance frozen inside its transaction does not keep its locks", "[retention][admin]")
+{
+    const auto table = unique_name("pe_adm_frozen");
+    DropTable drop{"public." + table};
+    REQUIRE(admin(with_db({"migrate"}, table)).rc == 0);
+    const ProcessedEventStore store("public", table);
+    auto conn = connect();
+    const auto default_partition = [&] {
+        pqxx::nontransaction tx(*conn);
+        return detail::pg::exec_params(
+                   tx, "SELECT partdefid::regclass::text FROM pg_partitioned_table WHERE partrelid = to_regclass($1)",
+                   store.qualified_name())[0][0]
+            .as<std::string>();
+    }();
+    // Held here, the default partition makes the maintenance's first partition
+    // (20 days ahead, so that there is one to create) wait inside its transaction.
+    auto locker = connect();
+    pqxx::work held(*locker);
+    held.exec("SELECT count(*) FROM " + default_partition);
+
+    const std::int64_t later = now_ms() + 20 * day_ms;
+    const std::string pid_file = "/tmp/" + unique_name("ikadmin") + ".pid";
+    REQUIRE(std::system(("(" + admin_command_line(with_db({"maintain", "--now", "@" + std::to_string(later)}, table)) +
+                         " >/dev/null 2>&1 & echo $! >" + pid_file + ")")
+                            .c_str()) == 0);
+    // Killed however the test ends: a stopped maintenance would outlive it.
+    struct Killed {
+        pid_t pid;
+        ~Killed() { ::kill(pid, SIGKILL); }
+    } const maintain{static_cast<pid_t>(std::stol(slurp(pid_file)))};
+    const auto backend = [&](const std::string& condition) {
+        pqxx::nontransaction tx(*conn);
+        const auto r = tx.exec("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND " + condition);
+        return r.empty() ? 0 : r[0][0].as<int>();
+    };
+    int waiting = 0;
+    const bool waited = wait_until(
+        [&] { return (waiting = backend("wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%'")) != 0; }, 20s);
+    ::kill(maintain.pid, SIGSTOP);
+    held.commit(); // the maintenance gets its lock and stops there, frozen
+    const bool idle =
+        waited &&
+        wait_until([&] { return backend(fmt::format("pid = {} AND state = 'idle in transaction'", waiting)) != 0; },
+                   10s);
+    // A claim of an id only the default partition takes (older than every
+    // partition), bounded: it waits for the frozen maintenance's lock.
+    std::string error;
+    const auto claimed = [&] {
+        try {
+            pqxx::work tx(*conn);
+            tx.exec("SET LOCAL lock_timeout = '30s'");
+            const auto r = store.claim(tx, "g", {v7_at(now_ms() - 400 * day_ms)});
+            tx.commit();
+            return r.size() == 1;
+        } catch (const std::exception& e) {
+            error = e.what();
+            return false;
+        }
+    }();
+    const bool ended = wait_until([&] { return backend(fmt::format("pid = {}", waiting)) == 0; }, 5s);
+    CAPTURE(error);
+    CHECK(waited);
+    CHECK(idle);
+    CHECK(claimed);
+    CHECK(ended);
 }
 
 TEST_CASE("admin: odd names and injection attempts are quoted, never executed", "[retention][admin]")
