@@ -52,6 +52,22 @@ struct OffsetsSetup {
         pub.flush();
     }
 
+    /// A stored row for every partition, taken at `epoch`, at `next_offset`
+    /// (SQL: a number, or NULL for a row without a position).
+    void store_positions(int epoch, const char* next_offset = "0") const
+    {
+        {
+            pqxx::connection db(pg());
+            pqxx::work tx(db);
+            OffsetStore("public", "consumer_offset").ensure_schema(tx);
+            tx.commit();
+        }
+        for (int p = 0; p < partitions; ++p)
+            exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
+                             "VALUES ('{}', '{}', {}, {}, {})",
+                             group, topic, p, next_offset, epoch));
+    }
+
     ConsumerConfig config() const
     {
         auto cfg = consumer_config(group, topic);
@@ -495,16 +511,7 @@ TEST_CASE("stored rows without a position, Kafka's offset fetch refused at assig
 {
     OffsetsSetup s(2);
     s.publish(200);
-    {
-        pqxx::connection db(pg());
-        pqxx::work tx(db);
-        OffsetStore("public", "consumer_offset").ensure_schema(tx);
-        tx.commit();
-    }
-    for (int p = 0; p < s.partitions; ++p)
-        exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
-                         "VALUES ('{}', '{}', {}, NULL, 9)",
-                         s.group, s.topic, p));
+    s.store_positions(9, "NULL");
     // Enough refusals for every offset fetch before the assignment and the one at it.
     mock_control("push-errors OffsetFetch NOT_COORDINATOR NOT_COORDINATOR NOT_COORDINATOR NOT_COORDINATOR");
     std::atomic<int> calls{0};
@@ -531,16 +538,7 @@ TEST_CASE("a frozen member holding a stored-position row lock does not stall its
 {
     OffsetsSetup s(2);
     s.publish(200);
-    {
-        pqxx::connection db(pg());
-        pqxx::work tx(db);
-        OffsetStore("public", "consumer_offset").ensure_schema(tx);
-        tx.commit();
-    }
-    for (int p = 0; p < s.partitions; ++p)
-        exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
-                         "VALUES ('{}', '{}', {}, 0, 3)",
-                         s.group, s.topic, p));
+    s.store_positions(3);
     // The frozen member: a session marked as one of the group's, idle in a
     // transaction that wrote a position.
     pqxx::connection frozen(pg());
@@ -579,16 +577,7 @@ TEST_CASE("the session that takes over stored positions is marked as a member of
 {
     OffsetsSetup s(2);
     s.publish(40);
-    {
-        pqxx::connection db(pg());
-        pqxx::work tx(db);
-        OffsetStore("public", "consumer_offset").ensure_schema(tx);
-        tx.commit();
-    }
-    for (int p = 0; p < s.partitions; ++p)
-        exec(fmt::format("INSERT INTO consumer_offset (consumer_group, topic, partition, next_offset, epoch) "
-                         "VALUES ('{}', '{}', {}, 0, 1)",
-                         s.group, s.topic, p));
+    s.store_positions(1);
     // The rows locked here: the takeover waits inside its transaction, where
     // it can be looked at.
     pqxx::connection locker(pg());
