@@ -30,8 +30,7 @@ std::string uuid_literal(const EventId& id)
 // are numbers we format ourselves.
 std::string bound_transaction(std::chrono::milliseconds d)
 {
-    return fmt::format("SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
-                       std::max<std::int64_t>(d.count(), 1), std::max<std::int64_t>(d.count(), 1000));
+    return fmt::format("SET LOCAL lock_timeout = '{}ms'; {}", std::max<std::int64_t>(d.count(), 1), ddl::idle_bound(d));
 }
 
 // A claim expires when it was processed before the cutoff ($1, ms) and,

@@ -29,6 +29,12 @@ std::string create_schema(const std::string& schema_q)
     return fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q);
 }
 
+std::string idle_bound(std::chrono::milliseconds bound)
+{
+    return fmt::format("SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
+                       std::max<std::int64_t>(bound.count(), 1000));
+}
+
 std::string claim_columns()
 {
     // payload_fingerprint last: where an upgrade added it.
@@ -678,6 +684,8 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         // table upgraded and another not.
         pqxx::work tx(conn);
         tx.exec(detail::ddl::schema_lock);
+        // A conversion locks the claims table: frozen inside it, this process would stop every claim.
+        tx.exec(detail::ddl::idle_bound(spec.retention.lock_timeout));
         // Older tables first: conversion and new partitions need their columns.
         for (const auto& [kind, name] : tables)
             if (detail::upgrade_table(tx, kind, name.first, name.second, spec.retention.lock_timeout))

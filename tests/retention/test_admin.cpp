@@ -32,6 +32,31 @@ std::vector<std::string> with_db(std::vector<std::string> args, const std::strin
     return args;
 }
 
+/// One idemkafka-admin run in the background, its pid known, killed (SIGKILL)
+/// however the test ends: a run the test stopped would outlive it.
+struct BackgroundAdmin {
+    pid_t pid;
+    explicit BackgroundAdmin(const std::vector<std::string>& args)
+    {
+        const std::string pid_file = "/tmp/" + unique_name("ikadmin") + ".pid";
+        const std::string cmd = "(" + admin_command_line(args) + " >/dev/null 2>&1 & echo $! >" + pid_file + ")";
+        if (std::system(cmd.c_str()) != 0)
+            throw std::runtime_error("could not start: " + cmd);
+        pid = static_cast<pid_t>(std::stol(slurp(pid_file)));
+    }
+    BackgroundAdmin(const BackgroundAdmin&) = delete;
+    BackgroundAdmin& operator=(const BackgroundAdmin&) = delete;
+    ~BackgroundAdmin() { ::kill(pid, SIGKILL); }
+};
+
+/// The pid of a server session of this database matching `condition`, or 0.
+int backend_where(pqxx::connection& conn, const std::string& condition)
+{
+    pqxx::nontransaction tx(conn);
+    const auto r = tx.exec("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND " + condition);
+    return r.empty() ? 0 : r[0][0].as<int>();
+}
+
 } // namespace
 
 TEST_CASE("admin: --help on every subcommand", "[retention][admin]")
@@ -346,29 +371,20 @@ TEST_CASE("admin: a maintenance frozen inside its transaction does not keep its 
     held.exec("SELECT count(*) FROM " + default_partition);
 
     const std::int64_t later = now_ms() + 20 * day_ms;
-    const std::string pid_file = "/tmp/" + unique_name("ikadmin") + ".pid";
-    REQUIRE(std::system(("(" + admin_command_line(with_db({"maintain", "--now", "@" + std::to_string(later)}, table)) +
-                         " >/dev/null 2>&1 & echo $! >" + pid_file + ")")
-                            .c_str()) == 0);
-    // Killed however the test ends: a stopped maintenance would outlive it.
-    struct Killed {
-        pid_t pid;
-        ~Killed() { ::kill(pid, SIGKILL); }
-    } const maintain{static_cast<pid_t>(std::stol(slurp(pid_file)))};
-    const auto backend = [&](const std::string& condition) {
-        pqxx::nontransaction tx(*conn);
-        const auto r = tx.exec("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND " + condition);
-        return r.empty() ? 0 : r[0][0].as<int>();
-    };
+    const BackgroundAdmin maintain(with_db({"maintain", "--now", "@" + std::to_string(later)}, table));
     int waiting = 0;
     const bool waited = wait_until(
-        [&] { return (waiting = backend("wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%'")) != 0; }, 20s);
+        [&] { return (waiting = backend_where(*conn, "wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%'")) != 0; },
+        20s);
     ::kill(maintain.pid, SIGSTOP);
     held.commit(); // the maintenance gets its lock and stops there, frozen
     const bool idle =
         waited &&
-        wait_until([&] { return backend(fmt::format("pid = {} AND state = 'idle in transaction'", waiting)) != 0; },
-                   10s);
+        wait_until(
+            [&] {
+                return backend_where(*conn, fmt::format("pid = {} AND state = 'idle in transaction'", waiting)) != 0;
+            },
+            10s);
     // A claim of an id only the default partition takes (older than every
     // partition), bounded: it waits for the frozen maintenance's lock.
     std::string error;
@@ -384,12 +400,64 @@ TEST_CASE("admin: a maintenance frozen inside its transaction does not keep its 
             return false;
         }
     }();
-    const bool ended = wait_until([&] { return backend(fmt::format("pid = {}", waiting)) == 0; }, 5s);
+    const bool ended = wait_until([&] { return backend_where(*conn, fmt::format("pid = {}", waiting)) == 0; }, 5s);
     CAPTURE(error);
     CHECK(waited);
     CHECK(idle);
     CHECK(claimed);
     CHECK(ended);
+}
+
+// The same for a migration: converting a plain claims table locks the whole
+// table, and a migrate frozen inside its transaction would stop every claim
+// of every group on it. The server ends it once it has sat idle for the
+// retention's lock_timeout; the conversion rolls back and the claims go on.
+TEST_CASE("admin: a migration frozen inside its transaction does not keep its locks", "[retention][admin]")
+{
+    const auto table = unique_name("pe_adm_frozen_mig");
+    DropTable drop{"public." + table};
+    REQUIRE(admin(with_db({"migrate", "--mode", "purge"}, table)).rc == 0);
+    const ProcessedEventStore store("public", table);
+    auto conn = connect();
+    // Held here, the table makes the conversion wait inside its transaction.
+    auto locker = connect();
+    pqxx::work held(*locker);
+    held.exec("SELECT count(*) FROM " + store.qualified_name());
+
+    const BackgroundAdmin migrate(with_db({"migrate", "--mode", "partitioned"}, table));
+    int waiting = 0;
+    const bool waited = wait_until(
+        [&] { return (waiting = backend_where(*conn, "wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%'")) != 0; },
+        20s);
+    ::kill(migrate.pid, SIGSTOP);
+    held.commit(); // the migration gets its lock and stops there, frozen
+    const bool idle =
+        waited &&
+        wait_until(
+            [&] {
+                return backend_where(*conn, fmt::format("pid = {} AND state = 'idle in transaction'", waiting)) != 0;
+            },
+            10s);
+    std::string error;
+    const bool claimed = [&] {
+        try {
+            pqxx::work tx(*conn);
+            tx.exec("SET LOCAL lock_timeout = '30s'");
+            const auto r = store.claim(tx, "g", {new_event_id()});
+            tx.commit();
+            return r.size() == 1;
+        } catch (const std::exception& e) {
+            error = e.what();
+            return false;
+        }
+    }();
+    const bool ended = wait_until([&] { return backend_where(*conn, fmt::format("pid = {}", waiting)) == 0; }, 5s);
+    CAPTURE(error);
+    CHECK(waited);
+    CHECK(idle);
+    CHECK(claimed);
+    CHECK(ended);
+    CHECK(partitions(*conn, store).empty()); // the conversion rolled back
 }
 
 TEST_CASE("admin: odd names and injection attempts are quoted, never executed", "[retention][admin]")
