@@ -57,6 +57,50 @@ int backend_where(pqxx::connection& conn, const std::string& condition)
     return r.empty() ? 0 : r[0][0].as<int>();
 }
 
+/// What an idemkafka-admin run stopped inside its transaction left behind.
+struct FrozenRun {
+    bool waited = false;  ///< its `statement` was seen waiting for the lock `held` holds
+    bool idle = false;    ///< stopped, and that lock released: idle in its transaction
+    bool claimed = false; ///< a claim of `id` committed past it, within its 30 s lock_timeout
+    bool ended = false;   ///< its session was gone soon after
+    std::string error;    ///< why the claim failed
+};
+
+/// Runs idemkafka-admin with `args` until its statement beginning with
+/// `statement` waits for the lock `held` holds, stops it there (SIGSTOP),
+/// releases that lock (it gets it and sits idle, frozen, in its transaction),
+/// then claims `id` on `conn`.
+FrozenRun freeze_inside(pqxx::connection& conn, pqxx::work& held, const std::vector<std::string>& args,
+                        const std::string& statement, const ProcessedEventStore& store, const EventId& id)
+{
+    const BackgroundAdmin run(args);
+    FrozenRun f;
+    int pid = 0;
+    f.waited = wait_until(
+        [&] {
+            return (pid = backend_where(conn, "wait_event_type = 'Lock' AND query LIKE '" + statement + "%'")) != 0;
+        },
+        20s);
+    ::kill(run.pid, SIGSTOP);
+    held.commit();
+    f.idle =
+        f.waited &&
+        wait_until(
+            [&] { return backend_where(conn, fmt::format("pid = {} AND state = 'idle in transaction'", pid)) != 0; },
+            10s);
+    try {
+        pqxx::work tx(conn);
+        tx.exec("SET LOCAL lock_timeout = '30s'");
+        f.claimed = store.claim(tx, "g", {id}).size() == 1;
+        tx.commit();
+    } catch (const std::exception& e) {
+        f.claimed = false;
+        f.error = e.what();
+    }
+    f.ended = wait_until([&] { return backend_where(conn, fmt::format("pid = {}", pid)) == 0; }, 5s);
+    return f;
+}
+
 } // namespace
 
 TEST_CASE("admin: --help on every subcommand", "[retention][admin]")
@@ -370,42 +414,15 @@ TEST_CASE("admin: a maintenance frozen inside its transaction does not keep its 
     pqxx::work held(*locker);
     held.exec("SELECT count(*) FROM " + default_partition);
 
+    // The claim past it: an id only the default partition takes (older than every partition).
     const std::int64_t later = now_ms() + 20 * day_ms;
-    const BackgroundAdmin maintain(with_db({"maintain", "--now", "@" + std::to_string(later)}, table));
-    int waiting = 0;
-    const bool waited = wait_until(
-        [&] { return (waiting = backend_where(*conn, "wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%'")) != 0; },
-        20s);
-    ::kill(maintain.pid, SIGSTOP);
-    held.commit(); // the maintenance gets its lock and stops there, frozen
-    const bool idle =
-        waited &&
-        wait_until(
-            [&] {
-                return backend_where(*conn, fmt::format("pid = {} AND state = 'idle in transaction'", waiting)) != 0;
-            },
-            10s);
-    // A claim of an id only the default partition takes (older than every
-    // partition), bounded: it waits for the frozen maintenance's lock.
-    std::string error;
-    const auto claimed = [&] {
-        try {
-            pqxx::work tx(*conn);
-            tx.exec("SET LOCAL lock_timeout = '30s'");
-            const auto r = store.claim(tx, "g", {v7_at(now_ms() - 400 * day_ms)});
-            tx.commit();
-            return r.size() == 1;
-        } catch (const std::exception& e) {
-            error = e.what();
-            return false;
-        }
-    }();
-    const bool ended = wait_until([&] { return backend_where(*conn, fmt::format("pid = {}", waiting)) == 0; }, 5s);
-    CAPTURE(error);
-    CHECK(waited);
-    CHECK(idle);
-    CHECK(claimed);
-    CHECK(ended);
+    const auto f = freeze_inside(*conn, held, with_db({"maintain", "--now", "@" + std::to_string(later)}, table),
+                                 "LOCK TABLE", store, v7_at(now_ms() - 400 * day_ms));
+    CAPTURE(f.error);
+    CHECK(f.waited);
+    CHECK(f.idle);
+    CHECK(f.claimed);
+    CHECK(f.ended);
 }
 
 // The same for a migration: converting a plain claims table locks the whole
@@ -424,39 +441,13 @@ TEST_CASE("admin: a migration frozen inside its transaction does not keep its lo
     pqxx::work held(*locker);
     held.exec("SELECT count(*) FROM " + store.qualified_name());
 
-    const BackgroundAdmin migrate(with_db({"migrate", "--mode", "partitioned"}, table));
-    int waiting = 0;
-    const bool waited = wait_until(
-        [&] { return (waiting = backend_where(*conn, "wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%'")) != 0; },
-        20s);
-    ::kill(migrate.pid, SIGSTOP);
-    held.commit(); // the migration gets its lock and stops there, frozen
-    const bool idle =
-        waited &&
-        wait_until(
-            [&] {
-                return backend_where(*conn, fmt::format("pid = {} AND state = 'idle in transaction'", waiting)) != 0;
-            },
-            10s);
-    std::string error;
-    const bool claimed = [&] {
-        try {
-            pqxx::work tx(*conn);
-            tx.exec("SET LOCAL lock_timeout = '30s'");
-            const auto r = store.claim(tx, "g", {new_event_id()});
-            tx.commit();
-            return r.size() == 1;
-        } catch (const std::exception& e) {
-            error = e.what();
-            return false;
-        }
-    }();
-    const bool ended = wait_until([&] { return backend_where(*conn, fmt::format("pid = {}", waiting)) == 0; }, 5s);
-    CAPTURE(error);
-    CHECK(waited);
-    CHECK(idle);
-    CHECK(claimed);
-    CHECK(ended);
+    const auto f = freeze_inside(*conn, held, with_db({"migrate", "--mode", "partitioned"}, table), "ALTER TABLE",
+                                 store, new_event_id());
+    CAPTURE(f.error);
+    CHECK(f.waited);
+    CHECK(f.idle);
+    CHECK(f.claimed);
+    CHECK(f.ended);
     CHECK(partitions(*conn, store).empty()); // the conversion rolled back
 }
 
