@@ -219,9 +219,7 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
             pqxx::work tx(conn);
             // The same lock as every schema change: concurrent migrations and
             // consumer start-ups run one after the other.
-            tx.exec(detail::ddl::schema_lock);
-            // A conversion locks the claims table: frozen inside it, this process would stop every claim.
-            tx.exec(detail::ddl::idle_bound(config_.lock_timeout));
+            tx.exec(detail::ddl::begin_schema_change(config_.lock_timeout));
             // An older table first: conversion and new partitions need its columns.
             detail::upgrade_table(tx, detail::ddl::claims_kind, store_.schema(), store_.table(), config_.lock_timeout);
             detail::migrate_claims_table(tx, store_, config_, existing, report);

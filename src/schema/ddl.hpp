@@ -27,6 +27,10 @@ inline constexpr const char* schema_lock = "SELECT pg_advisory_xact_lock(hashtex
 /// Never in the printed SQL, which a person may run by hand.
 std::string idle_bound(std::chrono::milliseconds bound);
 
+/// The start of a schema change the library runs itself: schema_lock, then
+/// idle_bound(`bound`) (a conversion locks the claims table), in one text.
+std::string begin_schema_change(std::chrono::milliseconds bound);
+
 /// Table kinds as they appear in version comments and messages.
 inline constexpr std::string_view claims_kind = "claims";
 inline constexpr std::string_view offsets_kind = "offsets";

@@ -35,6 +35,11 @@ std::string idle_bound(std::chrono::milliseconds bound)
                        std::max<std::int64_t>(bound.count(), 1000));
 }
 
+std::string begin_schema_change(std::chrono::milliseconds bound)
+{
+    return std::string(schema_lock) + "; " + idle_bound(bound);
+}
+
 std::string claim_columns()
 {
     // payload_fingerprint last: where an upgrade added it.
@@ -683,9 +688,7 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         // a failure leaves the schema as it was, and a consumer never sees one
         // table upgraded and another not.
         pqxx::work tx(conn);
-        tx.exec(detail::ddl::schema_lock);
-        // A conversion locks the claims table: frozen inside it, this process would stop every claim.
-        tx.exec(detail::ddl::idle_bound(spec.retention.lock_timeout));
+        tx.exec(detail::ddl::begin_schema_change(spec.retention.lock_timeout));
         // Older tables first: conversion and new partitions need their columns.
         for (const auto& [kind, name] : tables)
             if (detail::upgrade_table(tx, kind, name.first, name.second, spec.retention.lock_timeout))
