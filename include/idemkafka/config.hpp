@@ -197,7 +197,10 @@ struct IDEMKAFKA_API OutboxRelayOptions {
     /// Wait between two cycles when the outbox had nothing more to publish, and
     /// between two attempts of a relay standing by for the active one.
     std::chrono::milliseconds poll_interval{100};
-    /// How long a cycle waits for the broker's acknowledgements.
+    /// How long a cycle waits for the broker's acknowledgements. Twice this and
+    /// 5 s more bound the cycle's transaction on the server (idle in it, and
+    /// each wait for a lock): past that, a relay stopped inside its cycle loses
+    /// its session, and with it the relay lock, to the other relays.
     std::chrono::milliseconds publish_timeout{30000};
     /// Delay before retrying after a failed cycle or a failed record, doubling
     /// per consecutive failure up to retry_backoff_max.

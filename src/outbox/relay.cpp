@@ -18,6 +18,7 @@
 #include "observe/log_context.hpp"
 #include "outbox/row_format.hpp"
 #include "pg/arrays.hpp"
+#include "pg/bounds.hpp"
 #include "pg/connect.hpp"
 #include "pg/exec.hpp"
 #include "pg/watch.hpp"
@@ -79,6 +80,18 @@ constexpr std::int32_t outbox_lock_class = 0x696b6f62;
 std::int32_t lock_key(std::string_view qualified) noexcept
 {
     return static_cast<std::int32_t>(detail::fnv1a(qualified));
+}
+
+// The bound of a cycle's transaction: how long it may stand idle, and wait
+// for a row lock. A live relay is idle in it only while it waits for the
+// broker (at most publish_timeout) and runs its hooks. A relay stopped there
+// (SIGSTOP, a paused VM, a lost network) would keep the relay lock, and so
+// the whole outbox, from every other relay for as long as it stays stopped;
+// past twice the publish wait and 5 s more the server ends its session, and
+// the rows it published unmarked go out again from the next active relay.
+milliseconds cycle_bound(const OutboxRelayOptions& o)
+{
+    return 2 * o.publish_timeout + std::chrono::seconds(5);
 }
 
 std::string describe_key(const std::optional<std::string>& key)
@@ -167,9 +180,10 @@ OutboxRelay::Impl::Impl(std::string conninfo, Outbox outbox, Publisher* publishe
     // The lock key is derived from the table, so relays of different outboxes
     // never wait for each other. It is computed here, not by hashtext(), so the
     // isolation level and the lock go in one round trip without parameters.
-    state_->lock_sql = fmt::format("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                                   "SELECT pg_try_advisory_xact_lock({}, {})",
-                                   outbox_lock_class, lock_key(t));
+    state_->lock_sql =
+        fmt::format("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; {}; "
+                    "SELECT pg_try_advisory_xact_lock({}, {})",
+                    detail::pg::bound_transaction(cycle_bound(options_)), outbox_lock_class, lock_key(t));
     state_->fetch_sql =
         fmt::format("SELECT id, event_id, topic, encode(key, 'hex'), encode(payload, 'hex'), encode(headers, 'hex') "
                     "FROM {} o WHERE sent_at IS NULL "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "pg/bounds.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
 #include "retention/registry.hpp"
@@ -19,19 +20,15 @@ std::string uuid_literal(const EventId& id)
     return "'" + id.to_string() + "'";
 }
 
-// The bounds of a maintenance transaction, its first statement. lock_timeout:
-// each wait for a lock. idle_in_transaction_session_timeout: a client that
-// stopped between two statements (a frozen process, a paused VM) holds what
-// the transaction locked, the default partition or, while a partition is
-// dropped, the whole table, and every claim routed there waits on it; the
-// server ends such a session once it has sat idle that long. The
-// maintenance's transactions never wait on their client, so the same bound
-// serves both, at least a second. SET LOCAL takes no parameters; the values
-// are numbers we format ourselves.
-std::string bound_transaction(std::chrono::milliseconds d)
-{
-    return fmt::format("SET LOCAL lock_timeout = '{}ms'; {}", std::max<std::int64_t>(d.count(), 1), ddl::idle_bound(d));
-}
+// The bounds of a maintenance transaction, its first statement
+// (pg::bound_transaction()). lock_timeout: each wait for a lock.
+// idle_in_transaction_session_timeout: a client that stopped between two
+// statements (a frozen process, a paused VM) holds what the transaction
+// locked, the default partition or, while a partition is dropped, the whole
+// table, and every claim routed there waits on it; the server ends such a
+// session once it has sat idle that long. The maintenance's transactions
+// never wait on their client, so the same bound serves both.
+using pg::bound_transaction;
 
 // A claim expires when it was processed before the cutoff ($1, ms) and,
 // when its event id is a UUIDv7, the id was minted before it too: the

@@ -19,16 +19,8 @@ namespace idemkafka::detail::ddl {
 /// Key of the transaction-level advisory lock every schema change takes.
 inline constexpr const char* schema_lock = "SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))";
 
-/// `SET LOCAL idle_in_transaction_session_timeout`, at least a second: for a
-/// transaction the library runs itself, whose statements never wait on their
-/// client. A client stopped between two of them (a frozen process, a paused
-/// VM) would hold what the transaction locked, maybe the claims table, for as
-/// long as it stays stopped; past `bound` the server ends its session instead.
-/// Never in the printed SQL, which a person may run by hand.
-std::string idle_bound(std::chrono::milliseconds bound);
-
 /// The start of a schema change the library runs itself: schema_lock, then
-/// idle_bound(`bound`) (a conversion locks the claims table), in one text.
+/// pg::idle_bound(`bound`) (a conversion locks the claims table), in one text.
 std::string begin_schema_change(std::chrono::milliseconds bound);
 
 /// Table kinds as they appear in version comments and messages.

@@ -14,6 +14,7 @@
 #include "idemkafka/outbox.hpp"
 #include "idemkafka/store.hpp"
 #include "observe/log_context.hpp"
+#include "pg/bounds.hpp"
 #include "pg/exec.hpp"
 #include "schema/ddl.hpp"
 #include "schema/migration.hpp"
@@ -29,15 +30,9 @@ std::string create_schema(const std::string& schema_q)
     return fmt::format("CREATE SCHEMA IF NOT EXISTS {}", schema_q);
 }
 
-std::string idle_bound(std::chrono::milliseconds bound)
-{
-    return fmt::format("SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
-                       std::max<std::int64_t>(bound.count(), 1000));
-}
-
 std::string begin_schema_change(std::chrono::milliseconds bound)
 {
-    return std::string(schema_lock) + "; " + idle_bound(bound);
+    return std::string(schema_lock) + "; " + pg::idle_bound(bound);
 }
 
 std::string claim_columns()

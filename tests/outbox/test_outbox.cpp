@@ -3,6 +3,7 @@
 // happens when it crashes, fails or runs twice.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -584,6 +585,77 @@ TEST_CASE("outbox relay: a record the producer refuses holds back only its key",
     // a3 had gone out before a2 failed, and is sent again after it, so the
     // key's newest record is last on the topic.
     CHECK(a == std::vector<std::string>{"a1", "a3", "a2", "a3"});
+}
+
+TEST_CASE("outbox relay: a relay frozen inside its cycle does not keep the outbox from another relay",
+          "[integration][outbox]")
+{
+    // A relay's cycle is one transaction holding the relay lock and its rows
+    // while it waits for the broker. Its process stopped there (SIGSTOP, a
+    // paused VM, a lost network) must not leave every other relay standing by
+    // for as long as it stays stopped. Here its thread stands still in the
+    // after_publish hook: on the server, the same session idle in its
+    // transaction.
+    const auto topic = unique_name("ob_frozen");
+    create_topic(topic, 2);
+    const Outbox ob = make_outbox();
+    {
+        pqxx::connection conn(pg());
+        pqxx::work tx(conn);
+        for (int i = 0; i < 20; ++i) {
+            const EventId id = Outbox::new_event_id();
+            ob.enqueue(tx, topic, std::string_view(fmt::format("k{}", i % 4)), encode(TestEvent{id, "k", i}), {}, id);
+        }
+        tx.commit();
+    }
+    std::atomic<bool> stopped{false}, thawed{false}, ended{false};
+    auto options = quiet_relay_options();
+    options.publish_timeout = 1s; // its transaction is then bounded at 2 x 1 s + 5 s
+    options.hooks.after_publish = [&](std::size_t) {
+        stopped = true;
+        wait_until([&] { return thawed.load(); }, 120s);
+    };
+    OutboxRelay frozen(pg(), ob, publisher_config(), options);
+    std::thread t([&] {
+        try {
+            frozen.run_once();
+        } catch (const DatabaseError&) {
+            ended = true; // its session was ended: the mark failed
+        } catch (...) {
+        }
+    });
+    auto thaw = [&] {
+        thawed = true;
+        if (t.joinable())
+            t.join();
+    };
+    struct ThawAtExit {
+        std::function<void()> thaw;
+        ~ThawAtExit() { thaw(); }
+    } thaw_at_exit{thaw}; // a failed REQUIRE too
+    REQUIRE(wait_until([&] { return stopped.load(); }, 30s));
+    CHECK(pending(ob) == 20);
+
+    OutboxRelay other(pg(), ob, publisher_config(), quiet_relay_options());
+    std::size_t published = 0;
+    const bool done = wait_until(
+        [&] {
+            published += other.run_once();
+            return pending(ob) == 0;
+        },
+        30s);
+    CHECK(done);
+    CHECK(published == 20);
+    CHECK(other.stats().standby > 0); // it stood by while the frozen relay held the lock
+    thaw();
+    CHECK(ended);
+    CHECK(frozen.stats().published == 0);
+    // Both published every row: each event on the topic, at least once.
+    const auto records = read_all(topic, 20);
+    std::set<std::string> ids;
+    for (const auto& r : records)
+        ids.insert(r.header(outbox_event_id_header));
+    CHECK(ids.size() == 20);
 }
 
 TEST_CASE("outbox relay: two relays at once publish every row, in order per key, once downstream",
