@@ -215,16 +215,17 @@ MigrationReport Maintenance::migrate(pqxx::connection& conn, Existing existing)
 {
     MigrationReport report;
     try {
-        {
+        detail::with_lock_retries(log_, "migrate", config_.lock_timeout, [&] {
+            report = MigrationReport{};
             pqxx::work tx(conn);
             // The same lock as every schema change: concurrent migrations and
             // consumer start-ups run one after the other.
             tx.exec(detail::ddl::begin_schema_change(config_.lock_timeout));
             // An older table first: conversion and new partitions need its columns.
-            detail::upgrade_table(tx, detail::ddl::claims_kind, store_.schema(), store_.table(), config_.lock_timeout);
+            detail::upgrade_table(tx, detail::ddl::claims_kind, store_.schema(), store_.table());
             detail::migrate_claims_table(tx, store_, config_, existing, report);
             tx.commit();
-        }
+        });
         detail::finish_claims_migration(conn, store_, config_, log_, clock_, report);
         return report;
     } catch (...) {

@@ -19,8 +19,13 @@ namespace idemkafka::detail::ddl {
 /// Key of the transaction-level advisory lock every schema change takes.
 inline constexpr const char* schema_lock = "SELECT pg_advisory_xact_lock(hashtext('idemkafka.schema'))";
 
-/// The start of a schema change the library runs itself: schema_lock, then
-/// pg::idle_bound(`bound`) (a conversion locks the claims table), in one text.
+/// The start of a schema change the library runs itself, in one text:
+/// schema_lock (waited for without a bound: schema changes run one after the
+/// other), then pg::bound_transaction(`bound`). A conversion locks the whole
+/// claims table: queued behind a long transaction on it, its lock request
+/// would hold up every claim after it; idle in the transaction (a frozen
+/// process), it would keep them out for as long as it stays frozen.
+/// with_lock_retries() runs such a transaction again.
 std::string begin_schema_change(std::chrono::milliseconds bound);
 
 /// Table kinds as they appear in version comments and messages.

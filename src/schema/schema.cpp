@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 #include "observe/log_context.hpp"
 #include "pg/bounds.hpp"
 #include "pg/exec.hpp"
+#include "pg/tx_guard.hpp"
 #include "schema/ddl.hpp"
 #include "schema/migration.hpp"
 
@@ -32,7 +34,7 @@ std::string create_schema(const std::string& schema_q)
 
 std::string begin_schema_change(std::chrono::milliseconds bound)
 {
-    return std::string(schema_lock) + "; " + pg::idle_bound(bound);
+    return std::string(schema_lock) + "; " + pg::bound_transaction(bound);
 }
 
 std::string claim_columns()
@@ -460,8 +462,7 @@ std::optional<int> detail::schema_version_of(pqxx::transaction_base& tx, const s
     return r.empty() ? std::nullopt : parse_version(r[0][0].as<std::string>());
 }
 
-bool detail::upgrade_table(pqxx::work& tx, std::string_view kind, const std::string& schema, const std::string& table,
-                           std::chrono::milliseconds lock_timeout)
+bool detail::upgrade_table(pqxx::work& tx, std::string_view kind, const std::string& schema, const std::string& table)
 {
     // Unversioned: from before schema versions, or made by hand; the oldest
     // layout is the least it must have, and every step tolerates more.
@@ -474,16 +475,41 @@ bool detail::upgrade_table(pqxx::work& tx, std::string_view kind, const std::str
     if (!c.ok())
         throw ConfigError(fmt::format("the {} table {} {}; it is not changed automatically", kind, c.qualified,
                                       fmt::join(c.problems, "; ")));
-    if (from < schema_version) {
-        // An upgrade step may lock the table: claims queued behind it wait at
-        // most this long; past it the migration rolls back and runs again later.
-        tx.exec(fmt::format("SET LOCAL lock_timeout = '{}ms'", std::max<std::int64_t>(lock_timeout.count(), 1)));
-        for (int to = from + 1; to <= schema_version; ++to)
-            for (const auto& sql : ddl::upgrade_statements(kind, c.qualified, to))
-                tx.exec(sql);
-    }
+    // An upgrade step may lock the table: its wait is bounded by the
+    // transaction's lock_timeout (ddl::begin_schema_change()).
+    for (int to = from + 1; to <= schema_version; ++to)
+        for (const auto& sql : ddl::upgrade_statements(kind, c.qualified, to))
+            tx.exec(sql);
     tx.exec(ddl::version_comment(c.qualified, kind));
     return true;
+}
+
+void detail::with_lock_retries(const LogSink& log, std::string_view what, std::chrono::milliseconds lock_timeout,
+                               const std::function<void()>& attempt)
+{
+    auto pause = std::chrono::milliseconds(1000);
+    for (int n = 1;; ++n) {
+        try {
+            attempt();
+            return;
+        } catch (const pqxx::sql_error& e) {
+            if (!pg::is_lock_timeout(e))
+                throw;
+            if (n == lock_attempts)
+                throw DatabaseError(fmt::format(
+                    "{}: a table stayed locked by another transaction for longer than lock_timeout ({}) in {} "
+                    "attempts, each rolled back; run it again once that transaction has ended (pg_locks and "
+                    "pg_stat_activity show it), or with a longer lock_timeout: {}",
+                    what, duration_text(lock_timeout), lock_attempts, e.what()));
+            detail::emit(log, LogLevel::warning,
+                         fmt::format("{}: a table is locked by another transaction: waited lock_timeout ({}) and "
+                                     "rolled back; the claims queued behind go on; attempt {} of {} in {} ms",
+                                     what, duration_text(lock_timeout), n + 1, lock_attempts, pause.count()),
+                         "schema");
+            std::this_thread::sleep_for(pause);
+            pause *= 2;
+        }
+    }
 }
 
 // ---- print-sql ---------------------------------------------------------------------
@@ -682,16 +708,19 @@ SchemaMigrationReport migrate_schema(pqxx::connection& conn, const SchemaSpec& s
         // Every table is created, converted and upgraded in one transaction:
         // a failure leaves the schema as it was, and a consumer never sees one
         // table upgraded and another not.
-        pqxx::work tx(conn);
-        tx.exec(detail::ddl::begin_schema_change(spec.retention.lock_timeout));
-        // Older tables first: conversion and new partitions need their columns.
-        for (const auto& [kind, name] : tables)
-            if (detail::upgrade_table(tx, kind, name.first, name.second, spec.retention.lock_timeout))
-                report.versioned.push_back(qualify(name.first, name.second));
-        detail::migrate_claims_table(tx, store, spec.retention, existing, report.claims);
-        create_optional_tables(tx, spec, offsets, outbox, report);
-        require_complete(tx, tables);
-        tx.commit();
+        detail::with_lock_retries(log, "migrate", spec.retention.lock_timeout, [&] {
+            report = SchemaMigrationReport{};
+            pqxx::work tx(conn);
+            tx.exec(detail::ddl::begin_schema_change(spec.retention.lock_timeout));
+            // Older tables first: conversion and new partitions need their columns.
+            for (const auto& [kind, name] : tables)
+                if (detail::upgrade_table(tx, kind, name.first, name.second))
+                    report.versioned.push_back(qualify(name.first, name.second));
+            detail::migrate_claims_table(tx, store, spec.retention, existing, report.claims);
+            create_optional_tables(tx, spec, offsets, outbox, report);
+            require_complete(tx, tables);
+            tx.commit();
+        });
     } catch (const Error&) {
         throw;
     } catch (const pqxx::broken_connection& e) {

@@ -451,6 +451,45 @@ TEST_CASE("admin: a migration frozen inside its transaction does not keep its lo
     CHECK(partitions(*conn, store).empty()); // the conversion rolled back
 }
 
+// A conversion locks the whole claims table. Queued behind a long
+// transaction on it (a report reading the table), its lock request would
+// hold up every claim that comes after it, for as long as that transaction
+// runs. Each attempt waits at most lock_timeout and rolls back; the claims go
+// on until the next one, which converts the table once it is free.
+TEST_CASE("admin: a migration waiting for a lock does not hold up the claims behind it", "[retention][admin]")
+{
+    const auto table = unique_name("pe_adm_queued_mig");
+    DropTable drop{"public." + table};
+    REQUIRE(admin(with_db({"migrate", "--mode", "purge"}, table)).rc == 0);
+    const ProcessedEventStore store("public", table);
+    auto conn = connect();
+    auto reader = connect();
+    pqxx::work report(*reader);
+    report.exec("SELECT count(*) FROM " + store.qualified_name());
+
+    const BackgroundAdmin run(with_db({"migrate", "--mode", "partitioned", "--lock-timeout", "1s"}, table));
+    REQUIRE(wait_until(
+        [&] { return backend_where(*conn, "wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%'") != 0; }, 20s));
+    bool claimed = false;
+    std::string error;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        pqxx::work tx(*conn);
+        tx.exec("SET LOCAL lock_timeout = '30s'");
+        claimed = store.claim(tx, "g", {new_event_id()}).size() == 1;
+        tx.commit();
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    CAPTURE(error);
+    CHECK(claimed);
+    CHECK(waited < 10s); // the conversion's lock_timeout, not the claim's
+
+    report.commit();
+    CHECK(wait_until([&] { return !partitions(*conn, store).empty(); }, 60s)); // a later attempt converted it
+}
+
 TEST_CASE("admin: odd names and injection attempts are quoted, never executed", "[retention][admin]")
 {
     const std::string canary = unique_name("canary");

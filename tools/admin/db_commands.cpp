@@ -234,6 +234,10 @@ false check at start-up that these tables exist and have this version.
                              the default partition of a new partitioned table (its rows expire
                              there by processed_at). Without --mode an existing table keeps its
                              layout.
+  --lock-timeout DURATION    longest wait for each lock on a table (default 5s): a conversion
+                             queued behind a long transaction on the claims table would hold up
+                             every claim after it. Past it the transaction rolls back and runs
+                             again after a pause (1s, doubling; 5 attempts in all)
 )";
 
 // --print-sql: the statements, without connecting.
@@ -292,6 +296,10 @@ int run_migrate(std::vector<std::string> args)
         }
         if (a.option("--from-version")) {
             from_version = static_cast<int>(parse_count(a.value(), "--from-version"));
+            continue;
+        }
+        if (a.option("--lock-timeout")) {
+            o.config.lock_timeout = parse_duration(a.value(), "--lock-timeout");
             continue;
         }
         if (!a.option("--mode"))
