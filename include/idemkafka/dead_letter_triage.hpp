@@ -160,6 +160,12 @@ struct IDEMKAFKA_API ReplayRequest {
     std::string requested_by; ///< who asked (a user name); required
     std::string tool;         ///< what asked (e.g. "idemkafka-admin dead-letters replay"); required
     ReplayAuditTable audit;   ///< where replays are recorded
+    /// Replays of one dead-letter topic take turns while they record their
+    /// plan: this is the longest one waits for another, and the longest its
+    /// own plan's transaction may sit idle on the server (one stopped there,
+    /// a frozen process or a paused VM, would keep every other replay out).
+    /// Past it the replay fails with DatabaseError, nothing recorded.
+    std::chrono::milliseconds lock_timeout{30000};
     /// Where the replay's log lines go (its start, end and each failed publish).
     /// Default: stderr, level info and above.
     LogSink log;

@@ -25,7 +25,9 @@
 #include "idemkafka/publisher.hpp"
 #include "idemkafka/store.hpp"
 #include "observe/log_context.hpp"
+#include "pg/bounds.hpp"
 #include "pg/exec.hpp"
+#include "pg/tx_guard.hpp"
 
 namespace idemkafka {
 namespace {
@@ -48,6 +50,8 @@ void check_request(const ReplayRequest& r)
             fmt::format("replay: rate_per_second must be 0 (no limit) or positive, not {}", r.rate_per_second));
     if (r.limit && *r.limit == 0)
         throw ConfigError("replay: limit must be at least 1");
+    if (r.lock_timeout.count() <= 0)
+        throw ConfigError("replay: lock_timeout must be positive");
     (void)audit_name(r.audit);
 }
 
@@ -158,8 +162,21 @@ void count_outcomes(ReplayReport& report)
 void plan(pqxx::connection& conn, const ReplayRequest& req, ReplayReport& report)
 {
     pqxx::work tx(conn);
+    // Replays of a topic take turns here; one stopped inside this transaction
+    // (a frozen process) loses its session past lock_timeout idle.
+    tx.exec(detail::pg::bound_transaction(req.lock_timeout));
     require_audit_table(tx, req.audit);
-    detail::pg::exec_params(tx, "SELECT pg_advisory_xact_lock(hashtext('idemkafka.replay:' || $1))", req.source.topic);
+    try {
+        detail::pg::exec_params(tx, "SELECT pg_advisory_xact_lock(hashtext('idemkafka.replay:' || $1))",
+                                req.source.topic);
+    } catch (const pqxx::sql_error& e) {
+        if (!detail::pg::is_lock_timeout(e))
+            throw;
+        throw DatabaseError(fmt::format("replay of {}: another replay of {} held its lock for longer than "
+                                        "lock_timeout ({} ms) while recording its plan; nothing was recorded or "
+                                        "published: run it again once that one is done",
+                                        req.source.topic, req.source.topic, req.lock_timeout.count()));
+    }
     const Coordinates before = req.again ? Coordinates{} : replayed_before(tx, req);
     for (auto& r : report.records)
         if (r.outcome == "would_publish" && before.count({r.partition, r.offset}))

@@ -4,6 +4,7 @@
 // replay by accident, and a deliberate one with `again`.
 
 #include <algorithm>
+#include <future>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -227,4 +228,47 @@ TEST_CASE("replay: grouped by cause, replayed once with an audit, again only on 
     CHECK(all_of(m.a).size() == 37);
     CHECK(all_of(m.b).empty());
     exec("DROP TABLE IF EXISTS public." + audit + ", public." + spec.claims_table + " CASCADE");
+}
+
+// Replays of one dead-letter topic take turns on a lock while they record
+// their plan. One stopped there (a frozen process, a paused VM) would keep
+// every other out, the console's included, for as long as it stays stopped:
+// another waits at most lock_timeout and fails saying why, and the stopped
+// one's session is ended once it has sat that long in its transaction.
+TEST_CASE("replay: a replay waits at most lock_timeout for another one's plan", "[integration][replay]")
+{
+    const Mix m = publish_mix();
+    const std::string audit = unique_name("rp_audit_lock");
+    auto conn = detail::pg::connect(pg());
+    {
+        SchemaSpec spec;
+        spec.claims_table = unique_name("rp_claims_lock");
+        spec.replay_audit_table = audit;
+        migrate_schema(*conn, spec);
+    }
+    // Held here, as a replay stopped while recording its plan would hold it.
+    auto holder = detail::pg::connect(pg());
+    pqxx::work held(*holder);
+    held.exec("SELECT pg_advisory_xact_lock(hashtext('idemkafka.replay:' || " + held.quote(m.dlq) + "))");
+
+    auto r = request(m, audit);
+    r.lock_timeout = 1s;
+    auto run = std::async(std::launch::async, [&] {
+        try {
+            (void)replay_dead_letters(*conn, r);
+            return std::string("replayed");
+        } catch (const DatabaseError& e) {
+            return std::string(e.what());
+        }
+    });
+    const bool ended = run.wait_for(20s) == std::future_status::ready;
+    held.commit(); // lets a replay that waits on go on, so that the test ends either way
+    const std::string outcome = run.get();
+    CHECK(ended);
+    CHECK(outcome.find("another replay") != std::string::npos);
+    CHECK(outcome.find(m.dlq) != std::string::npos);
+    // Nothing was recorded: it can run again at once.
+    CHECK(replay_audit(*conn, r.audit).empty());
+    const auto done = replay_dead_letters(*conn, r);
+    CHECK(done.published == 38);
 }
