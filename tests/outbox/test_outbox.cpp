@@ -89,6 +89,18 @@ std::size_t drain(OutboxRelay& relay, const Outbox& ob)
     return total;
 }
 
+// Enqueues `n` events over `keys` keys ("k0", "k1", ...) in one transaction.
+void enqueue_events(const Outbox& ob, const std::string& topic, int n, int keys)
+{
+    pqxx::connection conn(pg());
+    pqxx::work tx(conn);
+    for (int i = 0; i < n; ++i) {
+        const EventId id = Outbox::new_event_id();
+        ob.enqueue(tx, topic, std::string_view(fmt::format("k{}", i % keys)), encode(TestEvent{id, "k", i}), {}, id);
+    }
+    tx.commit();
+}
+
 std::string hex(std::string_view bytes)
 {
     std::string out;
@@ -455,15 +467,7 @@ TEST_CASE("outbox relay: the relay thread retries a failed cycle with backoff an
     const auto topic = unique_name("ob_retry");
     create_topic(topic, 2);
     const Outbox ob = make_outbox();
-    {
-        pqxx::connection conn(pg());
-        pqxx::work tx(conn);
-        for (int i = 0; i < 20; ++i) {
-            const EventId id = Outbox::new_event_id();
-            ob.enqueue(tx, topic, std::string_view(fmt::format("k{}", i % 4)), encode(TestEvent{id, "k", i}), {}, id);
-        }
-        tx.commit();
-    }
+    enqueue_events(ob, topic, 20, 4);
     std::atomic<int> calls{0};
     auto options = quiet_relay_options();
     options.hooks.after_publish = [&](std::size_t) {
@@ -599,15 +603,7 @@ TEST_CASE("outbox relay: a relay frozen inside its cycle does not keep the outbo
     const auto topic = unique_name("ob_frozen");
     create_topic(topic, 2);
     const Outbox ob = make_outbox();
-    {
-        pqxx::connection conn(pg());
-        pqxx::work tx(conn);
-        for (int i = 0; i < 20; ++i) {
-            const EventId id = Outbox::new_event_id();
-            ob.enqueue(tx, topic, std::string_view(fmt::format("k{}", i % 4)), encode(TestEvent{id, "k", i}), {}, id);
-        }
-        tx.commit();
-    }
+    enqueue_events(ob, topic, 20, 4);
     std::atomic<bool> stopped{false}, thawed{false}, ended{false};
     auto options = quiet_relay_options();
     options.publish_timeout = 1s; // its transaction is then bounded at 2 x 1 s + 5 s
