@@ -236,11 +236,15 @@ public:
     /// processed_at). An existing table keeps its layout, or with
     /// Existing::convert a plain one becomes the default partition of a new
     /// partitioned table. A table of an earlier schema version is upgraded in
-    /// place first, in the same transaction. Idempotent; safe to run twice and
-    /// concurrently. Throws ConfigError for a conversion it cannot do
-    /// (partitioned to plain, or a table partitioned by something other than
-    /// event_id) or a table of a newer schema version (both versions named),
-    /// and DatabaseError when PostgreSQL fails.
+    /// place first, in the same transaction. Each lock on a table is waited for
+    /// at most RetentionConfig::lock_timeout (claims queued behind a
+    /// conversion's request wait no longer); past it the transaction rolls back
+    /// and runs again after a pause (1 s, doubling; 5 attempts, a warning line
+    /// each). Idempotent; safe to run twice and concurrently. Throws
+    /// ConfigError for a conversion it cannot do (partitioned to plain, or a
+    /// table partitioned by something other than event_id) or a table of a
+    /// newer schema version (both versions named), and DatabaseError when
+    /// PostgreSQL fails.
     MigrationReport migrate(pqxx::connection& conn, Existing existing = Existing::keep);
 
     /// One maintenance run. Partitioned table: creates missing partitions from now -

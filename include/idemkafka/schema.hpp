@@ -110,7 +110,9 @@ IDEMKAFKA_API std::string schema_upgrade_sql(const SchemaSpec& spec, int from_ve
 /// place (every claim and position kept), the claims table is created or, with
 /// Existing::convert, converted as Maintenance::migrate() does, missing
 /// offsets and outbox tables are created, each table gets the version
-/// comment; then a partitioned claims table gets its partitions. Idempotent,
+/// comment; then a partitioned claims table gets its partitions. Each lock on
+/// a table is waited for at most the retention's lock_timeout, and the
+/// transaction runs again past it, as Maintenance::migrate() does. Idempotent,
 /// safe to run concurrently. Throws ConfigError (impossible conversion, bad
 /// name, an existing table without the columns and keys of its version, a
 /// table of a newer schema version than this library's: both versions named),
