@@ -45,15 +45,12 @@ void migrate_claims_table(pqxx::work& tx, const ProcessedEventStore& store, cons
 
 /// Runs `attempt` (one schema change transaction, begun with
 /// ddl::begin_schema_change(`lock_timeout`)) again after it failed waiting
-/// for a lock past `lock_timeout`, lock_attempts times in all, with a pause
+/// for a lock past `lock_timeout`, 5 times in all, with a pause
 /// between two (1 s, doubling), in which the claims its lock request held up
 /// go on; each retry is a warning line of `log`. After the last one, throws
 /// DatabaseError naming `what`, the attempts and what to do.
 void with_lock_retries(const LogSink& log, std::string_view what, std::chrono::milliseconds lock_timeout,
                        const std::function<void()>& attempt);
-
-/// Attempts of with_lock_retries().
-inline constexpr int lock_attempts = 5;
 
 /// After the migration's transaction committed: logs report.notes and, for a
 /// partitioned claims table, creates its range partitions under the

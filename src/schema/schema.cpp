@@ -484,6 +484,10 @@ bool detail::upgrade_table(pqxx::work& tx, std::string_view kind, const std::str
     return true;
 }
 
+namespace {
+constexpr int lock_attempts = 5; // of with_lock_retries()
+} // namespace
+
 void detail::with_lock_retries(const LogSink& log, std::string_view what, std::chrono::milliseconds lock_timeout,
                                const std::function<void()>& attempt)
 {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <csignal>
+#include <tuple>
+#include <utility>
 
 #include <sys/types.h>
 
@@ -66,6 +68,38 @@ struct FrozenRun {
     std::string error;    ///< why the claim failed
 };
 
+/// A plain claims table (purge mode) that a reader holds in an open
+/// transaction, as a report reading it would: a conversion of it waits.
+struct HeldPlainTable {
+    std::string table;
+    DropTable drop{"public." + table};
+    ProcessedEventStore store{"public", table};
+    std::unique_ptr<pqxx::connection> conn = connect();
+    std::unique_ptr<pqxx::connection> reader = connect();
+    pqxx::work held{*reader};
+
+    explicit HeldPlainTable(const std::string& prefix) : table(unique_name(prefix))
+    {
+        REQUIRE(admin(with_db({"migrate", "--mode", "purge"}, table)).rc == 0);
+        held.exec("SELECT count(*) FROM " + store.qualified_name());
+    }
+};
+
+/// Claims `id` on `conn`, waiting up to 30 s for a lock: whether it
+/// committed, and why not.
+std::pair<bool, std::string> claim_behind(pqxx::connection& conn, const ProcessedEventStore& store, const EventId& id)
+{
+    try {
+        pqxx::work tx(conn);
+        tx.exec("SET LOCAL lock_timeout = '30s'");
+        const bool claimed = store.claim(tx, "g", {id}).size() == 1;
+        tx.commit();
+        return {claimed, ""};
+    } catch (const std::exception& e) {
+        return {false, e.what()};
+    }
+}
+
 /// Runs idemkafka-admin with `args` until its statement beginning with
 /// `statement` waits for the lock `held` holds, stops it there (SIGSTOP),
 /// releases that lock (it gets it and sits idle, frozen, in its transaction),
@@ -88,15 +122,7 @@ FrozenRun freeze_inside(pqxx::connection& conn, pqxx::work& held, const std::vec
         wait_until(
             [&] { return backend_where(conn, fmt::format("pid = {} AND state = 'idle in transaction'", pid)) != 0; },
             10s);
-    try {
-        pqxx::work tx(conn);
-        tx.exec("SET LOCAL lock_timeout = '30s'");
-        f.claimed = store.claim(tx, "g", {id}).size() == 1;
-        tx.commit();
-    } catch (const std::exception& e) {
-        f.claimed = false;
-        f.error = e.what();
-    }
+    std::tie(f.claimed, f.error) = claim_behind(conn, store, id);
     f.ended = wait_until([&] { return backend_where(conn, fmt::format("pid = {}", pid)) == 0; }, 5s);
     return f;
 }
@@ -431,24 +457,16 @@ TEST_CASE("admin: a maintenance frozen inside its transaction does not keep its 
 // retention's lock_timeout; the conversion rolls back and the claims go on.
 TEST_CASE("admin: a migration frozen inside its transaction does not keep its locks", "[retention][admin]")
 {
-    const auto table = unique_name("pe_adm_frozen_mig");
-    DropTable drop{"public." + table};
-    REQUIRE(admin(with_db({"migrate", "--mode", "purge"}, table)).rc == 0);
-    const ProcessedEventStore store("public", table);
-    auto conn = connect();
-    // Held here, the table makes the conversion wait inside its transaction.
-    auto locker = connect();
-    pqxx::work held(*locker);
-    held.exec("SELECT count(*) FROM " + store.qualified_name());
+    HeldPlainTable t("pe_adm_frozen_mig"); // makes the conversion wait inside its transaction
 
-    const auto f = freeze_inside(*conn, held, with_db({"migrate", "--mode", "partitioned"}, table), "ALTER TABLE",
-                                 store, new_event_id());
+    const auto f = freeze_inside(*t.conn, t.held, with_db({"migrate", "--mode", "partitioned"}, t.table), "ALTER TABLE",
+                                 t.store, new_event_id());
     CAPTURE(f.error);
     CHECK(f.waited);
     CHECK(f.idle);
     CHECK(f.claimed);
     CHECK(f.ended);
-    CHECK(partitions(*conn, store).empty()); // the conversion rolled back
+    CHECK(partitions(*t.conn, t.store).empty()); // the conversion rolled back
 }
 
 // A conversion locks the whole claims table. Queued behind a long
@@ -458,36 +476,20 @@ TEST_CASE("admin: a migration frozen inside its transaction does not keep its lo
 // on until the next one, which converts the table once it is free.
 TEST_CASE("admin: a migration waiting for a lock does not hold up the claims behind it", "[retention][admin]")
 {
-    const auto table = unique_name("pe_adm_queued_mig");
-    DropTable drop{"public." + table};
-    REQUIRE(admin(with_db({"migrate", "--mode", "purge"}, table)).rc == 0);
-    const ProcessedEventStore store("public", table);
-    auto conn = connect();
-    auto reader = connect();
-    pqxx::work report(*reader);
-    report.exec("SELECT count(*) FROM " + store.qualified_name());
+    HeldPlainTable t("pe_adm_queued_mig");
 
-    const BackgroundAdmin run(with_db({"migrate", "--mode", "partitioned", "--lock-timeout", "1s"}, table));
+    const BackgroundAdmin run(with_db({"migrate", "--mode", "partitioned", "--lock-timeout", "1s"}, t.table));
     REQUIRE(wait_until(
-        [&] { return backend_where(*conn, "wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%'") != 0; }, 20s));
-    bool claimed = false;
-    std::string error;
+        [&] { return backend_where(*t.conn, "wait_event_type = 'Lock' AND query LIKE 'ALTER TABLE%'") != 0; }, 20s));
     const auto start = std::chrono::steady_clock::now();
-    try {
-        pqxx::work tx(*conn);
-        tx.exec("SET LOCAL lock_timeout = '30s'");
-        claimed = store.claim(tx, "g", {new_event_id()}).size() == 1;
-        tx.commit();
-    } catch (const std::exception& e) {
-        error = e.what();
-    }
+    const auto [claimed, error] = claim_behind(*t.conn, t.store, new_event_id());
     const auto waited = std::chrono::steady_clock::now() - start;
     CAPTURE(error);
     CHECK(claimed);
     CHECK(waited < 10s); // the conversion's lock_timeout, not the claim's
 
-    report.commit();
-    CHECK(wait_until([&] { return !partitions(*conn, store).empty(); }, 60s)); // a later attempt converted it
+    t.held.commit();
+    CHECK(wait_until([&] { return !partitions(*t.conn, t.store).empty(); }, 60s)); // a later attempt converted it
 }
 
 TEST_CASE("admin: odd names and injection attempts are quoted, never executed", "[retention][admin]")
