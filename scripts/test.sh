@@ -99,7 +99,8 @@ targets=()
 if [ "$lane" = asan ]; then
     # The unit label and the integration tests most likely to find memory errors: the consumer's
     # engine, workers, pipelining, stored offsets, payload fingerprints, the claim transaction
-    # (directly and through the handler harness), the waiting room's fill (fairness) and log
+    # (directly, a transaction per record, and through the handler harness), the waiting room's
+    # fill (fairness) and log
     # records. The rest of the integration label (outbox, gauges, replay, producer ids, the test
     # kit) is left out to keep the lane within CI's budget: all of it took 14 minutes on two
     # shared cores, build included. Only these programs are built (the lane's time is mostly
@@ -115,7 +116,7 @@ if [ "$lane" = asan ]; then
         idemkafka_logging_tests idemkafka_fairness_tests idemkafka_harness_tests
         idemkafka-mock-broker idemkafka-admin)
     if [ "$#" -eq 0 ]; then
-        set -- -R '^(unit|unit_.*|retention_unit|integration_(consumer|workers|offsets|pipeline|fingerprint|claim_transaction|fairness|logging)|testing_harness)$'
+        set -- -R '^(unit|unit_.*|retention_unit|integration_(consumer|workers|offsets|pipeline|fingerprint|claim_transaction|per_record|fairness|logging)|testing_harness)$'
     else
         targets=() # a selection of one's own: every program is built
     fi

@@ -376,8 +376,20 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// read in their transaction. Needs schema version 2.
     bool payload_fingerprint = false;
 
-    /// Records per PostgreSQL transaction (1 = one transaction per record).
+    /// Records per PostgreSQL transaction (1 = one transaction per record),
+    /// and per unit of work: the records a worker takes at once and whose
+    /// Kafka offsets are committed together.
     std::size_t max_batch = 500;
+    /// One PostgreSQL transaction per record, while records are still taken,
+    /// handed to the workers and merged max_batch at a time. Each record's
+    /// claim and handler writes commit on their own, as with max_batch = 1
+    /// (a failing record holds back only itself and what follows it in its
+    /// partition, or its key; what committed before it stays committed), and
+    /// each transaction's COMMIT carries the next record's claim: two round
+    /// trips per record, where max_batch = 1 takes three. after_db_commit is
+    /// called once per transaction, when the unit is merged. For a consumer
+    /// (IdempotentConsumer); the share consumer ignores it.
+    bool transaction_per_record = false;
     /// PostgreSQL connections working in parallel, each in its own transaction
     /// over up to max_batch / workers records whose partitions (or keys, see
     /// `ordering`) no other worker is running. A worker that finishes takes its

@@ -49,8 +49,10 @@ inline std::int64_t fingerprint_of(const Item& it)
 }
 
 // The skeleton (claim_transaction.cpp): the worker's pending records that
-// are not held, each id once, in id order (see the definition).
-ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints);
+// are not held, each id once, in id order (see the definition); `one`: only
+// the first of them in batch order (a transaction per record).
+ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints,
+                                  bool one = false);
 
 // Handler calls (claim_handler_calls.cpp): whether a handler's exception
 // leaves its record another try (NonRetryableError, then
@@ -63,10 +65,12 @@ bool retryable(const ConsumerConfig& cfg, const std::exception& e);
 ClaimTransaction::Classified classify(const std::exception_ptr& error, bool in_handler);
 
 // Stored positions (claim_positions.cpp): the next offset per partition of
-// the worker's records that are not held; `of` (when not null) gets each
-// partition's state and next offset too.
+// the worker's records that are not held, up to the record at index `upto`
+// of the batch (a transaction per record: the later ones have not run yet);
+// `of` (when not null) gets each partition's state and next offset too.
 std::vector<OffsetStore::Position> positions_of(const BatchOutcome& w, const std::vector<Item>& items,
-                                                std::vector<std::pair<PartitionState*, std::int64_t>>* of);
+                                                std::vector<std::pair<PartitionState*, std::int64_t>>* of,
+                                                std::size_t upto = SIZE_MAX);
 
 // Reused ids (claim_reuse.cpp): the payload an event id was claimed with.
 struct PayloadReference {

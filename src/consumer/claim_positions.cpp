@@ -13,13 +13,17 @@
 namespace idemkafka::detail {
 
 // Next offset per partition of the worker: past every record of this batch
-// that is not held (all of them are finished when the transaction commits).
+// that is not held (all of them are finished when the transaction commits),
+// up to `upto`.
 std::vector<OffsetStore::Position> positions_of(const BatchOutcome& w, const std::vector<Item>& items,
-                                                std::vector<std::pair<PartitionState*, std::int64_t>>* of)
+                                                std::vector<std::pair<PartitionState*, std::int64_t>>* of,
+                                                std::size_t upto)
 {
     std::map<PartitionState*, OffsetStore::Position> by_part;
     for (std::size_t i : w.items) {
         const auto& it = items[i];
+        if (i > upto)
+            break; // w.items is in batch order
         if (held(w.holds, it))
             continue;
         auto& p = by_part[it.part];

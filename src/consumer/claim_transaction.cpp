@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "consumer/claim_parts.hpp"
 #include "idemkafka/error.hpp"
@@ -32,6 +33,7 @@ void Worker::reset(const Holds& initial)
     revoked = false;
     error = nullptr;
     stored.clear();
+    commits.clear();
 }
 
 RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
@@ -78,8 +80,21 @@ void ClaimTransaction::prepare(Worker& w)
 void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_point deadline)
 {
     Batch b{items, deadline};
+    // However it ends: a transaction the last COMMIT began for a record that
+    // does not run now is rolled back.
+    struct Chain {
+        ClaimTransaction& self;
+        Worker& w;
+        ~Chain() { self.end_chain(w); }
+    } chain{*this, w};
     int conflicts = 0;
     for (;;) {
+        // A transaction per record: past the time budget, the records not
+        // begun yet come again (one transaction at least, as in a batch).
+        if (s_.per_record && !w.commits.empty() && !w.chained && Clock::now() >= b.deadline) {
+            give_back_rest(w, b);
+            return;
+        }
         Failure failure{};
         const Outcome out = attempt(w, b, failure);
         s_.circuit.succeeded(w.tallies.calls_ok,
@@ -87,7 +102,12 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
         s_.circuit.succeeded_on(w.tallies.ok_keys);
         if (out == Outcome::committed) {
             s_.circuit.skipped(w.info.duplicates);
-            return;
+            // A transaction per record: on to the next one, until none is
+            // left to run (a record left pending would be taken for done).
+            if (!s_.per_record || next_record(w, b, nobody, false) == nobody)
+                return;
+            conflicts = 0;
+            continue;
         }
         if (out == Outcome::split)
             continue;
@@ -130,7 +150,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
 // One transaction over the worker's pending records that are not held.
 ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
 {
-    Attempt a = collect(w, b.items, s_.cfg.payload_fingerprint);
+    Attempt a = collect(w, b.items, s_.cfg.payload_fingerprint, s_.per_record);
     w.info = BatchInfo{};
     w.info.records = a.active;
     w.tallies.calls_ok = w.tallies.calls_recovered = 0;
@@ -153,7 +173,7 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
 // The worker's pending records that are not held, each id once (its first
 // record in batch order). Claims go in id order: workers that share ids lock
 // them in the same order and cannot deadlock each other.
-ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints)
+ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints, bool one)
 {
     ClaimTransaction::Attempt a;
     // (id, index) of the pending records; sorted, the first of each id's run
@@ -166,6 +186,8 @@ ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>
         if (it.state != ItemState::pending || held(w.holds, it))
             continue;
         pending.emplace_back(it.id, i);
+        if (one)
+            break;
     }
     a.active = pending.size();
     std::sort(pending.begin(), pending.end());
@@ -190,20 +212,32 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
 {
     // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
+    // A transaction per record: the last COMMIT's text began this record's
+    // transaction and claimed it (commit_chained()).
+    auto chained = std::exchange(w.chained, std::nullopt);
+    if (chained && !(a.first.size() == 1 && a.first.front() == chained->index)) {
+        w.kept.drop(); // begun for another record: rolled back
+        chained.reset();
+    }
     pg::KeptWork::Scope scope(w.kept); // rolled back unless commit() commits
     pqxx::work& tx = w.kept.on(*w.db);
-    // One round trip for all: BEGIN (where the kept work's last transaction
-    // committed), the transaction's settings, the claim. What a handler left
-    // on the session goes back only when the last transaction's end saw a
-    // change (or could not look): a dozen statements fewer per transaction
-    // otherwise.
-    const bool clean = !w.session_dirty && pg::read_only_by_default(tx);
+    const bool was_clean = !w.session_dirty;
     w.session_dirty = true; // until this transaction's end finds the session unchanged
-    const bool begin = w.kept.begins();
-    std::string before = clean ? pg::reopen_for_writes_sql(begin)
-                               : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version(), begin);
-    before += "; ";
-    a.claimed = pg::ClaimedIds(pg::claimed_ids(claim(tx, a.ids, a.fingerprints, before)));
+    if (chained) {
+        a.claimed = pg::ClaimedIds(std::move(chained->claimed));
+    } else {
+        // One round trip for all: BEGIN (where the kept work's last
+        // transaction committed), the transaction's settings, the claim.
+        // What a handler left on the session goes back only when the last
+        // transaction's end saw a change (or could not look): a dozen
+        // statements fewer per transaction otherwise.
+        const bool clean = was_clean && pg::read_only_by_default(tx);
+        const bool begin = w.kept.begins();
+        std::string before = clean ? pg::reopen_for_writes_sql(begin)
+                                   : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version(), begin);
+        before += "; ";
+        a.claimed = pg::ClaimedIds(pg::claimed_ids(claim(tx, a.ids, a.fingerprints, before)));
+    }
     w.watch.arm(s_.cfg.db_timeout);
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.
@@ -225,24 +259,117 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
 }
 
 // The stored positions, the checks that the transaction is still the claim's
-// own, and COMMIT (with the guard's arm: one round trip).
+// own, and COMMIT (with the guard's arm: one round trip; a transaction per
+// record: with the next record's claim too, see commit_chained()).
 ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a)
 {
+    // A transaction per record: its one record, whose partition's position
+    // the later ones of the batch must not move yet.
+    const std::size_t current = s_.per_record ? a.first.front() : SIZE_MAX;
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
     if (s_.offsets && !s_.positions_after_merge)
-        write_positions(tx, positions_of(w, b.items, &stored));
+        write_positions(tx, positions_of(w, b.items, &stored, current));
     if (const auto state = pg::state_of(tx); state != pg::TxState::open)
         throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
     if (w.revoked.load())
         throw Abandon{};
-    const auto session = pg::commit_armed(tx);
-    if (!session)
-        throw Replaced{};
-    w.session_dirty = *session != w.clean_session;
+    if (const std::size_t next = s_.per_record ? next_record(w, b, current, true) : nobody; next != nobody) {
+        commit_chained(tx, w, b, next);
+    } else {
+        const auto session = pg::commit_armed(tx);
+        if (!session)
+            throw Replaced{};
+        w.session_dirty = *session != w.clean_session;
+        w.chain_failed = false;
+    }
     w.stored = std::move(stored);
     w.info.claimed = a.claimed_override != SIZE_MAX ? a.claimed_override : a.claimed.size();
     w.info.duplicates = a.active - w.info.claimed;
+    if (w.info.records)
+        w.commits.push_back(w.info);
+    if (s_.per_record)
+        for (std::size_t i : a.first)
+            if (b.items[i].state == ItemState::pending)
+                b.items[i].state = ItemState::done; // committed: not run again, nor held if a later one fails
     return Outcome::committed;
+}
+
+// A transaction per record: the first record of the batch still to run
+// but `current` (nobody when none is). `now`: the one whose transaction the
+// COMMIT of `current`'s may begin (nobody also when none may start now: a
+// stop, a revoke, the time budget over, or the last such COMMIT failed).
+std::size_t ClaimTransaction::next_record(const Worker& w, const Batch& b, std::size_t current, bool now) const
+{
+    if (now && (w.chain_failed || s_.forced() || w.revoked.load() || Clock::now() >= b.deadline))
+        return nobody;
+    for (std::size_t i : w.items) {
+        const auto& it = b.items[i];
+        if (i != current && it.state == ItemState::pending && !held(w.holds, it))
+            return i;
+    }
+    return nobody;
+}
+
+// COMMIT, and in the same text the next record's transaction begun and its
+// claim: one round trip fewer per record. Between them, the session's
+// settings are checked against the clean ones (what commit_armed() reads
+// after its COMMIT): where a handler changed them, the check raises before
+// the claim, this transaction having committed. A failure of anything
+// after the COMMIT is taken for one of the COMMIT (the record runs again,
+// with a COMMIT of its own, and finds its claim: a duplicate); only the
+// check's own error, in the next transaction, tells that the COMMIT went
+// through.
+void ClaimTransaction::commit_chained(pqxx::work& tx, Worker& w, const Batch& b, std::size_t next)
+{
+    const auto& it = b.items[next];
+    const std::vector<EventId> ids{it.id};
+    std::vector<std::int64_t> fingerprints;
+    if (s_.cfg.payload_fingerprint)
+        fingerprints.push_back(fingerprint_of(it));
+    w.watch.arm(locking_bound(s_.cfg)); // the claim may wait for row locks
+    w.chain_failed = true;              // until it returns
+    auto chained = pg::commit_armed_then(tx, w.clean_session, claim_text(tx, ids, fingerprints));
+    w.chain_failed = false;
+    switch (chained.ended) {
+    case pg::ChainedCommit::End::replaced:
+        throw Replaced{};
+    case pg::ChainedCommit::End::session_changed:
+        // Committed; the next transaction, stopped before its claim, is
+        // rolled back, and the next claim puts the session back first.
+        w.session_dirty = true;
+        w.kept.drop();
+        return;
+    case pg::ChainedCommit::End::begun:
+        w.session_dirty = false; // as the check found it, in the next transaction
+        w.chained = Worker::Chained{next, pg::claimed_ids(chained.claim)};
+        return;
+    }
+}
+
+// A transaction per record, over the time budget: the records not begun
+// yet come again (their partitions held there, no backoff).
+void ClaimTransaction::give_back_rest(Worker& w, Batch& b)
+{
+    std::vector<const Item*> rest;
+    for (std::size_t i : w.items)
+        if (b.items[i].state == ItemState::pending && !held(w.holds, b.items[i]))
+            rest.push_back(&b.items[i]);
+    for (const Item* it : rest)
+        w.holds.add(it->part, it->record.offset, 0);
+    if (!rest.empty())
+        say(s_.log, LogLevel::info, {}, "batch over its time budget after {} transactions; {} records come again",
+            w.commits.size(), rest.size());
+}
+
+// A transaction the last COMMIT began for a record that does not run in it
+// (run() ends first): rolled back. Never throws.
+void ClaimTransaction::end_chain(Worker& w)
+{
+    if (!w.chained)
+        return;
+    w.chained.reset();
+    const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
+    w.kept.drop();
 }
 
 // The claim statement, after `before` (statements of their own, ending in
@@ -250,8 +377,14 @@ ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, co
 pqxx::result ClaimTransaction::claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                                      const std::vector<std::int64_t>& fingerprints, const std::string& before)
 {
-    std::string sql = before;
-    sql += "EXECUTE ";
+    return tx.exec(before + claim_text(tx, ids, fingerprints));
+}
+
+// The claim statement's text: EXECUTE of the prepared claim with `ids`.
+std::string ClaimTransaction::claim_text(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
+                                         const std::vector<std::int64_t>& fingerprints) const
+{
+    std::string sql = "EXECUTE ";
     sql += claim_statement;
     sql += "('";
     sql += pg::uuid_array(ids); // hex digits, dashes, commas and braces: nothing to escape
@@ -263,7 +396,7 @@ pqxx::result ClaimTransaction::claim(pqxx::transaction_base& tx, const std::vect
         sql += '\'';
     }
     sql += ')';
-    return tx.exec(sql);
+    return sql;
 }
 
 } // namespace idemkafka::detail

@@ -102,6 +102,9 @@ public:
         std::function<bool()> forced;
         /// Per-key ordering over several workers: positions are written after the merge.
         bool positions_after_merge;
+        /// ConsumerConfig::transaction_per_record (a consumer's; the share
+        /// consumer and the handler harness commit a batch at a time).
+        bool per_record = false;
     };
 
     explicit ClaimTransaction(Setup setup)
@@ -223,6 +226,13 @@ private:
     Outcome commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a);
     pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                        const std::vector<std::int64_t>& fingerprints, const std::string& before = {});
+    std::string claim_text(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
+                           const std::vector<std::int64_t>& fingerprints) const;
+    // One transaction per record (Setup::per_record).
+    std::size_t next_record(const Worker& w, const Batch& b, std::size_t current, bool now) const;
+    void commit_chained(pqxx::work& tx, Worker& w, const Batch& b, std::size_t next);
+    void give_back_rest(Worker& w, Batch& b);
+    void end_chain(Worker& w);
     // Handler calls (claim_handler_calls.cpp).
     std::optional<Outcome> call_each(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
     void over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k, std::size_t handled);

@@ -283,11 +283,11 @@ void Engine::Impl::merge_unit(std::size_t n)
     }
 
     const auto committed_at = Clock::now();
-    if (merged.info.records)
-        committed(merged.info);
+    for (const auto& info : merged.commits)
+        committed(info);
     if (!store_positions(complete_unit(unit, holds), n))
         return; // not stored: Kafka must not get ahead of the database either
-    if (merged.info.records)
+    if (!merged.commits.empty())
         pacer.db_committed(committed_at);
     if (pacer.due_after_merge(committed_at))
         flush_commits();
@@ -320,6 +320,11 @@ Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
         if (kept(key.first, h.offset))
             m.holds.park(key.first, key.second ? std::optional<std::string_view>(*key.second) : std::nullopt, h.offset,
                          h.failures, h.wait);
+    // What committed (with a transaction per record, also before a failed
+    // one): counted, its hook called, its stored positions noted.
+    m.commits = std::move(w.commits);
+    for (const auto& [ps, next] : w.stored)
+        ps->stored.next = std::max(ps->stored.next, next);
     if (w.failed) {
         m.failed = !(w.fenced || (w.abandoned && w.revoked));
         m.error = w.error;
@@ -328,11 +333,7 @@ Engine::Impl::Merged Engine::Impl::merge_worker(std::size_t n)
                 m.holds.add(unit[i].part, unit[i].record.offset, 0);
         if (w.lost_connection)
             w.disconnect();
-        return m;
     }
-    m.info = w.info;
-    for (const auto& [ps, next] : w.stored)
-        ps->stored.next = std::max(ps->stored.next, next);
     return m;
 }
 

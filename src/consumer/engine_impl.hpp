@@ -95,9 +95,9 @@ struct Engine::Impl final : kafka::GroupEvents {
     // PostgreSQL away, the circuit breaker, the keep-alive (and its watch on
     // handler calls that do not return): what pauses the whole assignment.
     Gates gates{cfg, db_backoff_shape, metrics, log};
-    ClaimTransaction claims{ClaimTransaction::Setup{cfg, stage, metrics, tables.claims, tables.offsets, ledger,
-                                                    dead_letters, gates.circuit.circuit(), log,
-                                                    [this] { return forced(); }, positions_after_merge()}};
+    ClaimTransaction claims{ClaimTransaction::Setup{
+        cfg, stage, metrics, tables.claims, tables.offsets, ledger, dead_letters, gates.circuit.circuit(), log,
+        [this] { return forced(); }, positions_after_merge(), cfg.transaction_per_record}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
@@ -299,8 +299,8 @@ struct Engine::Impl final : kafka::GroupEvents {
     // The steps of merge_unit(), in order.
     struct Merged {
         Holds holds; // the worker's holds, and its first unfinished record when its transaction did not commit
-        BatchInfo info;
-        bool failed = false; // its transaction failed for a reason of PostgreSQL's
+        std::vector<BatchInfo> commits; // its transactions that committed, in order
+        bool failed = false;            // its (last) transaction failed for a reason of PostgreSQL's
         std::exception_ptr error;
     };
     Merged merge_worker(std::size_t n);

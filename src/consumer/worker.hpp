@@ -104,6 +104,10 @@ struct BatchOutcome {
     // offsets_in_database: the positions the final transaction stored, for
     // the poll thread to note in their states after the batch.
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
+    // Every transaction of the batch that committed, in order: one, or with
+    // ConsumerConfig::transaction_per_record one per record (also where a
+    // later one failed). after_db_commit is called for each.
+    std::vector<BatchInfo> commits;
 };
 
 /// A batch handler's calls within one attempt: the records gathered for the
@@ -135,6 +139,18 @@ struct Worker : pg::Session, BatchOutcome {
     // first.
     std::string clean_session;
     bool session_dirty = true;
+    // ConsumerConfig::transaction_per_record: the record whose transaction
+    // the last COMMIT's text began, with its claim (see
+    // ClaimTransaction::commit()); that transaction is open on the server.
+    struct Chained {
+        std::size_t index; // into the batch
+        std::vector<EventId> claimed;
+    };
+    std::optional<Chained> chained;
+    // A COMMIT that carried the next record's claim failed: whether it
+    // committed is not known, so the record runs again with a COMMIT of its
+    // own, and what failed is then told apart.
+    bool chain_failed = false;
     CallScratch scratch;
     CallTallies tallies;
     RunningCall call; // the handler call running now

@@ -176,8 +176,13 @@ constexpr const char* commit_setting = "idemkafka.commit";
 // them itself): run with EXECUTE in a text of several.
 constexpr const char* arm_statement = "idemkafka_arm_commit";
 constexpr const char* session_statement = "idemkafka_session_state";
+// The session's settings against the clean ones, at the start of a
+// transaction commit_armed_then() begins.
+constexpr const char* clean_statement = "idemkafka_session_clean";
 // What the arm raises where the transaction is not the claim's.
 constexpr const char* ended_constraint = "idemkafka_claims_transaction_ended";
+// What the clean check raises where the session's settings changed.
+constexpr const char* changed_constraint = "idemkafka_session_changed";
 
 } // namespace
 
@@ -208,6 +213,12 @@ BEGIN
   RAISE EXCEPTION '{constraint}: the transaction is not the one the claims began' USING ERRCODE = 'check_violation';
 END
 $ended$;
+CREATE OR REPLACE FUNCTION pg_temp.idemkafka_session_changed() RETURNS boolean
+LANGUAGE plpgsql AS $changed$
+BEGIN
+  RAISE EXCEPTION '{changed}: the session''s settings changed since the last transaction began' USING ERRCODE = 'check_violation';
+END
+$changed$;
 CREATE TEMPORARY TABLE IF NOT EXISTS idemkafka_commit_guard (xid bigint NOT NULL);
 INSERT INTO {table} SELECT 0 WHERE NOT EXISTS (SELECT FROM {table});
 DROP TRIGGER IF EXISTS idemkafka_commit_guard ON {table};
@@ -215,11 +226,14 @@ CREATE CONSTRAINT TRIGGER idemkafka_commit_guard AFTER UPDATE OF xid ON {table}
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.idemkafka_commit_guard();
 PREPARE {arm} AS SELECT CASE WHEN xid = txid_current() THEN set_config('{setting}', 'on', true)
   ELSE pg_temp.idemkafka_transaction_ended() END, {durable} FROM {table};
-PREPARE {state} AS SELECT {session})",
+PREPARE {state} AS SELECT {session};
+PREPARE {clean} (text) AS SELECT CASE WHEN {session} = $1 AND current_setting('default_transaction_read_only') = 'on'
+  THEN true ELSE pg_temp.idemkafka_session_changed() END)",
                         fmt::arg("setting", commit_setting), fmt::arg("ended", transaction_ended),
                         fmt::arg("table", guard_table), fmt::arg("constraint", ended_constraint),
                         fmt::arg("arm", arm_statement), fmt::arg("durable", durable_commit),
-                        fmt::arg("state", session_statement), fmt::arg("session", session_settings)));
+                        fmt::arg("state", session_statement), fmt::arg("session", session_settings),
+                        fmt::arg("changed", changed_constraint), fmt::arg("clean", clean_statement)));
     tx.commit();
 }
 
@@ -258,6 +272,26 @@ std::optional<std::string> commit_armed(pqxx::dbtransaction& tx)
         if (std::strstr(e.what(), ended_constraint) == nullptr)
             throw;
         return std::nullopt;
+    }
+}
+
+ChainedCommit commit_armed_then(pqxx::dbtransaction& tx, const std::string& clean_session, const std::string& next)
+{
+    // The clean check runs only after the COMMIT went through (a text's
+    // statements stop at the first error), in the next transaction: its
+    // error (raised by nothing else) is the one failure that tells the
+    // COMMIT's outcome. libpqxx does not tell which transaction an error
+    // left aborted (the connection's status reads idle after it).
+    try {
+        return {ChainedCommit::End::begun,
+                tx.exec(fmt::format("EXECUTE {}; COMMIT; BEGIN READ WRITE; EXECUTE {}({}); {}", arm_statement,
+                                    clean_statement, tx.quote(clean_session), next))};
+    } catch (const pqxx::check_violation& e) {
+        if (std::strstr(e.what(), ended_constraint) != nullptr)
+            return {ChainedCommit::End::replaced, {}};
+        if (std::strstr(e.what(), changed_constraint) != nullptr)
+            return {ChainedCommit::End::session_changed, {}};
+        throw;
     }
 }
 

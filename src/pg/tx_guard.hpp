@@ -139,6 +139,28 @@ void guard_transaction(pqxx::dbtransaction& tx);
 /// transaction begins with the next BEGIN.
 std::optional<std::string> commit_armed(pqxx::dbtransaction& tx);
 
+/// How commit_armed_then() ended.
+struct ChainedCommit {
+    enum class End {
+        begun,           ///< committed, the next transaction begun and `claim` its claim's result
+        replaced,        ///< nothing committed: as commit_armed()'s nullopt
+        session_changed, ///< committed; the session's settings are not the clean ones, so the next
+                         ///< transaction stopped before its claim (aborted on the server: to be
+                         ///< rolled back)
+    };
+    End ended;
+    pqxx::result claim;
+};
+
+/// commit_armed(), and in the same round trip the next server transaction
+/// begun (BEGIN READ WRITE), the session's settings checked against
+/// `clean_session` (session_state()'s text of a clean session, and the
+/// default read-only), and `next` run (a claim statement's text). A failure
+/// of `next` (or of anything else after the COMMIT) throws as a failure of
+/// the COMMIT would: whether it committed is not told. On `begun` the
+/// pqxx::work's server transaction is the next one.
+ChainedCommit commit_armed_then(pqxx::dbtransaction& tx, const std::string& clean_session, const std::string& next);
+
 /// True when the transaction the claim statement began has ended since, as
 /// the server last reported (no round trip): the transaction-local
 /// default_transaction_read_only of commit_guard_cte() went back to the

@@ -27,6 +27,7 @@ struct Run {
     bool fingerprint = true;
     bool offsets_in_database = false;
     Ordering ordering = Ordering::partition;
+    bool per_record = false; // ConsumerConfig::transaction_per_record
 };
 
 void reused_ids(const Run& run)
@@ -47,6 +48,7 @@ void reused_ids(const Run& run)
     cfg.payload_fingerprint = run.fingerprint;
     cfg.offsets_in_database = run.offsets_in_database;
     cfg.ordering = run.ordering;
+    cfg.transaction_per_record = run.per_record;
     cfg.workers = run.ordering == Ordering::key ? 2 : 1;
     cfg.retention.maintenance = false;
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
@@ -148,6 +150,12 @@ TEST_CASE("fingerprint: a reused event id with a different payload is dead-lette
                 reused_ids(Run{true, in_db, ordering});
             }
         }
+    // A transaction per record: a record dead-lettered at its claim ends its
+    // transaction with nothing committed; the unit's later records still run.
+    DYNAMIC_SECTION("transaction_per_record, offsets_in_database")
+    {
+        reused_ids(Run{true, true, Ordering::partition, true});
+    }
 }
 
 TEST_CASE("fingerprint: without payload_fingerprint a reused event id stays a duplicate", "[integration][fingerprint]")

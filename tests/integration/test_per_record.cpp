@@ -1,0 +1,273 @@
+// ConsumerConfig::transaction_per_record: a transaction per record inside a
+// unit of max_batch records, each COMMIT carrying the next record's claim.
+// Every test counts effects, handler calls and transactions in the database.
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <idemkafka/consumer.hpp>
+#include <idemkafka/publisher.hpp>
+
+#include "catch_compat.hpp"
+#include "pg/exec.hpp"
+#include "test_env.hpp"
+
+using namespace idemkafka;
+using namespace idemkafka::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Consumer = IdempotentConsumer<TestEvent>;
+
+// A consumer of a transaction per record over a fresh topic, with an effect
+// table its handler writes to: the event, the server transaction's id, the
+// record's coordinates, and the session's statement_timeout as the handler
+// found it.
+struct PerRecord {
+    std::string topic = unique_name("perrec");
+    std::string group = unique_name("g");
+    std::string effects = unique_name("effect");
+    std::vector<TestEvent> events;
+    std::mutex mu;
+    std::map<EventId, int> calls;   // handler calls per event
+    std::vector<BatchInfo> commits; // after_db_commit, in order
+
+    explicit PerRecord(int partitions)
+    {
+        create_topic(topic, partitions);
+        exec(fmt::format("CREATE TABLE {} (seq bigserial PRIMARY KEY, event_id uuid NOT NULL, txid bigint NOT NULL, "
+                         "kafka_partition int NOT NULL, kafka_offset bigint NOT NULL, statement_timeout text NOT NULL)",
+                         effects));
+    }
+
+    // `unique` events, then `resends` of them again (same payload, new offsets).
+    void publish(int unique, int resends = 0)
+    {
+        Publisher pub(PublisherConfig{brokers(), {}, log_sink()});
+        for (int i = 0; i < unique; ++i) {
+            events.push_back(TestEvent{new_event_id(), fmt::format("order-{}", i % 7), i});
+            pub.publish_async(topic, events.back().entity, encode(events.back()));
+        }
+        std::mt19937 rng(11);
+        for (int i = 0; i < resends; ++i) {
+            const auto& again = events[rng() % events.size()];
+            pub.publish_async(topic, again.entity, encode(again));
+        }
+        pub.flush();
+    }
+
+    ConsumerConfig config(std::size_t max_batch)
+    {
+        auto cfg = consumer_config(group, topic);
+        cfg.transaction_per_record = true;
+        cfg.max_batch = max_batch;
+        cfg.hooks.after_db_commit = [this](const BatchInfo& info) {
+            std::lock_guard<std::mutex> lock(mu);
+            commits.push_back(info);
+        };
+        return cfg;
+    }
+
+    // The effect of a handler call, and its count.
+    void effect(pqxx::work& tx, const TestEvent& e, const Context& ctx)
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            ++calls[e.id];
+        }
+        detail::pg::exec_params(tx,
+                                fmt::format("INSERT INTO {} (event_id, txid, kafka_partition, kafka_offset, "
+                                            "statement_timeout) VALUES ($1::uuid, txid_current(), $2, $3, "
+                                            "current_setting('statement_timeout'))",
+                                            effects),
+                                e.id.to_string(), ctx.partition(), ctx.offset());
+    }
+
+    std::int64_t rows() const { return scalar("SELECT count(*) FROM " + effects); }
+    std::size_t records_committed()
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        std::size_t n = 0;
+        for (const auto& c : commits)
+            n += c.records;
+        return n;
+    }
+    int calls_of(const EventId& id)
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        auto c = calls.find(id);
+        return c == calls.end() ? 0 : c->second;
+    }
+    // Events whose handler ran other than once.
+    int not_once(const EventId* except = nullptr)
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        int n = 0;
+        for (const auto& e : events)
+            if ((!except || !(e.id == *except)) && calls[e.id] != 1)
+                ++n;
+        return n;
+    }
+};
+
+void drain(Consumer& c, const std::function<bool()>& done)
+{
+    Runner<Consumer> run(c);
+    const bool ok = wait_until(done, 90s);
+    run.join();
+    REQUIRE_FALSE(run.error());
+    REQUIRE(ok);
+}
+
+} // namespace
+
+TEST_CASE("transaction_per_record: each record commits alone, after_db_commit once per transaction", "[integration]")
+{
+    PerRecord s(3);
+    s.publish(120, 30);
+    Consumer c(s.config(40), decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
+    drain(c, [&] { return s.records_committed() == 150; });
+    const auto m = c.metrics().snapshot();
+    CHECK(s.rows() == 120);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 120);
+    // A server transaction per effect.
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT txid) FROM {}", s.effects)) == 120);
+    CHECK(s.not_once() == 0);
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        REQUIRE(s.commits.size() == 150); // the re-sends too: a transaction that finds the claim taken
+        std::size_t claimed = 0, duplicates = 0, single = 0;
+        for (const auto& info : s.commits) {
+            claimed += info.claimed;
+            duplicates += info.duplicates;
+            single += info.records == 1 ? 1 : 0;
+        }
+        CHECK(single == 150);
+        CHECK(claimed == 120);
+        CHECK(duplicates == 30);
+    }
+    CHECK(m.db_commits == 150);
+    CHECK(m.claimed == 120);
+    CHECK(m.duplicates == 30);
+    CHECK(m.handler_failures == 0);
+    CHECK(m.db_failures == 0);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 120);
+}
+
+TEST_CASE("transaction_per_record: a failing record holds back only its partition's tail; what committed stays",
+          "[integration]")
+{
+    PerRecord s(2);
+    s.publish(80);
+    const EventId target = s.events[30].id;
+    Consumer c(s.config(40), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        s.effect(tx, e, ctx); // written, then rolled back on the throw
+        if (e.id == target && ctx.attempt() == 1)
+            throw std::runtime_error("payment provider timed out");
+    });
+    drain(c, [&] { return s.rows() == 80; });
+    const auto m = c.metrics().snapshot();
+    CHECK(m.handler_failures == 1);
+    CHECK(s.calls_of(target) == 2);
+    // Every other record ran once: those before it in its unit committed in
+    // transactions of their own and were not run again.
+    CHECK(s.not_once(&target) == 0);
+    CHECK(m.claimed == 80);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 80);
+    // Order within the failed record's partition is kept.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
+                             "WHERE a.kafka_partition = t.kafka_partition AND a.kafka_offset > t.kafka_offset "
+                             "AND a.seq < t.seq",
+                             s.effects, target.to_string())) == 0);
+}
+
+TEST_CASE("transaction_per_record: a handler's session SET stops the next claim; later records run clean, each once",
+          "[integration]")
+{
+    PerRecord s(1);
+    s.publish(60);
+    const EventId setter = s.events[10].id;
+    Consumer c(s.config(30), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        s.effect(tx, e, ctx);
+        if (e.id == setter)
+            tx.exec("SET statement_timeout = '4321ms'"); // the session's, not the transaction's
+    });
+    drain(c, [&] { return s.rows() == 60; });
+    const auto m = c.metrics().snapshot();
+    // The record whose COMMIT began the next transaction committed: the
+    // check stopped the next claim after it, so it did not run again.
+    CHECK(s.not_once() == 0);
+    // No later handler found the setting.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {} WHERE statement_timeout <> '0'", s.effects)) == 0);
+    CHECK(m.claimed == 60);
+    CHECK(m.db_commits == 60);
+    CHECK(m.handler_failures == 0);
+    CHECK(m.db_failures == 0);
+}
+
+TEST_CASE("transaction_per_record: the next record's claim held by another session; nothing lost, nothing run twice",
+          "[integration]")
+{
+    PerRecord s(1);
+    s.publish(20);
+    const EventId held = s.events[5].id;
+    // Another session holds the claim of record 5 in an open transaction: the
+    // claim that the COMMIT of record 4 carries waits for it.
+    pqxx::connection blocker(pg());
+    pqxx::work hold(blocker);
+    hold.exec(fmt::format("INSERT INTO processed_event (event_id, consumer_group) VALUES ('{}', '{}')",
+                          held.to_string(), s.group));
+    auto cfg = s.config(20);
+    cfg.lock_timeout = 300ms;
+    cfg.retry_backoff = 100ms;
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
+    {
+        Runner<Consumer> run(c);
+        REQUIRE(wait_until([&] { return c.metrics().snapshot().lock_timeouts >= 2; }, 60s));
+        CHECK(s.rows() == 5);
+        hold.abort(); // the other session gives the claim up
+        const bool done = wait_until([&] { return s.rows() == 20; }, 60s);
+        run.join();
+        REQUIRE_FALSE(run.error());
+        REQUIRE(done);
+    }
+    // Record 4's COMMIT went through before the claim after it failed; it
+    // ran again and found its claim: its handler was not called again.
+    CHECK(s.not_once() == 0);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 20);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 20);
+}
+
+TEST_CASE("transaction_per_record with offsets_in_database: each transaction stores its own record's position",
+          "[integration]")
+{
+    PerRecord s(2);
+    s.publish(60);
+    auto cfg = s.config(30);
+    cfg.offsets_in_database = true;
+    std::atomic<int> ahead{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        // What the transactions before this one stored: never past this record.
+        const auto stored = detail::pg::exec_params(tx,
+                                                    "SELECT coalesce(max(next_offset), 0) FROM consumer_offset "
+                                                    "WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
+                                                    s.group, s.topic, ctx.partition())[0][0]
+                                .as<std::int64_t>();
+        if (stored > ctx.offset())
+            ++ahead;
+        s.effect(tx, e, ctx);
+    });
+    drain(c, [&] { return s.rows() == 60; });
+    CHECK(ahead == 0);
+    CHECK(s.not_once() == 0);
+    CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
+          60);
+}
