@@ -43,6 +43,9 @@ const char* usage = R"(usage: idemkafka-chaos-listener [options]
   --misbehave-per-mille N  orders per thousand misbehaving in each of the three ways
                            (default 10)
   --ordering O             partition (default) or key: Ordering::key with 2 workers
+  --transaction-per-record 1
+                           a transaction per record (ConsumerConfig::transaction_per_record)
+                           (default 0)
 
 Prints one summary line on stdout when it stops (SIGINT/SIGTERM):
   consumed=N charged=C duplicates=D poison=P handler_failures=F handler_aborted=A retries=R
@@ -74,7 +77,8 @@ try {
                         {"misbehave-seed", "0"},
                         {"misbehave-per-mille", "10"},
                         {"group-protocol", "classic"},
-                        {"ordering", "partition"}},
+                        {"ordering", "partition"},
+                        {"transaction-per-record", "0"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -84,6 +88,7 @@ try {
     cfg.group_id = args.get("group");
     cfg.topics = {args.get("topic")};
     cfg.max_batch = static_cast<std::size_t>(args.number("max-batch"));
+    cfg.transaction_per_record = args.get("transaction-per-record") == "1";
     cfg.table = args.get("claims-table");
     cfg.dead_letter_topic = args.get("dead-letter-topic");
     if (args.get("group-protocol") == "consumer")

@@ -97,6 +97,9 @@ const char* const usage = R"(usage: idemkafka-torture --listener PATH --producer
   --ordering O        with --misbehaving: the chaos listener's ordering, partition or
                       key (key: 2 workers, and a failing order parks only its key)
                       (default partition)
+  --transaction-per-record 1
+                      with --misbehaving: the chaos listener commits a transaction per
+                      record (ConsumerConfig::transaction_per_record) (default 0)
   --log-dir DIR       keep listener logs and the timeline there (default: a temp dir,
                       removed when the test passes)
   --group-protocol P  the listeners' group protocol: classic or consumer (KIP-848; the
@@ -515,6 +518,7 @@ struct Options {
     std::string log_dir;
     std::string group_protocol;
     std::string ordering = "partition";
+    bool per_record = false; // the chaos listener's transaction_per_record
 };
 
 Options parse_options(int argc, char** argv)
@@ -553,13 +557,16 @@ Options parse_options(int argc, char** argv)
             o.group_protocol = v;
         else if (a == "--ordering")
             o.ordering = v;
+        else if (a == "--transaction-per-record")
+            o.per_record = v == "1";
         else
             throw std::invalid_argument(fmt::format("unknown argument {}\n{}", a, usage));
     }
     if (o.ordering != "partition" && o.ordering != "key")
         throw std::invalid_argument("--ordering: expected partition or key, got " + o.ordering);
-    if (o.ordering != "partition" && o.misbehaving == 0)
-        throw std::invalid_argument("--ordering is an option of the chaos listener: it needs --misbehaving");
+    if ((o.ordering != "partition" || o.per_record) && o.misbehaving == 0)
+        throw std::invalid_argument(
+            "--ordering and --transaction-per-record are options of the chaos listener: they need --misbehaving");
     if (o.group_protocol.empty())
         o.group_protocol = idemkafka::test::consumer_protocol() ? "consumer" : "classic";
     if (o.group_protocol != "classic" && o.group_protocol != "consumer")
@@ -758,7 +765,8 @@ private:
                                       opt_.group_protocol};
         if (opt_.misbehaving > 0)
             argv.insert(argv.end(), {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
-                                     std::to_string(opt_.misbehaving), "--ordering", opt_.ordering});
+                                     std::to_string(opt_.misbehaving), "--ordering", opt_.ordering,
+                                     "--transaction-per-record", opt_.per_record ? "1" : "0"});
         return std::make_unique<Child>(argv, opt_.log_dir + "/" + name + ".out", opt_.log_dir + "/" + name + ".log");
     }
 

@@ -526,6 +526,9 @@ ConsumerConfig consumer_config(const std::string& group, const std::string& topi
     }
     cfg.retry_backoff = std::chrono::milliseconds(50);
     cfg.log = log_sink();
+    // The suites again with a transaction per record (a test that sets
+    // max_batch itself keeps its units of that size).
+    cfg.transaction_per_record = std::getenv("IDEMKAFKA_TEST_PER_RECORD") != nullptr;
     return cfg;
 }
 
