@@ -61,11 +61,13 @@ services and runs this; by hand, point it at your own:
                          records in the order a plain consumer of the topic
                          receives them, read untimed first: a partition at a
                          time, where pg_floor_batch claims in production order),
-                         pg_floor_batch_rowwise, idemkafka_per_event,
-                         idemkafka_batch, idemkafka_batch_plain,
-                         idemkafka_batch_rowwise, idemkafka_batch_wN,
-                         idemkafka_per_event_wN (only when named: one record per
-                         transaction on N workers, max_batch = N),
+                         pg_floor_batch_rowwise, idemkafka_per_event (one
+                         transaction per record: transaction_per_record),
+                         idemkafka_per_event_max_batch1 (the same with
+                         max_batch = 1 instead), idemkafka_batch,
+                         idemkafka_batch_plain, idemkafka_batch_rowwise,
+                         idemkafka_batch_wN, idemkafka_per_event_wN (only when
+                         named: idemkafka_per_event on N workers),
                          naive_listener; and, only when named (or with --mixed,
                          --full, --prefill): idemkafka_batch_fingerprint
                          (idemkafka_batch with ConsumerConfig::payload_fingerprint;
@@ -393,13 +395,14 @@ struct ModeSpec {
     bool fingerprint = false; // idemkafka: ConsumerConfig::payload_fingerprint
     int slow_every = 0;
     int slow_ms = 0;
-    bool plain = false;        // claims in a plain table (RetentionMode::purge)
-    bool prefilled = false;    // claims into the --prefill table
-    bool fetch_order = false;  // floors: records in the order a consumer receives them
-    std::string spring_mode{}; // spring: the peer's listener
-    std::string spring_ack{};  // spring: the container's AckMode
-    bool kill9 = false;        // the kill -9 run (--kill)
-    bool named_only = false;   // runs only when named in --modes
+    bool plain = false;         // claims in a plain table (RetentionMode::purge)
+    bool prefilled = false;     // claims into the --prefill table
+    bool fetch_order = false;   // floors: records in the order a consumer receives them
+    std::string spring_mode{};  // spring: the peer's listener
+    std::string spring_ack{};   // spring: the container's AckMode
+    bool kill9 = false;         // the kill -9 run (--kill)
+    bool named_only = false;    // runs only when named in --modes
+    bool per_record_tx = false; // idemkafka: ConsumerConfig::transaction_per_record
 };
 
 // Whether the Spring peer can run: it needs its jar and a real broker. Says
@@ -442,6 +445,12 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     // a time, in runs of a producer batch, where pg_floor_batch claims in
     // production order (ids ascending, always at the right edge of the index).
     all[3].fetch_order = true;
+    // One transaction per record as the library runs it: records taken and
+    // merged `batch` at a time, each committed on its own; the same with
+    // max_batch = 1 next to it.
+    all[5].batch = batch;
+    all[5].per_record_tx = true;
+    all.push_back({"idemkafka_per_event_max_batch1", Kind::idemkafka, true, 1, 0, false});
     auto spring_mode = [&](std::string name, bool slow, const char* listener, const char* ack) {
         ModeSpec m{std::move(name), Kind::spring, slow, 0, 0, false};
         m.spring_mode = listener;
@@ -497,18 +506,13 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         for (int w : o.workers)
             if (w > 0)
                 all.push_back({fmt::format("idemkafka_batch_w{}", w), Kind::idemkafka, false, batch, w, true});
-        // One record per transaction on w workers at once (max_batch = workers:
-        // a worker's unit is one record), the library's peer of spring_per_record
-        // at concurrency w.
+        // One record per transaction on w workers at once, the library's peer
+        // of spring_per_record at concurrency w.
         for (int w : o.workers) {
             if (w <= 1)
                 continue;
-            ModeSpec m{fmt::format("idemkafka_per_event_w{}", w),
-                       Kind::idemkafka,
-                       true,
-                       static_cast<std::size_t>(w),
-                       w,
-                       false};
+            ModeSpec m{fmt::format("idemkafka_per_event_w{}", w), Kind::idemkafka, true, batch, w, false};
+            m.per_record_tx = true;
             m.named_only = true;
             all.push_back(m);
         }
@@ -609,6 +613,7 @@ void set_mode(Job& job, const ModeSpec& s)
     job.mode = s.name;
     job.kind = s.kind;
     job.batch = s.batch;
+    job.per_record_tx = s.per_record_tx;
     job.workers = s.kind == Kind::idemkafka_share ? 0 : s.workers;
     job.share_members = s.kind == Kind::idemkafka_share ? s.workers : 0;
     job.batch_handler = s.batch_handler;

@@ -69,6 +69,7 @@ struct Job {
     /// first records of a run meet connection set-up and first fetches).
     std::size_t warmup = 0;
     std::size_t batch = 1;                   ///< floors: records per transaction; idemkafka: max_batch
+    bool per_record_tx = false;              ///< idemkafka: ConsumerConfig::transaction_per_record
     std::chrono::milliseconds batch_wait{0}; ///< floors, paced: longest wait to fill a batch
     int workers = 0;                         ///< idemkafka: 0 leaves the library's default
     int share_members = 0;                   ///< idemkafka_share: ShareConsumerConfig::members

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstddef>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -95,6 +97,7 @@ private:
         cfg.schema = tables.schema;
         cfg.table = tables.claims;
         cfg.max_batch = job.batch;
+        cfg.transaction_per_record = job.per_record_tx;
         cfg.pipeline = env.pipeline;
         auto props = common_consumer_props();
         for (const auto& [k, v] : env.consumer_props)
@@ -121,10 +124,15 @@ private:
     {
         const std::int64_t now_w = wall_us();
         const std::int64_t now_s = steady_us();
+        // The transaction's effects, the oldest pending: with a transaction
+        // per record the hook runs once per transaction, when the unit of
+        // several has committed them all.
         std::vector<Pending> committed;
         {
             std::lock_guard<std::mutex> lock(pending_mu_);
-            committed.swap(pending_);
+            const auto n = static_cast<std::ptrdiff_t>(std::min(info.claimed, pending_.size()));
+            committed.assign(pending_.begin(), pending_.begin() + n);
+            pending_.erase(pending_.begin(), pending_.begin() + n);
         }
         for (const auto& p : committed)
             if (p.measured)
@@ -188,7 +196,7 @@ private:
     std::string effect_statement_;
     std::string effects_statement_;
     std::mutex pending_mu_;
-    std::vector<Pending> pending_;
+    std::deque<Pending> pending_;
     std::optional<Consumer> holder_;
 };
 
@@ -320,6 +328,7 @@ std::vector<std::string> child_args(const RunEnv& env, const Job& job, std::chro
                                      "topic=" + job.topic,
                                      fmt::format("serial={}", job.serial),
                                      fmt::format("batch={}", job.batch),
+                                     fmt::format("per-record-tx={}", job.per_record_tx ? 1 : 0),
                                      fmt::format("workers={}", job.workers),
                                      fmt::format("batch-handler={}", job.batch_handler ? 1 : 0),
                                      fmt::format("pipeline={}", env.pipeline ? 1 : 0),
@@ -358,6 +367,8 @@ ChildSetup parse_child_args(int argc, char** argv)
             c.job.batch = std::stoul(value);
         else if (key == "workers")
             c.job.workers = std::stoi(value);
+        else if (key == "per-record-tx")
+            c.job.per_record_tx = value == "1";
         else if (key == "batch-handler")
             c.job.batch_handler = value == "1";
         else if (key == "pipeline")

@@ -328,6 +328,8 @@ ordered_json summarise(const Report& report)
                                {"idemkafka_batch_rowwise", "pg_floor_batch_rowwise", std::nullopt},
                                {"idemkafka_batch", "idemkafka_batch_rowwise", std::nullopt},
                                {"idemkafka_per_event", "pg_floor_per_event", 0.90},
+                               {"idemkafka_per_event_max_batch1", "pg_floor_per_event", std::nullopt},
+                               {"idemkafka_per_event", "idemkafka_per_event_max_batch1", std::nullopt},
                                {"idemkafka_batch", "naive_listener", 20.0},
                                // The Spring Kafka peer (bench/peers/spring), the same
                                // pattern as its users write it.
@@ -649,11 +651,20 @@ void write_plot_data(std::ostream& out, const std::string& json_path)
     // Header row (gnuplot's columnhead): the bar titles.
     // Ceiling first, then the batch modes and their floors, then the per-record ones.
     auto rank = [](const std::string& m) {
-        static const std::vector<std::string> order = {
-            "kafka_raw",           "pg_floor_batch",         "idemkafka_batch",         "idemkafka_batch_w",
-            "spring_batch",        "pg_floor_batch_rowwise", "idemkafka_batch_rowwise", "pg_floor_per_event",
-            "idemkafka_per_event", "idemkafka_per_event_w",  "spring_per_record",       "spring_per_record_manual",
-            "naive_listener"};
+        static const std::vector<std::string> order = {"kafka_raw",
+                                                       "pg_floor_batch",
+                                                       "idemkafka_batch",
+                                                       "idemkafka_batch_w",
+                                                       "spring_batch",
+                                                       "pg_floor_batch_rowwise",
+                                                       "idemkafka_batch_rowwise",
+                                                       "pg_floor_per_event",
+                                                       "idemkafka_per_event",
+                                                       "idemkafka_per_event_max_batch1",
+                                                       "idemkafka_per_event_w",
+                                                       "spring_per_record",
+                                                       "spring_per_record_manual",
+                                                       "naive_listener"};
         for (std::size_t i = 0; i < order.size(); ++i)
             if (m.rfind(order[i], 0) == 0 && (m == order[i] || order[i].back() == 'w'))
                 return i;
