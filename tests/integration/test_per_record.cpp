@@ -14,6 +14,7 @@
 #include <idemkafka/publisher.hpp>
 
 #include "catch_compat.hpp"
+#include "effects_fixture.hpp"
 #include "pg/exec.hpp"
 #include "test_env.hpp"
 
@@ -22,8 +23,6 @@ using namespace idemkafka::test;
 using namespace std::chrono_literals;
 
 namespace {
-
-using Consumer = IdempotentConsumer<TestEvent>;
 
 // A consumer of a transaction per record over a fresh topic, with an effect
 // table its handler writes to: the event, the server transaction's id, the
@@ -116,15 +115,6 @@ struct PerRecord {
     }
 };
 
-void drain(Consumer& c, const std::function<bool()>& done)
-{
-    Runner<Consumer> run(c);
-    const bool ok = wait_until(done, 90s);
-    run.join();
-    REQUIRE_FALSE(run.error());
-    REQUIRE(ok);
-}
-
 } // namespace
 
 TEST_CASE("transaction_per_record: each record commits alone, after_db_commit once per transaction", "[integration]")
@@ -133,7 +123,7 @@ TEST_CASE("transaction_per_record: each record commits alone, after_db_commit on
     s.publish(120, 30);
     Consumer c(s.config(40), decode, event_id_of,
                [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
-    drain(c, [&] { return s.records_committed() == 150; });
+    run_until(c, [&] { return s.records_committed() == 150; });
     const auto m = c.metrics().snapshot();
     CHECK(s.rows() == 120);
     CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 120);
@@ -172,7 +162,7 @@ TEST_CASE("transaction_per_record: a failing record holds back only its partitio
         if (e.id == target && ctx.attempt() == 1)
             throw std::runtime_error("payment provider timed out");
     });
-    drain(c, [&] { return s.rows() == 80; });
+    run_until(c, [&] { return s.rows() == 80; });
     const auto m = c.metrics().snapshot();
     CHECK(m.handler_failures == 1);
     CHECK(s.calls_of(target) == 2);
@@ -199,7 +189,7 @@ TEST_CASE("transaction_per_record: a handler's session SET stops the next claim;
         if (e.id == setter)
             tx.exec("SET statement_timeout = '4321ms'"); // the session's, not the transaction's
     });
-    drain(c, [&] { return s.rows() == 60; });
+    run_until(c, [&] { return s.rows() == 60; });
     const auto m = c.metrics().snapshot();
     // The record whose COMMIT began the next transaction committed: the
     // check stopped the next claim after it, so it did not run again.
@@ -265,7 +255,7 @@ TEST_CASE("transaction_per_record with offsets_in_database: each transaction sto
             ++ahead;
         s.effect(tx, e, ctx);
     });
-    drain(c, [&] { return s.rows() == 60; });
+    run_until(c, [&] { return s.rows() == 60; });
     CHECK(ahead == 0);
     CHECK(s.not_once() == 0);
     CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
