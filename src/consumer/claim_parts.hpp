@@ -50,9 +50,10 @@ inline std::int64_t fingerprint_of(const Item& it)
 
 // The skeleton (claim_transaction.cpp): the worker's pending records that
 // are not held, each id once, in id order (see the definition); `one`: only
-// the first of them in batch order (a transaction per record).
+// the first of them in batch order (a transaction per record), from
+// position `from` of the worker's records.
 ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints,
-                                  bool one = false);
+                                  bool one = false, std::size_t from = 0);
 
 // Handler calls (claim_handler_calls.cpp): whether a handler's exception
 // leaves its record another try (NonRetryableError, then

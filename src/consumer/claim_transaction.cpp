@@ -34,6 +34,7 @@ void Worker::reset(const Holds& initial)
     error = nullptr;
     stored.clear();
     commits.clear();
+    settled = 0;
 }
 
 RetentionMode ClaimTransaction::settle_schema(pqxx::connection& db) const
@@ -104,7 +105,7 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
             s_.circuit.skipped(w.info.duplicates);
             // A transaction per record: on to the next one, until none is
             // left to run (a record left pending would be taken for done).
-            if (!s_.per_record || next_record(w, b, nobody, false) == nobody)
+            if (!s_.per_record || next_record(w, b, nobody) == nobody)
                 return;
             conflicts = 0;
             continue;
@@ -150,7 +151,9 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
 // One transaction over the worker's pending records that are not held.
 ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
 {
-    Attempt a = collect(w, b.items, s_.cfg.payload_fingerprint, s_.per_record);
+    // A transaction per record: the first record still to run.
+    Attempt a = s_.per_record ? collect(w, b.items, s_.cfg.payload_fingerprint, true, w.settled)
+                              : collect(w, b.items, s_.cfg.payload_fingerprint);
     w.info = BatchInfo{};
     w.info.records = a.active;
     w.tallies.calls_ok = w.tallies.calls_recovered = 0;
@@ -173,7 +176,8 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
 // The worker's pending records that are not held, each id once (its first
 // record in batch order). Claims go in id order: workers that share ids lock
 // them in the same order and cannot deadlock each other.
-ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints, bool one)
+ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints, bool one,
+                                  std::size_t from)
 {
     ClaimTransaction::Attempt a;
     // (id, index) of the pending records; sorted, the first of each id's run
@@ -181,7 +185,8 @@ ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>
     // costs less than a node per id.
     std::vector<std::pair<EventId, std::size_t>> pending;
     pending.reserve(w.items.size());
-    for (std::size_t i : w.items) {
+    for (std::size_t k = from; k < w.items.size(); ++k) {
+        const std::size_t i = w.items[k];
         const auto& it = items[i];
         if (it.state != ItemState::pending || held(w.holds, it))
             continue;
@@ -273,7 +278,8 @@ ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, co
         throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
     if (w.revoked.load())
         throw Abandon{};
-    if (const std::size_t next = s_.per_record ? next_record(w, b, current, true) : nobody; next != nobody) {
+    if (const std::size_t next = s_.per_record && may_chain(w, b) ? next_record(w, b, current) : nobody;
+        next != nobody) {
         commit_chained(tx, w, b, next);
     } else {
         const auto session = pg::commit_armed(tx);
@@ -295,19 +301,26 @@ ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, co
 }
 
 // A transaction per record: the first record of the batch still to run
-// but `current` (nobody when none is). `now`: the one whose transaction the
-// COMMIT of `current`'s may begin (nobody also when none may start now: a
-// stop, a revoke, the time budget over, or the last such COMMIT failed).
-std::size_t ClaimTransaction::next_record(const Worker& w, const Batch& b, std::size_t current, bool now) const
+// but `current` (nobody when none is). The records it passes that are done
+// or held stay so: the next search starts after them (one pass over the
+// batch in all, whatever its size).
+std::size_t ClaimTransaction::next_record(Worker& w, const Batch& b, std::size_t current) const
 {
-    if (now && (w.chain_failed || s_.forced() || w.revoked.load() || Clock::now() >= b.deadline))
-        return nobody;
-    for (std::size_t i : w.items) {
-        const auto& it = b.items[i];
-        if (i != current && it.state == ItemState::pending && !held(w.holds, it))
-            return i;
-    }
+    auto to_run = [&](std::size_t i) { return b.items[i].state == ItemState::pending && !held(w.holds, b.items[i]); };
+    while (w.settled < w.items.size() && !to_run(w.items[w.settled]))
+        ++w.settled;
+    for (std::size_t k = w.settled; k < w.items.size(); ++k)
+        if (w.items[k] != current && to_run(w.items[k]))
+            return w.items[k];
     return nobody;
+}
+
+// A transaction per record: whether the COMMIT may begin the next record's
+// transaction (not on a stop, a revoke, past the time budget, nor right
+// after such a COMMIT failed).
+bool ClaimTransaction::may_chain(const Worker& w, const Batch& b) const
+{
+    return !w.chain_failed && !s_.forced() && !w.revoked.load() && Clock::now() < b.deadline;
 }
 
 // COMMIT, and in the same text the next record's transaction begun and its

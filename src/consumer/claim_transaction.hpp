@@ -229,7 +229,8 @@ private:
     std::string claim_text(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                            const std::vector<std::int64_t>& fingerprints) const;
     // One transaction per record (Setup::per_record).
-    std::size_t next_record(const Worker& w, const Batch& b, std::size_t current, bool now) const;
+    std::size_t next_record(Worker& w, const Batch& b, std::size_t current) const;
+    bool may_chain(const Worker& w, const Batch& b) const;
     void commit_chained(pqxx::work& tx, Worker& w, const Batch& b, std::size_t next);
     void give_back_rest(Worker& w, Batch& b);
     void end_chain(Worker& w);

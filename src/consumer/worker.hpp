@@ -147,6 +147,10 @@ struct Worker : pg::Session, BatchOutcome {
         std::vector<EventId> claimed;
     };
     std::optional<Chained> chained;
+    // ConsumerConfig::transaction_per_record: the records before this
+    // position of `items` are done or held (for good: holds only grow
+    // within a batch), so the search for the next record starts here.
+    std::size_t settled = 0;
     // A COMMIT that carried the next record's claim failed: whether it
     // committed is not known, so the record runs again with a COMMIT of its
     // own, and what failed is then told apart.
