@@ -61,6 +61,9 @@ services and runs this; by hand, point it at your own:
                          records in the order a plain consumer of the topic
                          receives them, read untimed first: a partition at a
                          time, where pg_floor_batch claims in production order),
+                         pg_floor_batch_library_order (pg_floor_batch with the
+                         records and transactions of the round's, or the last
+                         round's, idemkafka_batch run, which it needs),
                          pg_floor_batch_rowwise, idemkafka_per_event (one
                          transaction per record: transaction_per_record),
                          idemkafka_per_event_max_batch1 (the same with
@@ -398,6 +401,7 @@ struct ModeSpec {
     bool plain = false;         // claims in a plain table (RetentionMode::purge)
     bool prefilled = false;     // claims into the --prefill table
     bool fetch_order = false;   // floors: records in the order a consumer receives them
+    bool library_order = false; // floors: the records and transactions of idemkafka_batch
     std::string spring_mode{};  // spring: the peer's listener
     std::string spring_ack{};   // spring: the container's AckMode
     bool kill9 = false;         // the kill -9 run (--kill)
@@ -469,6 +473,13 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
     all.push_back(per_event_prefilled);
     const ModeSpec library_batch{"idemkafka_batch", Kind::idemkafka, false, batch, 0, true};
     all.push_back(library_batch);
+    // The floor with the very claims of idemkafka_batch: its records, in the
+    // order it took them, in its transactions. Right after it, so that in a
+    // round in order it replays that round's run (in a reversed round, the
+    // last round's).
+    ModeSpec library_order_floor{"pg_floor_batch_library_order", Kind::pg_floor_batch, false, batch, 0, false};
+    library_order_floor.library_order = true;
+    all.push_back(library_order_floor);
     const ModeSpec spring_batch = spring_mode("spring_batch", false, "batch", "MANUAL");
     all.push_back(spring_batch);
     // The kill -9 run (--kill): the library's consumer in a child process,
@@ -580,6 +591,14 @@ std::vector<ModeSpec> mode_specs(const Options& o, std::size_t batch)
         std::any_of(o.dups.begin(), o.dups.end(), [](int d) { return d > 0; }))
         std::fprintf(stderr, "note: idemkafka_batch_fingerprint runs at 0%% re-sends only: the bench's re-sends "
                              "differ from their originals (sequence number, timestamp)\n");
+    const auto runs_mode = [&](const char* name) {
+        return std::any_of(out.begin(), out.end(), [&](const ModeSpec& s) { return s.name == name; });
+    };
+    if (runs_mode("pg_floor_batch_library_order") && !runs_mode("idemkafka_batch")) {
+        std::fprintf(stderr, "note: pg_floor_batch_library_order skipped: it replays idemkafka_batch's claims, "
+                             "which does not run (--modes ...,idemkafka_batch)\n");
+        out.erase(std::remove_if(out.begin(), out.end(), [](const ModeSpec& s) { return s.library_order; }), out.end());
+    }
     const bool any_prefilled = std::any_of(out.begin(), out.end(), [](const ModeSpec& s) { return s.prefilled; });
     if (any_prefilled && o.prefill == 0)
         fail_usage("the _prefilled modes need --prefill ROWS");
@@ -638,12 +657,32 @@ void set_spring(Job& job, const ModeSpec& s, const Options& o, int partitions)
     job.spring_concurrency = o.spring_concurrency > 0 ? o.spring_concurrency : partitions;
 }
 
-// A mode that needs the run's topic: the Kafka modes, and the floor that
-// takes the records in the order a consumer of that topic receives them.
+// Keeps the order idemkafka_batch took `job.topic`'s records in, for
+// pg_floor_batch_library_order, when it is whole: every record once, every
+// one in a committed transaction. A run with retries (records decoded twice)
+// or errors leaves the last whole one in place.
+void keep_library_order(LibraryOrder noted, const Job& job, Result& r, std::map<std::string, LibraryOrder>& orders)
+{
+    std::uint64_t in_transactions = 0;
+    for (auto n : noted.batches)
+        in_transactions += n;
+    if (!r.errors.empty())
+        return;
+    if (noted.seqs.size() != job.count || in_transactions != job.count) {
+        r.notes.push_back(fmt::format("its order is not kept for pg_floor_batch_library_order: {} records decoded and "
+                                      "{} in committed transactions, for {}",
+                                      noted.seqs.size(), in_transactions, job.count));
+        return;
+    }
+    orders[job.topic] = std::move(noted);
+}
+
+// A mode that needs the run's topic: the Kafka modes, and the floors that
+// take the records in the order a consumer of that topic receives them.
 bool needs_topic(const ModeSpec& s)
 {
-    return s.fetch_order || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka || s.kind == Kind::idemkafka_share ||
-           s.kind == Kind::naive_listener || s.kind == Kind::spring;
+    return s.fetch_order || s.library_order || s.kind == Kind::kafka_raw || s.kind == Kind::idemkafka ||
+           s.kind == Kind::idemkafka_share || s.kind == Kind::naive_listener || s.kind == Kind::spring;
 }
 
 // The peer's JVM, its JDBC URL (the same server, over TCP: JDBC has no Unix
@@ -850,6 +889,8 @@ int run(const Options& o)
     int serial = 0;
     // Per topic: the order a plain consumer receives its records in, read once.
     std::map<std::string, std::vector<std::uint32_t>> fetch_orders;
+    // Per topic: the order and transactions of its last idemkafka_batch run.
+    std::map<std::string, LibraryOrder> library_orders;
     const OnReady no_op = [](const Counter&) {};
     // --rounds: every drain again, the modes in reverse order every other
     // round, so that a ratio pairs runs a few seconds apart (see summarise()).
@@ -893,8 +934,25 @@ int run(const Options& o)
                         }
                         job.order = &order;
                     }
+                    const auto library_order = library_orders.find(job.topic);
+                    if (s.library_order) {
+                        if (library_order == library_orders.end()) {
+                            std::fprintf(stderr,
+                                         "note: %s skipped at %zu records, %d%% re-sends: no whole order of "
+                                         "idemkafka_batch on this topic to replay\n",
+                                         s.name.c_str(), n, data.dup_percent());
+                            continue;
+                        }
+                        job.order = &library_order->second.seqs;
+                        job.batches = &library_order->second.batches;
+                    }
+                    LibraryOrder noted;
+                    if (s.name == "idemkafka_batch")
+                        job.note_order = &noted;
                     Result r = run_job(env, job, no_op);
                     r.round = round;
+                    if (job.note_order)
+                        keep_library_order(std::move(noted), job, r, library_orders);
                     std::fprintf(stderr, "%s\n", progress_line(r).c_str());
                     report.runs.push_back(std::move(r));
                 }
@@ -915,7 +973,7 @@ int run(const Options& o)
             for (const auto& s : specs) {
                 // mixed: their latency is the handler's time; the fetch order
                 // is a drain's; a kill -9 run measures no latency.
-                if (s.mixed || s.fetch_order || s.kill9 || !runs_at(s, data.dup_percent()))
+                if (s.mixed || s.fetch_order || s.library_order || s.kill9 || !runs_at(s, data.dup_percent()))
                     continue;
                 Job job;
                 set_mode(job, s);

@@ -174,12 +174,14 @@ public:
             generator_.join();
     }
 
-    // Fills `out` with up to `n` records; false when the run is complete.
-    // Paced: waits for the first record, then up to job.batch_wait for more,
+    // Fills `out` with up to `n` records (the next of job.batches, when
+    // given); false when the run is complete. Paced: waits for the first record, then up to job.batch_wait for more,
     // like the library's poll loop.
     bool next(std::size_t n, std::vector<FloorItem>& out)
     {
         out.clear();
+        if (job_.batches && next_batch_ < job_.batches->size())
+            n = (*job_.batches)[next_batch_++];
         if (!job_.paced) {
             const std::int64_t now = wall_us();
             for (; out.size() < n && next_seq_ < job_.count; ++next_seq_)
@@ -226,6 +228,7 @@ private:
     const Job& job_;
     Counter processed_;
     std::size_t next_seq_ = 0;
+    std::size_t next_batch_ = 0;
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<FloorItem> queue_;

@@ -52,6 +52,14 @@ enum class Kind {
     spring, ///< the Spring Kafka peer, a child JVM (bench/peers/spring)
 };
 
+/// The order an idemkafka_batch run took its records in: their sequence
+/// numbers as the consumer decoded them, and the records of each transaction
+/// it committed, in turn. pg_floor_batch_library_order replays it.
+struct LibraryOrder {
+    std::vector<std::uint32_t> seqs;
+    std::vector<std::uint32_t> batches;
+};
+
 struct Job {
     std::string mode; ///< row name, e.g. "idemkafka_batch_w4"
     Kind kind = Kind::kafka_raw;
@@ -62,6 +70,12 @@ struct Job {
     /// production order. pg_floor_batch_fetch_order takes them in the order a
     /// plain consumer of `topic` received them (read_fetch_order()).
     const std::vector<std::uint32_t>* order = nullptr;
+    /// Floors: the records of each transaction, in turn (the library's own
+    /// with pg_floor_batch_library_order); null, or once used up: `batch`.
+    const std::vector<std::uint32_t>* batches = nullptr;
+    /// idemkafka: where to note the order the consumer took the records in;
+    /// null: not noted.
+    LibraryOrder* note_order = nullptr;
     bool paced = false; ///< records are produced during the run at `rate`
     double rate = 0;
     /// Paced: records [0, warmup) are produced first; the rest follows once the

@@ -130,6 +130,8 @@ private:
         std::vector<Pending> committed;
         {
             std::lock_guard<std::mutex> lock(pending_mu_);
+            if (job_.note_order && info.records > 0)
+                job_.note_order->batches.push_back(static_cast<std::uint32_t>(info.records));
             const auto n = static_cast<std::ptrdiff_t>(std::min(info.claimed, pending_.size()));
             committed.assign(pending_.begin(), pending_.begin() + n);
             pending_.erase(pending_.begin(), pending_.begin() + n);
@@ -148,6 +150,10 @@ private:
         BenchEvent e;
         e.d = decode_payload(payload);
         e.taken_us = steady_us();
+        if (job_.note_order) {
+            std::lock_guard<std::mutex> lock(pending_mu_);
+            job_.note_order->seqs.push_back(static_cast<std::uint32_t>(e.d.seq));
+        }
         std::int64_t unset = -1;
         first_taken.compare_exchange_strong(unset, e.taken_us);
         return e;
