@@ -382,6 +382,7 @@ MessagePtr GroupMember::poll(milliseconds timeout)
 {
     while (errors_.empty() && caps_.room()) {
         MessagePtr m(rd_kafka_consumer_poll(rk_.get(), 0));
+        pulled(m.get());
         if (!m)
             break;
         hold(std::move(m));
@@ -394,12 +395,25 @@ MessagePtr GroupMember::poll(milliseconds timeout)
     if (auto m = next_held())
         return m;
     MessagePtr m(rd_kafka_consumer_poll(rk_.get(), static_cast<int>(timeout.count())));
+    pulled(m.get());
     if (!m || m->err)
         return m;
     Queue* l = hold(std::move(m));
     if (l && l->deferred && !l->paused && !l->full && !caps_.room())
         pause_full(*l);
     return next_held();
+}
+
+// What a poll of librdkafka's queue gave (null: the queue was empty), for the
+// WakePacer's runs.
+void GroupMember::pulled(const rd_kafka_message_t* m) noexcept
+{
+    if (!wake_pacer_)
+        return;
+    if (m)
+        wake_pacer_->pulled(bytes_of(*m));
+    else
+        wake_pacer_->emptied();
 }
 
 GroupMember::Queue& GroupMember::queue_of(std::string_view topic, std::int32_t partition)

@@ -211,6 +211,7 @@ private:
     Queue& queue_of(std::string_view topic, std::int32_t partition);
     Queue* find_queue(std::string_view topic, std::int32_t partition); // null: none, none created
     Queue* hold(MessagePtr m); // its queue (null: an error, kept for poll() to return)
+    void pulled(const rd_kafka_message_t* m) noexcept;
     MessagePtr next_held();
     void drop_held(Queue& l);
     void drop_queues(const std::set<TopicPartition>& revoked); // and their held records

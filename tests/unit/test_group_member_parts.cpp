@@ -57,6 +57,37 @@ TEST_CASE("WakePacer wakes at most every 20 ms and never without a half-full que
     CHECK(pacer.check(false, 0, 10, 100, t0 + 20ms));       // stays armed until then
 }
 
+TEST_CASE("WakePacer wakes after a queue that filled and was emptied between two checks", "[unit][kafka]")
+{
+    // A fetch response of 150 records arrives and is taken whole while a
+    // batch fills: no check sees the queue at half a cap, the run of records
+    // taken without the queue running empty does.
+    WakePacer pacer(100, 1000000);
+    CHECK_FALSE(pacer.check(true, 0, 0, 0, t0)); // the response had not arrived yet
+    for (int i = 0; i < 150; ++i)
+        pacer.pulled(60);
+    pacer.emptied();
+    CHECK(pacer.check(false, 0, 150, 9000, t0));
+    // Runs that stay short arm nothing: records trickling in, the queue
+    // empty between them.
+    for (int i = 0; i < 10; ++i) {
+        for (int k = 0; k < 99; ++k)
+            pacer.pulled(60);
+        pacer.emptied();
+    }
+    CHECK_FALSE(pacer.check(false, 0, 990, 59400, t0 + 1s));
+    // A run counts its records' bytes against the bytes cap too.
+    WakePacer by_bytes(1000000, 10000);
+    for (int i = 0; i < 10; ++i)
+        by_bytes.pulled(999);
+    CHECK_FALSE(by_bytes.check(false, 0, 10, 9990, t0));
+    by_bytes.pulled(999);
+    CHECK(by_bytes.check(false, 0, 11, 10989, t0));
+    CHECK_FALSE(by_bytes.check(false, 0, 0, 0, t0 + 1s)); // disarmed by the wake
+    by_bytes.pulled(999);                                 // a run starts again after a wake
+    CHECK_FALSE(by_bytes.check(false, 0, 1, 999, t0 + 2s));
+}
+
 TEST_CASE("PrefetchCaps splits each cap between the member and librdkafka's queue", "[unit][kafka]")
 {
     PrefetchCaps caps(1000, 1 << 20);
