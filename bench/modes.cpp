@@ -59,6 +59,11 @@ void verify_kill9(const RunEnv& env, const Job& job, const RunState& st, Result&
 
 } // namespace
 
+std::string group_of(const Job& job)
+{
+    return fmt::format("ikbench-run-{:05}", job.serial);
+}
+
 Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready)
 {
     Result r;
@@ -243,7 +248,7 @@ void run_pg_floor(const RunEnv& env, const Job& job, RunState& st)
 {
     const bool multi_row = job.kind == Kind::pg_floor_batch;
     const ProcessedEventStore store(st.tables.schema, st.tables.claims);
-    const std::string group = "ikbench";
+    const std::string group = group_of(job);
 
     pqxx::connection conn(env.services.postgres);
     // The library's claim statement, prepared as the library prepares it.

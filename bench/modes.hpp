@@ -186,6 +186,11 @@ using OnReady = std::function<void(Counter processed)>;
 /// Runs one job. Never throws: failures end up in Result::errors.
 Result run_job(const RunEnv& env, const Job& job, const OnReady& on_ready);
 
+/// The consumer group of a run: "ikbench-run-" and the run's serial, the
+/// same length for every mode, since every claim row and primary-key entry
+/// carries it (the floors' too) and its length is part of their cost.
+std::string group_of(const Job& job);
+
 // The modes, called by run_job after the tables are prepared.
 struct RunState;
 void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st);

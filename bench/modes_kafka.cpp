@@ -143,8 +143,8 @@ Drained drain(rd_kafka_t* rk, const Job& job, BeforePoll before_poll, First firs
 void run_kafka_raw(const RunEnv& env, const Job& job, RunState& st)
 {
     // No commits at all: the ceiling is the fetch path alone.
-    auto rk = subscribe(env, job, fmt::format("ikbench-{}-{}", job.mode, job.serial),
-                        {{"enable.auto.commit", "false"}, {"enable.auto.offset.store", "false"}});
+    auto rk =
+        subscribe(env, job, group_of(job), {{"enable.auto.commit", "false"}, {"enable.auto.offset.store", "false"}});
     bool ready = false;
     const auto drained = drain(
         rk.get(), job,
@@ -188,7 +188,7 @@ std::vector<std::uint32_t> read_fetch_order(const RunEnv& env, const Job& job)
 
 void run_naive_listener(const RunEnv& env, const Job& job, RunState& st)
 {
-    const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    const std::string group = group_of(job);
     auto rk = subscribe(env, job, group, {{"enable.auto.commit", "false"}, {"enable.auto.offset.store", "false"}});
     pqxx::connection db(env.services.postgres);
     // Written the way such listeners usually are: ad-hoc parameterised

@@ -91,7 +91,7 @@ private:
     {
         ConsumerConfig cfg;
         cfg.brokers = env.services.brokers;
-        cfg.group_id = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+        cfg.group_id = group_of(job);
         cfg.topics = {job.topic};
         cfg.postgres = env.services.postgres;
         cfg.schema = tables.schema;
@@ -446,7 +446,7 @@ int run_child_consumer(int argc, char** argv)
 
 void run_idemkafka_kill9(const RunEnv& env, const Job& job, RunState& st)
 {
-    const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    const std::string group = group_of(job);
     const std::string dir =
         env.spring.work_dir.empty() ? std::filesystem::temp_directory_path().string() : env.spring.work_dir;
     const std::string log = fmt::format("{}/{}-{}-{}.log", dir, job.mode, job.serial, getpid());

@@ -106,7 +106,7 @@ void run_idemkafka_share(const RunEnv& env, const Job& job, RunState& st)
     std::atomic<std::int64_t> last_commit{-1};
     ShareConsumerConfig cfg;
     cfg.consumer.brokers = env.services.brokers;
-    cfg.consumer.group_id = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    cfg.consumer.group_id = group_of(job);
     cfg.consumer.topics = {job.topic};
     cfg.consumer.postgres = env.services.postgres;
     cfg.consumer.schema = st.tables.schema;

@@ -103,7 +103,7 @@ void run_spring_kill9(const RunEnv& env, const Job& job, RunState& st)
 {
     if (env.spring.jar.empty())
         throw std::runtime_error("no Spring peer jar (--spring-jar; scripts/bench.sh builds it)");
-    const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    const std::string group = group_of(job);
     const std::string log = fmt::format("{}/{}-{}.log", env.spring.work_dir, job.mode, job.serial);
     run_kill9(env, job, st, "the peer", group, log, [&](std::chrono::milliseconds idle_exit) {
         return spawn_peer(env.spring, peer_props(env, job, st, group, "", idle_exit), log);
@@ -120,7 +120,7 @@ void run_spring(const RunEnv& env, const Job& job, RunState& st)
     }
     if (env.spring.jar.empty())
         throw std::runtime_error("no Spring peer jar (--spring-jar; scripts/bench.sh builds it)");
-    const std::string group = fmt::format("ikbench-{}-{}", job.mode, job.serial);
+    const std::string group = group_of(job);
     const std::string dir = env.spring.work_dir.empty() ? "/tmp" : env.spring.work_dir;
     const std::string latency_out = fmt::format("{}/{}-{}.latency", dir, job.mode, job.serial);
     const std::string log = fmt::format("{}/{}-{}.log", dir, job.mode, job.serial);
