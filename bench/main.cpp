@@ -663,11 +663,11 @@ void set_spring(Job& job, const ModeSpec& s, const Options& o, int partitions)
 // or errors leaves the last whole one in place.
 void keep_library_order(LibraryOrder noted, const Job& job, Result& r, std::map<std::string, LibraryOrder>& orders)
 {
+    if (!r.errors.empty())
+        return;
     std::uint64_t in_transactions = 0;
     for (auto n : noted.batches)
         in_transactions += n;
-    if (!r.errors.empty())
-        return;
     if (noted.seqs.size() != job.count || in_transactions != job.count) {
         r.notes.push_back(fmt::format("its order is not kept for pg_floor_batch_library_order: {} records decoded and "
                                       "{} in committed transactions, for {}",
@@ -934,8 +934,8 @@ int run(const Options& o)
                         }
                         job.order = &order;
                     }
-                    const auto library_order = library_orders.find(job.topic);
                     if (s.library_order) {
+                        const auto library_order = library_orders.find(job.topic);
                         if (library_order == library_orders.end()) {
                             std::fprintf(stderr,
                                          "note: %s skipped at %zu records, %d%% re-sends: no whole order of "

@@ -180,8 +180,8 @@ public:
     }
 
     // Fills `out` with up to `n` records (the next of job.batches, when
-    // given); false when the run is complete. Paced: waits for the first record, then up to job.batch_wait for more,
-    // like the library's poll loop.
+    // given); false when the run is complete. Paced: waits for the first
+    // record, then up to job.batch_wait for more, like the library's poll loop.
     bool next(std::size_t n, std::vector<FloorItem>& out)
     {
         out.clear();

@@ -124,14 +124,16 @@ private:
     {
         const std::int64_t now_w = wall_us();
         const std::int64_t now_s = steady_us();
+        if (job_.note_order && info.records > 0) {
+            std::lock_guard<std::mutex> lock(order_mu_);
+            job_.note_order->batches.push_back(static_cast<std::uint32_t>(info.records));
+        }
         // The transaction's effects, the oldest pending: with a transaction
         // per record the hook runs once per transaction, when the unit of
         // several has committed them all.
         std::vector<Pending> committed;
         {
             std::lock_guard<std::mutex> lock(pending_mu_);
-            if (job_.note_order && info.records > 0)
-                job_.note_order->batches.push_back(static_cast<std::uint32_t>(info.records));
             const auto n = static_cast<std::ptrdiff_t>(std::min(info.claimed, pending_.size()));
             committed.assign(pending_.begin(), pending_.begin() + n);
             pending_.erase(pending_.begin(), pending_.begin() + n);
@@ -151,7 +153,7 @@ private:
         e.d = decode_payload(payload);
         e.taken_us = steady_us();
         if (job_.note_order) {
-            std::lock_guard<std::mutex> lock(pending_mu_);
+            std::lock_guard<std::mutex> lock(order_mu_);
             job_.note_order->seqs.push_back(static_cast<std::uint32_t>(e.d.seq));
         }
         std::int64_t unset = -1;
@@ -203,6 +205,9 @@ private:
     std::string effects_statement_;
     std::mutex pending_mu_;
     std::deque<Pending> pending_;
+    // Job::note_order's: not pending_mu_, which a batch handler holds for its
+    // whole batch while the poll thread decodes the next records.
+    std::mutex order_mu_;
     std::optional<Consumer> holder_;
 };
 
