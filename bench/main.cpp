@@ -120,6 +120,8 @@ services and runs this; by hand, point it at your own:
                          repeatable (what-if runs, e.g. queued.max.messages.kbytes=8192)
   --no-pipeline          library modes with ConsumerConfig::pipeline = false
                          (batches polled and processed one after the other)
+  --batches-per-unit N   library modes with ConsumerConfig::batches_per_unit = N
+                         (default 1, the library's default)
   --quick                smoke run: 10k records, per-record modes at 2000,
                          1 s paced runs at the first --dups share only
   --mixed                mixed workload: 1% of records (every 100th) hold their
@@ -214,6 +216,7 @@ struct Options {
     bool keep = false;
     bool verbose = false;
     bool pipeline = true;
+    std::size_t batches_per_unit = 1;
     /// Paced runs at every --dups share; --quick: at the first only (the
     /// drains already check each mode's re-send handling).
     bool paced_every_dup = true;
@@ -308,6 +311,10 @@ Options parse_options(int argc, char** argv)
             o.consumer_props[kv.substr(0, eq)] = kv.substr(eq + 1);
         } else if (arg == "--no-pipeline") {
             o.pipeline = false;
+        } else if (arg == "--batches-per-unit") {
+            o.batches_per_unit = parse_list<std::size_t>(arg, value()).front();
+            if (o.batches_per_unit < 1 || o.batches_per_unit > 64)
+                fail_usage("--batches-per-unit: expected 1 to 64");
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--mixed") {
@@ -776,7 +783,7 @@ int run(const Options& o)
         tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
     }
     const Meter meter(backend_pid, o.services.mock_control);
-    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, {}, {}, {}};
+    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, o.batches_per_unit, {}, {}, {}};
     if (!o.spring_jar.empty())
         env.spring = spring_peer(o, report);
 
@@ -815,6 +822,7 @@ int run(const Options& o)
         {"broker", o.services.mock_control.empty() ? "external" : "idemkafka-mock-broker"},
         {"consumer_props", o.consumer_props},
         {"pipeline", o.pipeline},
+        {"batches_per_unit", o.batches_per_unit},
         {"cpu_postgres_measured", meter.has_postgres()},
         {"cpu_broker_measured", meter.has_broker()},
     };

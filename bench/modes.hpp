@@ -171,6 +171,8 @@ struct RunEnv {
     std::map<std::string, std::string> consumer_props;
     /// ConsumerConfig::pipeline of the library modes (--no-pipeline: false).
     bool pipeline = true;
+    /// ConsumerConfig::batches_per_unit of the library modes (--batches-per-unit).
+    std::size_t batches_per_unit = 1;
     /// --prefill: the prefilled claims table, and the lowest id a run claims in it.
     std::string prefill_table;
     EventId prefill_run_ids_from;

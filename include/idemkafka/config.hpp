@@ -390,6 +390,18 @@ struct IDEMKAFKA_API ConsumerConfig {
     /// called once per transaction, when the unit is merged. For a consumer
     /// (IdempotentConsumer); the share consumer ignores it.
     bool transaction_per_record = false;
+    /// Transactions a worker runs back to back in one unit of work, each of
+    /// up to its share of max_batch records (max_batch / workers). Each
+    /// COMMIT carries the next transaction's claim (a round trip fewer per
+    /// transaction), and the unit's records are handed to the worker, merged
+    /// and their Kafka offsets committed together: one hand-over per unit,
+    /// not per transaction. A failing record holds back its partition's tail
+    /// (or its key's) from its transaction on; the transactions before it
+    /// stay committed. after_db_commit is called once per transaction, when
+    /// the unit is merged. 1: a unit is one transaction. Ignored with
+    /// transaction_per_record, whose unit is max_batch records. For a
+    /// consumer (IdempotentConsumer); the share consumer ignores it.
+    std::size_t batches_per_unit = 1;
     /// PostgreSQL connections working in parallel, each in its own transaction
     /// over up to max_batch / workers records whose partitions (or keys, see
     /// `ordering`) no other worker is running. A worker that finishes takes its

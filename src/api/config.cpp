@@ -126,6 +126,10 @@ void validate_workers(const ConsumerConfig& c)
 {
     require(c.max_batch >= 1, "max_batch: must be at least 1");
     require(c.max_batch <= 100000, "max_batch: must be at most 100000");
+    require(c.batches_per_unit >= 1, "batches_per_unit: must be at least 1");
+    require(c.batches_per_unit <= 64, "batches_per_unit: must be at most 64");
+    require(c.max_batch * c.batches_per_unit <= 100000,
+            "batches_per_unit: max_batch x batches_per_unit must be at most 100000");
     require(c.max_batch_wait.count() >= 0, "max_batch_wait: must not be negative");
     require(c.commit_interval.count() >= 0, "commit_interval: must not be negative");
     require(c.max_batch_bytes >= 1, "max_batch_bytes: must be at least 1");

@@ -77,29 +77,29 @@ std::optional<ClaimTransaction::Outcome> ClaimTransaction::call_each(pqxx::work&
 void ClaimTransaction::over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k,
                                    std::size_t handled)
 {
-    const auto given_back = give_back(tx, w, b, a.first, k, a.claimed);
+    const auto given_back = give_back(tx, w, b, a, k);
     say(s_.log, LogLevel::info, {}, "batch over its time budget after {} handler calls; {} records come again", handled,
         given_back);
     a.active = 0;
-    for (std::size_t j : w.items)
-        if (b.items[j].state == ItemState::pending && !held(w.holds, b.items[j]))
+    for (std::size_t p = a.from; p < a.end; ++p)
+        if (b.items[w.items[p]].state == ItemState::pending && !held(w.holds, b.items[w.items[p]]))
             ++a.active;
     w.info.records = a.active;
     a.claimed_override = handled;
 }
 
-// Releases the claims of the records from first[k] on (their handlers have
-// not run) and holds their partitions there, so this transaction commits
-// only finished work. Returns how many records are given back.
-std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, Batch& b,
-                                        const std::vector<std::size_t>& first, std::size_t k,
-                                        const pg::ClaimedIds& claimed)
+// Releases the claims of the records of `a` from a.first[k] on (their
+// handlers have not run) and holds their partitions there, so this
+// transaction commits only finished work. Returns how many of its records
+// are given back.
+std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const Attempt& a,
+                                        std::size_t k)
 {
     std::vector<EventId> release;
-    for (std::size_t j = k; j < first.size(); ++j) {
-        const auto& it = b.items[first[j]];
+    for (std::size_t j = k; j < a.first.size(); ++j) {
+        const auto& it = b.items[a.first[j]];
         w.holds.add(it.part, it.record.offset, 0);
-        if (claimed.contains(it.id))
+        if (a.claimed.contains(it.id))
             release.push_back(it.id);
     }
     if (!release.empty())
@@ -108,8 +108,8 @@ std::size_t ClaimTransaction::give_back(pqxx::transaction_base& tx, Worker& w, B
                                     s_.store.qualified_name()),
                         s_.cfg.group_id, pg::uuid_array(release));
     std::size_t n = 0;
-    for (std::size_t j : w.items)
-        if (held(w.holds, b.items[j]))
+    for (std::size_t p = a.from; p < a.end; ++p)
+        if (held(w.holds, b.items[w.items[p]]))
             ++n;
     return n;
 }

@@ -49,11 +49,11 @@ inline std::int64_t fingerprint_of(const Item& it)
 }
 
 // The skeleton (claim_transaction.cpp): the worker's pending records that
-// are not held, each id once, in id order (see the definition); `one`: only
-// the first of them in batch order (a transaction per record), from
-// position `from` of the worker's records.
+// are not held, each id once, in id order (see the definition); from
+// position `from` of the worker's records, at most `most` of them (a
+// transaction's share of a unit of several).
 ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints,
-                                  bool one = false, std::size_t from = 0);
+                                  std::size_t most = SIZE_MAX, std::size_t from = 0);
 
 // Handler calls (claim_handler_calls.cpp): whether a handler's exception
 // leaves its record another try (NonRetryableError, then
@@ -67,7 +67,8 @@ ClaimTransaction::Classified classify(const std::exception_ptr& error, bool in_h
 
 // Stored positions (claim_positions.cpp): the next offset per partition of
 // the worker's records that are not held, up to the record at index `upto`
-// of the batch (a transaction per record: the later ones have not run yet);
+// of the batch (several transactions per unit: the later ones have not run
+// yet);
 // `of` (when not null) gets each partition's state and next offset too.
 std::vector<OffsetStore::Position> positions_of(const BatchOutcome& w, const std::vector<Item>& items,
                                                 std::vector<std::pair<PartitionState*, std::int64_t>>* of,
@@ -80,9 +81,10 @@ struct PayloadReference {
 };
 
 // Reused ids: marks for the dead letter (event_id_reused) each pending,
-// not held record of the worker whose id was claimed with another payload
-// (`reference`), and returns them.
+// not held record of the worker, at positions [from, end) of its records,
+// whose id was claimed with another payload (`reference`), and returns them.
 std::vector<Item*> mark_reused(const BatchOutcome& w, std::vector<Item>& items,
-                               const std::unordered_map<EventId, PayloadReference>& reference);
+                               const std::unordered_map<EventId, PayloadReference>& reference, std::size_t from = 0,
+                               std::size_t end = SIZE_MAX);
 
 } // namespace idemkafka::detail

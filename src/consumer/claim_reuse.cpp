@@ -2,6 +2,7 @@
 // whose event id was claimed with another payload is dead-lettered
 // (event_id_reused) instead of skipped as a duplicate.
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,14 +25,13 @@ namespace idemkafka::detail {
 // sent before COMMIT, so a stored position never passes one that was not
 // acknowledged.
 ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b,
-                                                         const std::vector<std::size_t>& first,
-                                                         const pg::ClaimedIds& claimed)
+                                                         const Attempt& a)
 {
     std::unordered_map<EventId, PayloadReference> reference;
     std::vector<EventId> conflicted;
-    for (std::size_t i : first) {
+    for (std::size_t i : a.first) {
         const auto& it = b.items[i];
-        if (claimed.contains(it.id))
+        if (a.claimed.contains(it.id))
             reference.emplace(it.id, PayloadReference{fingerprint_of(it), &it});
         else
             conflicted.push_back(it.id);
@@ -40,7 +40,9 @@ ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base&
         for (const auto& row :
              pg::exec_prepared(tx, fingerprints_statement, s_.cfg.group_id, pg::uuid_array(conflicted)))
             reference.emplace(EventId::parse(row[0].c_str()), PayloadReference{row[1].as<std::int64_t>(), nullptr});
-    const auto reused = mark_reused(w, b.items, reference);
+    // This transaction's records only: a later transaction of the unit
+    // meets its own in its turn.
+    const auto reused = mark_reused(w, b.items, reference, a.from, a.end);
     Reused out;
     out.rejected = reused.size();
     if (reused.empty())
@@ -53,11 +55,12 @@ ClaimTransaction::Reused ClaimTransaction::reject_reused(pqxx::transaction_base&
 }
 
 std::vector<Item*> mark_reused(const BatchOutcome& w, std::vector<Item>& items,
-                               const std::unordered_map<EventId, PayloadReference>& reference)
+                               const std::unordered_map<EventId, PayloadReference>& reference, std::size_t from,
+                               std::size_t end)
 {
     std::vector<Item*> reused;
-    for (std::size_t i : w.items) {
-        auto& it = items[i];
+    for (std::size_t k = from; k < std::min(end, w.items.size()); ++k) {
+        auto& it = items[w.items[k]];
         if (it.state != ItemState::pending || held(w.holds, it))
             continue;
         const auto ref = reference.find(it.id);

@@ -81,8 +81,8 @@ void ClaimTransaction::prepare(Worker& w)
 void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_point deadline)
 {
     Batch b{items, deadline};
-    // However it ends: a transaction the last COMMIT began for a record that
-    // does not run now is rolled back.
+    // However it ends: a transaction the last COMMIT began for records that
+    // do not run now is rolled back.
     struct Chain {
         ClaimTransaction& self;
         Worker& w;
@@ -90,9 +90,9 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
     } chain{*this, w};
     int conflicts = 0;
     for (;;) {
-        // A transaction per record: past the time budget, the records not
-        // begun yet come again (one transaction at least, as in a batch).
-        if (s_.per_record && !w.commits.empty() && !w.chained && Clock::now() >= b.deadline) {
+        // Several transactions per unit: past the time budget, the records
+        // not begun yet come again (one transaction at least, as in a batch).
+        if (chunked() && !w.commits.empty() && !w.chained && Clock::now() >= b.deadline) {
             give_back_rest(w, b);
             return;
         }
@@ -103,9 +103,9 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
         s_.circuit.succeeded_on(w.tallies.ok_keys);
         if (out == Outcome::committed) {
             s_.circuit.skipped(w.info.duplicates);
-            // A transaction per record: on to the next one, until none is
-            // left to run (a record left pending would be taken for done).
-            if (!s_.per_record || next_record(w, b, nobody) == nobody)
+            // Several transactions per unit: on to the next one, until none
+            // is left to run (a record left pending would be taken for done).
+            if (!chunked() || !any_left(w, b))
                 return;
             conflicts = 0;
             continue;
@@ -151,9 +151,9 @@ void ClaimTransaction::run(Worker& w, std::vector<Item>& items, Clock::time_poin
 // One transaction over the worker's pending records that are not held.
 ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure& failure)
 {
-    // A transaction per record: the first record still to run.
-    Attempt a = s_.per_record ? collect(w, b.items, s_.cfg.payload_fingerprint, true, w.settled)
-                              : collect(w, b.items, s_.cfg.payload_fingerprint);
+    // Several transactions per unit: the first records still to run.
+    Attempt a = chunked() ? collect(w, b.items, s_.cfg.payload_fingerprint, s_.tx_records, w.settled)
+                          : collect(w, b.items, s_.cfg.payload_fingerprint);
     w.info = BatchInfo{};
     w.info.records = a.active;
     w.tallies.calls_ok = w.tallies.calls_recovered = 0;
@@ -176,23 +176,27 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
 // The worker's pending records that are not held, each id once (its first
 // record in batch order). Claims go in id order: workers that share ids lock
 // them in the same order and cannot deadlock each other.
-ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints, bool one,
-                                  std::size_t from)
+ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>& items, bool fingerprints,
+                                  std::size_t most, std::size_t from)
 {
     ClaimTransaction::Attempt a;
+    a.from = from;
+    a.end = w.items.size();
     // (id, index) of the pending records; sorted, the first of each id's run
     // is its first record in batch order. No hash set: a sort of the batch
     // costs less than a node per id.
     std::vector<std::pair<EventId, std::size_t>> pending;
-    pending.reserve(w.items.size());
+    pending.reserve(std::min(most, w.items.size() - std::min(from, w.items.size())));
     for (std::size_t k = from; k < w.items.size(); ++k) {
         const std::size_t i = w.items[k];
         const auto& it = items[i];
         if (it.state != ItemState::pending || held(w.holds, it))
             continue;
         pending.emplace_back(it.id, i);
-        if (one)
+        if (pending.size() == most) {
+            a.end = k + 1;
             break;
+        }
     }
     a.active = pending.size();
     std::sort(pending.begin(), pending.end());
@@ -217,11 +221,11 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
 {
     // Armed before the transaction, so its ROLLBACK on the way out is bounded too.
     const pg::Watch::Armed armed(w.watch, locking_bound(s_.cfg));
-    // A transaction per record: the last COMMIT's text began this record's
-    // transaction and claimed it (commit_chained()).
+    // Several transactions per unit: the last COMMIT's text began this
+    // transaction and claimed its records (commit_chained()).
     auto chained = std::exchange(w.chained, std::nullopt);
-    if (chained && !(a.first.size() == 1 && a.first.front() == chained->index)) {
-        w.kept.drop(); // begun for another record: rolled back
+    if (chained && chained->first != a.first) {
+        w.kept.drop(); // begun for other records: rolled back
         chained.reset();
     }
     pg::KeptWork::Scope scope(w.kept); // rolled back unless commit() commits
@@ -247,7 +251,7 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.
     if (s_.cfg.payload_fingerprint && (a.claimed.size() < a.ids.size() || a.active > a.ids.size())) {
-        const Reused reused = reject_reused(tx, w, b, a.first, a.claimed);
+        const Reused reused = reject_reused(tx, w, b, a);
         if (reused.held)
             return Outcome::split; // again without the partition's tail behind the held dead letter
         a.active -= reused.rejected;
@@ -264,23 +268,27 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
 }
 
 // The stored positions, the checks that the transaction is still the claim's
-// own, and COMMIT (with the guard's arm: one round trip; a transaction per
-// record: with the next record's claim too, see commit_chained()).
+// own, and COMMIT (with the guard's arm: one round trip; several
+// transactions per unit: with the next one's claim too, see
+// commit_chained()).
 ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a)
 {
-    // A transaction per record: its one record, whose partition's position
-    // the later ones of the batch must not move yet.
-    const std::size_t current = s_.per_record ? a.first.front() : SIZE_MAX;
+    // Several transactions per unit: the last of its records, past which
+    // the later transactions' records must not move their partitions'
+    // positions yet.
+    const std::size_t upto = chunked() ? w.items[a.end - 1] : SIZE_MAX;
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
     if (s_.offsets && !s_.positions_after_merge)
-        write_positions(tx, positions_of(w, b.items, &stored, current));
+        write_positions(tx, positions_of(w, b.items, &stored, upto));
     if (const auto state = pg::state_of(tx); state != pg::TxState::open)
         throw std::runtime_error(fmt::format("transaction {} before COMMIT", pg::to_string(state)));
     if (w.revoked.load())
         throw Abandon{};
-    if (const std::size_t next = s_.per_record && may_chain(w, b) ? next_record(w, b, current) : nobody;
-        next != nobody) {
-        commit_chained(tx, w, b, next);
+    Attempt next;
+    if (chunked() && may_chain(w, b))
+        next = collect(w, b.items, s_.cfg.payload_fingerprint, s_.tx_records, a.end);
+    if (!next.ids.empty()) {
+        commit_chained(tx, w, next);
     } else {
         const auto session = pg::commit_armed(tx);
         if (!session)
@@ -293,29 +301,39 @@ ClaimTransaction::Outcome ClaimTransaction::commit(pqxx::work& tx, Worker& w, co
     w.info.duplicates = a.active - w.info.claimed;
     if (w.info.records)
         w.commits.push_back(w.info);
-    if (s_.per_record)
-        for (std::size_t i : a.first)
-            if (b.items[i].state == ItemState::pending)
-                b.items[i].state = ItemState::done; // committed: not run again, nor held if a later one fails
+    if (chunked())
+        settle(w, b, a);
     return Outcome::committed;
 }
 
-// A transaction per record: the first record of the batch still to run
-// but `current` (nobody when none is). The records it passes that are done
-// or held stay so: the next search starts after them (one pass over the
-// batch in all, whatever its size).
-std::size_t ClaimTransaction::next_record(Worker& w, const Batch& b, std::size_t current) const
+// Several transactions per unit, after one committed: its records are done
+// (not run again, nor held if a later transaction fails), and the next
+// transaction's records are found from its end on. A batch handler called
+// one record at a time after a failed call is called with whole
+// transactions again.
+void ClaimTransaction::settle(Worker& w, const Batch& b, const Attempt& a)
+{
+    for (std::size_t k = a.from; k < a.end; ++k) {
+        auto& it = b.items[w.items[k]];
+        if (it.state == ItemState::pending && !held(w.holds, it))
+            it.state = ItemState::done;
+    }
+    w.settled = std::max(w.settled, a.end);
+    w.scratch.one_by_one = false;
+}
+
+// Several transactions per unit: whether a record of the batch is still to
+// run. The records it passes that are done or held stay so: the next search
+// starts after them (one pass over the batch in all, whatever its size).
+bool ClaimTransaction::any_left(Worker& w, const Batch& b) const
 {
     auto to_run = [&](std::size_t i) { return b.items[i].state == ItemState::pending && !held(w.holds, b.items[i]); };
     while (w.settled < w.items.size() && !to_run(w.items[w.settled]))
         ++w.settled;
-    for (std::size_t k = w.settled; k < w.items.size(); ++k)
-        if (w.items[k] != current && to_run(w.items[k]))
-            return w.items[k];
-    return nobody;
+    return w.settled < w.items.size();
 }
 
-// A transaction per record: whether the COMMIT may begin the next record's
+// Several transactions per unit: whether the COMMIT may begin the next
 // transaction (not on a stop, a revoke, past the time budget, nor right
 // after such a COMMIT failed).
 bool ClaimTransaction::may_chain(const Worker& w, const Batch& b) const
@@ -323,25 +341,20 @@ bool ClaimTransaction::may_chain(const Worker& w, const Batch& b) const
     return !w.chain_failed && !s_.forced() && !w.revoked.load() && Clock::now() < b.deadline;
 }
 
-// COMMIT, and in the same text the next record's transaction begun and its
-// claim: one round trip fewer per record. Between them, the session's
-// settings are checked against the clean ones (what commit_armed() reads
-// after its COMMIT): where a handler changed them, the check raises before
-// the claim, this transaction having committed. A failure of anything
-// after the COMMIT is taken for one of the COMMIT (the record runs again,
-// with a COMMIT of its own, and finds its claim: a duplicate); only the
-// check's own error, in the next transaction, tells that the COMMIT went
-// through.
-void ClaimTransaction::commit_chained(pqxx::work& tx, Worker& w, const Batch& b, std::size_t next)
+// COMMIT, and in the same text the next transaction begun and its claim
+// (of `next`'s records): one round trip fewer per transaction. Between
+// them, the session's settings are checked against the clean ones (what
+// commit_armed() reads after its COMMIT): where a handler changed them, the
+// check raises before the claim, this transaction having committed. A
+// failure of anything after the COMMIT is taken for one of the COMMIT (its
+// records run again, with a COMMIT of their own, and find their claims:
+// duplicates); only the check's own error, in the next transaction, tells
+// that the COMMIT went through.
+void ClaimTransaction::commit_chained(pqxx::work& tx, Worker& w, const Attempt& next)
 {
-    const auto& it = b.items[next];
-    const std::vector<EventId> ids{it.id};
-    std::vector<std::int64_t> fingerprints;
-    if (s_.cfg.payload_fingerprint)
-        fingerprints.push_back(fingerprint_of(it));
     w.watch.arm(locking_bound(s_.cfg)); // the claim may wait for row locks
     w.chain_failed = true;              // until it returns
-    auto chained = pg::commit_armed_then(tx, w.clean_session, claim_text(tx, ids, fingerprints));
+    auto chained = pg::commit_armed_then(tx, w.clean_session, claim_text(tx, next.ids, next.fingerprints));
     w.chain_failed = false;
     switch (chained.ended) {
     case pg::ChainedCommit::End::replaced:
@@ -354,13 +367,13 @@ void ClaimTransaction::commit_chained(pqxx::work& tx, Worker& w, const Batch& b,
         return;
     case pg::ChainedCommit::End::begun:
         w.session_dirty = false; // as the check found it, in the next transaction
-        w.chained = Worker::Chained{next, pg::claimed_ids(chained.claim)};
+        w.chained = Worker::Chained{next.first, pg::claimed_ids(chained.claim)};
         return;
     }
 }
 
-// A transaction per record, over the time budget: the records not begun
-// yet come again (their partitions held there, no backoff).
+// Several transactions per unit, over the time budget: the records not
+// begun yet come again (their partitions held there, no backoff).
 void ClaimTransaction::give_back_rest(Worker& w, Batch& b)
 {
     std::vector<const Item*> rest;
@@ -374,7 +387,7 @@ void ClaimTransaction::give_back_rest(Worker& w, Batch& b)
             w.commits.size(), rest.size());
 }
 
-// A transaction the last COMMIT began for a record that does not run in it
+// A transaction the last COMMIT began for records that do not run in it
 // (run() ends first): rolled back. Never throws.
 void ClaimTransaction::end_chain(Worker& w)
 {

@@ -102,9 +102,13 @@ public:
         std::function<bool()> forced;
         /// Per-key ordering over several workers: positions are written after the merge.
         bool positions_after_merge;
-        /// ConsumerConfig::transaction_per_record (a consumer's; the share
-        /// consumer and the handler harness commit a batch at a time).
-        bool per_record = false;
+        /// Records per transaction within a unit, the transactions run back
+        /// to back, each COMMIT carrying the next one's claim: 1 with
+        /// ConsumerConfig::transaction_per_record, a worker's share of
+        /// max_batch with ConsumerConfig::batches_per_unit above 1. Zero:
+        /// the unit in one transaction (also the share consumer's and the
+        /// handler harness's).
+        std::size_t tx_records = 0;
     };
 
     explicit ClaimTransaction(Setup setup)
@@ -190,6 +194,11 @@ public:
 
     /// One attempt's records and where it stands.
     struct Attempt {
+        // Its records are among the worker's (Worker::items) at positions
+        // [from, end): the whole batch, or a transaction's share of it
+        // (Setup::tx_records).
+        std::size_t from = 0;
+        std::size_t end = 0;
         std::vector<EventId> ids;                // to claim, in id order
         std::vector<std::int64_t> fingerprints;  // payload_fingerprint: of ids, in their order
         std::vector<std::size_t> first;          // index of the first pending item per id, in batch order
@@ -228,17 +237,18 @@ private:
                        const std::vector<std::int64_t>& fingerprints, const std::string& before = {});
     std::string claim_text(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
                            const std::vector<std::int64_t>& fingerprints) const;
-    // One transaction per record (Setup::per_record).
-    std::size_t next_record(Worker& w, const Batch& b, std::size_t current) const;
+    // Several transactions per unit (Setup::tx_records).
+    bool chunked() const { return s_.tx_records != 0; }
+    bool any_left(Worker& w, const Batch& b) const;
     bool may_chain(const Worker& w, const Batch& b) const;
-    void commit_chained(pqxx::work& tx, Worker& w, const Batch& b, std::size_t next);
+    void commit_chained(pqxx::work& tx, Worker& w, const Attempt& next);
+    void settle(Worker& w, const Batch& b, const Attempt& a);
     void give_back_rest(Worker& w, Batch& b);
     void end_chain(Worker& w);
     // Handler calls (claim_handler_calls.cpp).
     std::optional<Outcome> call_each(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
     void over_budget(pqxx::transaction_base& tx, Worker& w, Batch& b, Attempt& a, std::size_t k, std::size_t handled);
-    std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
-                          std::size_t k, const pg::ClaimedIds& claimed);
+    std::size_t give_back(pqxx::transaction_base& tx, Worker& w, Batch& b, const Attempt& a, std::size_t k);
     std::optional<Outcome> call_gathered(pqxx::work& tx, Worker& w, Batch& b, Attempt& a, Failure& failure);
     template <class Call> bool call_handler(std::size_t blame, Failure& failure, Call&& call);
     bool left_usable(const pqxx::dbtransaction& tx, const Worker& w, std::size_t blame, Failure& failure);
@@ -250,8 +260,7 @@ private:
     Outcome db_error(Worker& w, const std::string& what);
     void lost_connection(Worker& w, const char* why);
     // Reused ids (claim_reuse.cpp).
-    Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const std::vector<std::size_t>& first,
-                         const pg::ClaimedIds& claimed);
+    Reused reject_reused(pqxx::transaction_base& tx, Worker& w, Batch& b, const Attempt& a);
     // Screening (claim_screen.cpp).
     void reconcile_failed(Item& it, const std::string& where, const std::exception& e);
     // The member lock (member_sessions.cpp).

@@ -60,6 +60,30 @@ constexpr milliseconds sync_commit_bound{10000};
 // Reading the committed offsets' metadata at an assignment waits at most this long.
 constexpr milliseconds inherit_wait{5000};
 
+// A worker's share of max_batch: the records of one of its transactions
+// (but with transaction_per_record).
+inline std::size_t worker_batch(const ConsumerConfig& cfg)
+{
+    return std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers);
+}
+
+// Records of a worker's unit of work: its share of max_batch, times
+// batches_per_unit (with transaction_per_record, the share alone).
+inline std::size_t unit_records(const ConsumerConfig& cfg)
+{
+    return worker_batch(cfg) * (cfg.transaction_per_record ? 1 : cfg.batches_per_unit);
+}
+
+// ClaimTransaction::Setup::tx_records: 1 with transaction_per_record, the
+// worker's share of max_batch with batches_per_unit above 1, 0 (the unit in
+// one transaction) otherwise.
+inline std::size_t tx_records(const ConsumerConfig& cfg)
+{
+    if (cfg.transaction_per_record)
+        return 1;
+    return cfg.batches_per_unit > 1 ? worker_batch(cfg) : 0;
+}
+
 // The consumer's tables, as the configuration names them.
 struct Tables {
     explicit Tables(const ConsumerConfig& cfg)
@@ -97,7 +121,7 @@ struct Engine::Impl final : kafka::GroupEvents {
     Gates gates{cfg, db_backoff_shape, metrics, log};
     ClaimTransaction claims{ClaimTransaction::Setup{
         cfg, stage, metrics, tables.claims, tables.offsets, ledger, dead_letters, gates.circuit.circuit(), log,
-        [this] { return forced(); }, positions_after_merge(), cfg.transaction_per_record}};
+        [this] { return forced(); }, positions_after_merge(), tx_records(cfg)}};
     std::optional<StoredPositions> positions; // offsets_in_database
     // Ordering::key: records waiting behind a failed record of their key.
     Parking parking{std::max<std::size_t>(1, cfg.max_prefetch_records / 2),
@@ -105,12 +129,12 @@ struct Engine::Impl final : kafka::GroupEvents {
     std::unique_ptr<kafka::GroupMember> kafka;
 
     // The workers' units, the lanes they hold and the Stage slots of the
-    // records decoded: max_batch spread over the workers, a unit is a
-    // worker's share of a full waiting room.
-    Dispatcher dispatcher{
-        cfg.ordering, cfg.workers, std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers),
-        Dispatcher::Hands{[this](std::size_t n) { return crew.workers[n].db != nullptr; },
-                          [this](Item& it) { intake.decode(it); }, [this](std::size_t n) { submit(n); }}};
+    // records decoded: max_batch spread over the workers (times
+    // batches_per_unit), a unit is a worker's share of a full waiting room.
+    Dispatcher dispatcher{cfg.ordering, cfg.workers, unit_records(cfg),
+                          Dispatcher::Hands{[this](std::size_t n) { return crew.workers[n].db != nullptr; },
+                                            [this](Item& it) { intake.decode(it); },
+                                            [this](std::size_t n) { submit(n); }}};
     WaitingRoom room{cfg.max_batch_bytes}; // after the dispatcher: its records hold the dispatcher's slots
     CommitPacer pacer{cfg.commit_interval};
     Sidecars sidecars;

@@ -105,8 +105,9 @@ struct BatchOutcome {
     // the poll thread to note in their states after the batch.
     std::vector<std::pair<PartitionState*, std::int64_t>> stored;
     // Every transaction of the batch that committed, in order: one, or with
-    // ConsumerConfig::transaction_per_record one per record (also where a
-    // later one failed). after_db_commit is called for each.
+    // several per unit (ConsumerConfig::transaction_per_record,
+    // batches_per_unit) each of them (also where a later one failed).
+    // after_db_commit is called for each.
     std::vector<BatchInfo> commits;
 };
 
@@ -139,21 +140,22 @@ struct Worker : pg::Session, BatchOutcome {
     // first.
     std::string clean_session;
     bool session_dirty = true;
-    // ConsumerConfig::transaction_per_record: the record whose transaction
-    // the last COMMIT's text began, with its claim (see
-    // ClaimTransaction::commit()); that transaction is open on the server.
+    // Several transactions per unit (ConsumerConfig::transaction_per_record,
+    // batches_per_unit): the records whose transaction the last COMMIT's
+    // text began, with their claim (see ClaimTransaction::commit()); that
+    // transaction is open on the server.
     struct Chained {
-        std::size_t index; // into the batch
+        std::vector<std::size_t> first; // into the batch: Attempt::first
         std::vector<EventId> claimed;
     };
     std::optional<Chained> chained;
-    // ConsumerConfig::transaction_per_record: the records before this
-    // position of `items` are done or held (for good: holds only grow
-    // within a batch), so the search for the next record starts here.
+    // Several transactions per unit: the records before this position of
+    // `items` are done or held (for good: holds only grow within a batch),
+    // so the search for the next transaction's records starts here.
     std::size_t settled = 0;
-    // A COMMIT that carried the next record's claim failed: whether it
-    // committed is not known, so the record runs again with a COMMIT of its
-    // own, and what failed is then told apart.
+    // A COMMIT that carried the next transaction's claim failed: whether it
+    // committed is not known, so its records run again with a COMMIT of
+    // their own, and what failed is then told apart.
     bool chain_failed = false;
     CallScratch scratch;
     CallTallies tallies;

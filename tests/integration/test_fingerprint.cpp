@@ -28,6 +28,7 @@ struct Run {
     bool offsets_in_database = false;
     Ordering ordering = Ordering::partition;
     bool per_record = false; // ConsumerConfig::transaction_per_record
+    std::size_t unit = 0;    // ConsumerConfig::batches_per_unit, with transactions of 4 records
 };
 
 void reused_ids(const Run& run)
@@ -49,6 +50,10 @@ void reused_ids(const Run& run)
     cfg.offsets_in_database = run.offsets_in_database;
     cfg.ordering = run.ordering;
     cfg.transaction_per_record = run.per_record;
+    if (run.unit > 0) {
+        cfg.max_batch = 4;
+        cfg.batches_per_unit = run.unit;
+    }
     cfg.workers = run.ordering == Ordering::key ? 2 : 1;
     cfg.retention.maintenance = false;
     Consumer consumer(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
@@ -155,6 +160,12 @@ TEST_CASE("fingerprint: a reused event id with a different payload is dead-lette
     DYNAMIC_SECTION("transaction_per_record, offsets_in_database")
     {
         reused_ids(Run{true, true, Ordering::partition, true});
+    }
+    // Several transactions per unit: a reused id is met by the transaction
+    // of its record, not by an earlier one that claimed the first payload.
+    DYNAMIC_SECTION("batches_per_unit, offsets_in_database")
+    {
+        reused_ids(Run{true, true, Ordering::partition, false, 8});
     }
 }
 

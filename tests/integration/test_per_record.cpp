@@ -1,6 +1,8 @@
-// ConsumerConfig::transaction_per_record: a transaction per record inside a
-// unit of max_batch records, each COMMIT carrying the next record's claim.
-// Every test counts effects, handler calls and transactions in the database.
+// Several transactions per unit of work, each COMMIT carrying the next
+// transaction's claim: ConsumerConfig::transaction_per_record (a transaction
+// per record inside a unit of max_batch records) and batches_per_unit
+// (transactions of max_batch records, several per unit). Every test counts
+// effects, handler calls and transactions in the database.
 
 #include <atomic>
 #include <map>
@@ -61,10 +63,13 @@ struct PerRecord {
         pub.flush();
     }
 
-    ConsumerConfig config(std::size_t max_batch)
+    // A transaction per record in units of `max_batch`; or, with `unit`,
+    // transactions of `max_batch` records, `unit` of them per unit.
+    ConsumerConfig config(std::size_t max_batch, std::size_t unit = 0)
     {
         auto cfg = consumer_config(group, topic);
-        cfg.transaction_per_record = true;
+        cfg.transaction_per_record = unit == 0;
+        cfg.batches_per_unit = unit == 0 ? 1 : unit;
         cfg.max_batch = max_batch;
         cfg.hooks.after_db_commit = [this](const BatchInfo& info) {
             std::lock_guard<std::mutex> lock(mu);
@@ -102,6 +107,12 @@ struct PerRecord {
         std::lock_guard<std::mutex> lock(mu);
         auto c = calls.find(id);
         return c == calls.end() ? 0 : c->second;
+    }
+    // The most effects one server transaction wrote.
+    std::int64_t largest_transaction() const
+    {
+        return scalar(
+            fmt::format("SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {} GROUP BY txid) t", effects));
     }
     // Events whose handler ran other than once.
     int not_once(const EventId* except = nullptr)
@@ -258,6 +269,165 @@ TEST_CASE("transaction_per_record with offsets_in_database: each transaction sto
     run_until(c, [&] { return s.rows() == 60; });
     CHECK(ahead == 0);
     CHECK(s.not_once() == 0);
+    CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
+          60);
+}
+
+TEST_CASE("batches_per_unit: transactions of max_batch records, several per unit, each effect once", "[integration]")
+{
+    PerRecord s(3);
+    s.publish(120, 30);
+    Consumer c(s.config(10, 4), decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
+    run_until(c, [&] { return s.records_committed() == 150; });
+    const auto m = c.metrics().snapshot();
+    CHECK(s.rows() == 120);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 120);
+    CHECK(s.largest_transaction() <= 10);
+    // At least the 12 transactions 120 effects need, each with a commit of its own.
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT txid) FROM {}", s.effects)) >= 12);
+    CHECK(s.not_once() == 0);
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        std::size_t claimed = 0, duplicates = 0, largest = 0;
+        for (const auto& info : s.commits) {
+            claimed += info.claimed;
+            duplicates += info.duplicates;
+            largest = std::max(largest, info.records);
+        }
+        CHECK(largest <= 10);
+        CHECK(claimed == 120);
+        CHECK(duplicates == 30);
+        CHECK(m.db_commits == s.commits.size());
+    }
+    CHECK(m.claimed == 120);
+    CHECK(m.duplicates == 30);
+    CHECK(m.handler_failures == 0);
+    CHECK(m.db_failures == 0);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 120);
+}
+
+TEST_CASE("batches_per_unit: a failing record holds back its partition's tail; earlier transactions stay committed",
+          "[integration]")
+{
+    PerRecord s(2);
+    s.publish(80);
+    const EventId target = s.events[30].id;
+    Consumer c(s.config(8, 5), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        s.effect(tx, e, ctx); // written, then rolled back on the throw
+        if (e.id == target && ctx.attempt() == 1)
+            throw std::runtime_error("payment provider timed out");
+    });
+    run_until(c, [&] { return s.rows() == 80; });
+    const auto m = c.metrics().snapshot();
+    CHECK(m.handler_failures == 1);
+    CHECK(s.calls_of(target) == 2);
+    // Only the records of the failed transaction, handled before it in its
+    // attempt, ran again: those of the transactions before it did not.
+    int again = 0;
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        for (const auto& e : s.events)
+            again += s.calls[e.id] > 1 ? 1 : 0;
+    }
+    CHECK(again >= 1);
+    CHECK(again <= 8);
+    CHECK(m.claimed == 80);
+    CHECK(s.rows() == 80);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 80);
+    CHECK(s.largest_transaction() <= 8);
+    // Order within the failed record's partition is kept.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
+                             "WHERE a.kafka_partition = t.kafka_partition AND a.kafka_offset > t.kafka_offset "
+                             "AND a.seq < t.seq",
+                             s.effects, target.to_string())) == 0);
+}
+
+TEST_CASE("batches_per_unit: a handler's session SET stops the next claim; later transactions run clean, each once",
+          "[integration]")
+{
+    PerRecord s(1);
+    s.publish(60);
+    const EventId setter = s.events[10].id;
+    Consumer c(s.config(4, 5), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        s.effect(tx, e, ctx);
+        if (e.id == setter)
+            tx.exec("SET statement_timeout = '4321ms'"); // the session's, not the transaction's
+    });
+    run_until(c, [&] { return s.rows() == 60; });
+    const auto m = c.metrics().snapshot();
+    CHECK(s.not_once() == 0);
+    // The setter's transaction committed with it: only the handlers after
+    // the setter in that transaction found it; none of a later transaction.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
+                             "WHERE a.statement_timeout <> '0' AND a.txid <> t.txid",
+                             s.effects, setter.to_string())) == 0);
+    CHECK(m.claimed == 60);
+    CHECK(m.db_commits >= 15);
+    CHECK(s.largest_transaction() <= 4);
+    CHECK(m.handler_failures == 0);
+    CHECK(m.db_failures == 0);
+}
+
+TEST_CASE("batches_per_unit: the next transaction's claim held by another session; nothing lost, nothing run twice",
+          "[integration]")
+{
+    PerRecord s(1);
+    s.publish(20);
+    const EventId held = s.events[5].id;
+    // Another session holds the claim of record 5 in an open transaction: the
+    // claim of records 4 to 7 that the COMMIT of records 0 to 3 carries waits
+    // for it.
+    pqxx::connection blocker(pg());
+    pqxx::work hold(blocker);
+    hold.exec(fmt::format("INSERT INTO processed_event (event_id, consumer_group) VALUES ('{}', '{}')",
+                          held.to_string(), s.group));
+    auto cfg = s.config(4, 5);
+    cfg.max_batch_wait = 2s; // one unit of all 20
+    cfg.lock_timeout = 300ms;
+    cfg.retry_backoff = 100ms;
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
+    {
+        Runner<Consumer> run(c);
+        REQUIRE(wait_until([&] { return c.metrics().snapshot().lock_timeouts >= 2; }, 60s));
+        CHECK(s.rows() == 4);
+        hold.abort(); // the other session gives the claim up
+        const bool done = wait_until([&] { return s.rows() == 20; }, 60s);
+        run.join();
+        REQUIRE_FALSE(run.error());
+        REQUIRE(done);
+    }
+    // Records 0 to 3 committed before the claim after them failed; they ran
+    // again and found their claims: their handlers were not called again.
+    CHECK(s.not_once() == 0);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 20);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 20);
+}
+
+TEST_CASE("batches_per_unit with offsets_in_database: each transaction stores the positions of its own records",
+          "[integration]")
+{
+    PerRecord s(2);
+    s.publish(60);
+    auto cfg = s.config(6, 5);
+    cfg.offsets_in_database = true;
+    std::atomic<int> ahead{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        // What the transactions before this one stored: never past this record.
+        const auto stored = detail::pg::exec_params(tx,
+                                                    "SELECT coalesce(max(next_offset), 0) FROM consumer_offset "
+                                                    "WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
+                                                    s.group, s.topic, ctx.partition())[0][0]
+                                .as<std::int64_t>();
+        if (stored > ctx.offset())
+            ++ahead;
+        s.effect(tx, e, ctx);
+    });
+    run_until(c, [&] { return s.rows() == 60; });
+    CHECK(ahead == 0);
+    CHECK(s.not_once() == 0);
+    CHECK(s.largest_transaction() <= 6);
     CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
           60);
 }

@@ -138,6 +138,43 @@ TEST_CASE("collect: pending records not held, each id once, claimed in id order"
     CHECK(parked.first == std::vector<std::size_t>{1});
 }
 
+TEST_CASE("collect: a transaction's share of a unit, from a position on, and where it ends", "[claim]")
+{
+    Records r;
+    std::vector<EventId> ids;
+    for (int k = 0; k < 7; ++k)
+        ids.push_back(new_event_id());
+    r.add(r.p0, 10, ids[0]); // 0
+    r.add(r.p1, 20, ids[1]); // 1: held below
+    r.add(r.p0, 11, ids[2]); // 2
+    r.add(r.p0, 12, ids[0]); // 3: ids[0] again
+    r.add(r.p0, 13, ids[3]); // 4
+    r.add(r.p0, 14, ids[4]); // 5
+    r.add(r.p1, 21, ids[5]); // 6: held (its partition from 20 on)
+    BatchOutcome w;
+    share_all(r, w);
+    w.holds.add(&r.p1, 20, 1);
+
+    // Three records that are not held: 0, 2 and 3 (an id twice, claimed once).
+    const auto head = collect(w, r.items, false, 3, 0);
+    CHECK(head.from == 0);
+    CHECK(head.end == 4); // past position 3, its last record
+    CHECK(head.active == 3);
+    CHECK(head.first == std::vector<std::size_t>{0, 2});
+    CHECK(head.ids.size() == 2);
+    // The next share starts where it ended and runs out before its limit.
+    const auto rest = collect(w, r.items, false, 3, head.end);
+    CHECK(rest.from == 4);
+    CHECK(rest.end == 7);
+    CHECK(rest.active == 2);
+    CHECK(rest.first == std::vector<std::size_t>{4, 5});
+    // No limit: the whole batch.
+    const auto all = collect(w, r.items, false);
+    CHECK(all.from == 0);
+    CHECK(all.end == 7);
+    CHECK(all.active == 5);
+}
+
 TEST_CASE("positions_of: the next offset per partition, past every record not held", "[claim]")
 {
     Records r;
@@ -171,6 +208,13 @@ TEST_CASE("positions_of: the next offset per partition, past every record not he
         }
     }
     CHECK(positions_of(w, r.items, nullptr).size() == 2);
+
+    // Up to a record (several transactions per unit): the later ones do
+    // not move their partitions yet.
+    const auto upto = positions_of(w, r.items, nullptr, 1);
+    REQUIRE(upto.size() == 1);
+    CHECK(upto[0].partition == 0);
+    CHECK(upto[0].next_offset == 13);
 
     // Every record held: nothing to store.
     w.holds.add(&r.p0, 10, 1);
@@ -211,6 +255,25 @@ TEST_CASE("mark_reused: an id claimed with another payload sends the record to t
     CHECK(r.items[older].error.find("claimed before") != std::string::npos);
     for (const auto i : {first, twin, equal, stopped})
         CHECK(r.items[i].state == ItemState::pending);
+}
+
+TEST_CASE("mark_reused: only the records of the transaction's share of the unit", "[claim]")
+{
+    Records r;
+    const EventId id = new_event_id();
+    const auto first = r.add(r.p0, 1, id, "one");   // claimed by this transaction (positions 0-1)
+    r.add(r.p0, 2, new_event_id(), "x");            // in this transaction too
+    const auto later = r.add(r.p0, 3, id, "other"); // a later transaction's: met in its turn
+    BatchOutcome w;
+    share_all(r, w);
+    std::unordered_map<EventId, PayloadReference> reference;
+    reference.emplace(id, PayloadReference{fingerprint_of(r.items[first]), &r.items[first]});
+
+    CHECK(mark_reused(w, r.items, reference, 0, 2).empty());
+    CHECK(r.items[later].state == ItemState::pending);
+    const auto reused = mark_reused(w, r.items, reference, 2, 3);
+    REQUIRE(reused.size() == 1);
+    CHECK(reused[0] == &r.items[later]);
 }
 
 TEST_CASE("circuit_key: a key within its partition; a record without a key is a key of its own", "[claim]")

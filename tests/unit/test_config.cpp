@@ -81,6 +81,16 @@ TEST_CASE("missing and out-of-range fields name the field", "[unit]")
     c.max_batch = 0;
     CHECK(error_of(c).rfind("max_batch", 0) == 0);
     c = valid();
+    c.batches_per_unit = 0;
+    CHECK(error_of(c).rfind("batches_per_unit", 0) == 0);
+    c.batches_per_unit = 65;
+    CHECK(error_of(c).rfind("batches_per_unit", 0) == 0);
+    c.batches_per_unit = 64;
+    c.max_batch = 2000; // 128000 records a unit
+    CHECK(error_of(c).rfind("batches_per_unit", 0) == 0);
+    c.max_batch = 500;
+    CHECK(error_of(c).empty());
+    c = valid();
     c.table = "";
     CHECK(error_of(c).rfind("table", 0) == 0);
     c = valid();
