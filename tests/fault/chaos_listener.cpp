@@ -46,6 +46,8 @@ const char* usage = R"(usage: idemkafka-chaos-listener [options]
   --transaction-per-record 1
                            a transaction per record (ConsumerConfig::transaction_per_record)
                            (default 0)
+  --batches-per-unit N     transactions per unit of work (ConsumerConfig::batches_per_unit)
+                           (default 1)
 
 Prints one summary line on stdout when it stops (SIGINT/SIGTERM):
   consumed=N charged=C duplicates=D poison=P handler_failures=F handler_aborted=A retries=R
@@ -78,7 +80,8 @@ try {
                         {"misbehave-per-mille", "10"},
                         {"group-protocol", "classic"},
                         {"ordering", "partition"},
-                        {"transaction-per-record", "0"}},
+                        {"transaction-per-record", "0"},
+                        {"batches-per-unit", "1"}},
                        usage);
     idemkafka::ConsumerConfig cfg;
     cfg.brokers = args.get("brokers", "IDEMKAFKA_BROKERS");
@@ -89,6 +92,7 @@ try {
     cfg.topics = {args.get("topic")};
     cfg.max_batch = static_cast<std::size_t>(args.number("max-batch"));
     cfg.transaction_per_record = args.get("transaction-per-record") == "1";
+    cfg.batches_per_unit = static_cast<std::size_t>(args.number("batches-per-unit"));
     cfg.table = args.get("claims-table");
     cfg.dead_letter_topic = args.get("dead-letter-topic");
     if (args.get("group-protocol") == "consumer")

@@ -100,6 +100,9 @@ const char* const usage = R"(usage: idemkafka-torture --listener PATH --producer
   --transaction-per-record 1
                       with --misbehaving: the chaos listener commits a transaction per
                       record (ConsumerConfig::transaction_per_record) (default 0)
+  --batches-per-unit N
+                      with --misbehaving: the chaos listener runs N transactions per unit
+                      of work (ConsumerConfig::batches_per_unit) (default 1)
   --log-dir DIR       keep listener logs and the timeline there (default: a temp dir,
                       removed when the test passes)
   --group-protocol P  the listeners' group protocol: classic or consumer (KIP-848; the
@@ -518,7 +521,8 @@ struct Options {
     std::string log_dir;
     std::string group_protocol;
     std::string ordering = "partition";
-    bool per_record = false; // the chaos listener's transaction_per_record
+    bool per_record = false;          // the chaos listener's transaction_per_record
+    std::size_t batches_per_unit = 1; // the chaos listener's batches_per_unit
 };
 
 Options parse_options(int argc, char** argv)
@@ -559,14 +563,16 @@ Options parse_options(int argc, char** argv)
             o.ordering = v;
         else if (a == "--transaction-per-record")
             o.per_record = v == "1";
+        else if (a == "--batches-per-unit")
+            o.batches_per_unit = std::stoul(v);
         else
             throw std::invalid_argument(fmt::format("unknown argument {}\n{}", a, usage));
     }
     if (o.ordering != "partition" && o.ordering != "key")
         throw std::invalid_argument("--ordering: expected partition or key, got " + o.ordering);
-    if ((o.ordering != "partition" || o.per_record) && o.misbehaving == 0)
-        throw std::invalid_argument(
-            "--ordering and --transaction-per-record are options of the chaos listener: they need --misbehaving");
+    if ((o.ordering != "partition" || o.per_record || o.batches_per_unit != 1) && o.misbehaving == 0)
+        throw std::invalid_argument("--ordering, --transaction-per-record and --batches-per-unit are options of the "
+                                    "chaos listener: they need --misbehaving");
     if (o.group_protocol.empty())
         o.group_protocol = idemkafka::test::consumer_protocol() ? "consumer" : "classic";
     if (o.group_protocol != "classic" && o.group_protocol != "consumer")
@@ -764,9 +770,10 @@ private:
                                       "--group-protocol",
                                       opt_.group_protocol};
         if (opt_.misbehaving > 0)
-            argv.insert(argv.end(), {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
-                                     std::to_string(opt_.misbehaving), "--ordering", opt_.ordering,
-                                     "--transaction-per-record", opt_.per_record ? "1" : "0"});
+            argv.insert(argv.end(),
+                        {"--misbehave-seed", std::to_string(opt_.seed), "--misbehave-per-mille",
+                         std::to_string(opt_.misbehaving), "--ordering", opt_.ordering, "--transaction-per-record",
+                         opt_.per_record ? "1" : "0", "--batches-per-unit", std::to_string(opt_.batches_per_unit)});
         return std::make_unique<Child>(argv, opt_.log_dir + "/" + name + ".out", opt_.log_dir + "/" + name + ".log");
     }
 
