@@ -108,6 +108,17 @@ struct PerRecord {
         auto c = calls.find(id);
         return c == calls.end() ? 0 : c->second;
     }
+    // A run without failures: the metrics' claims and duplicates, and the
+    // group's claim rows.
+    void check_clean_run(const MetricsSnapshot& m, std::uint64_t claimed, std::uint64_t duplicates) const
+    {
+        CHECK(m.claimed == claimed);
+        CHECK(m.duplicates == duplicates);
+        CHECK(m.handler_failures == 0);
+        CHECK(m.db_failures == 0);
+        CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", group)) ==
+              static_cast<std::int64_t>(claimed));
+    }
     // The most effects one server transaction wrote.
     std::int64_t largest_transaction() const
     {
@@ -125,6 +136,111 @@ struct PerRecord {
         return n;
     }
 };
+
+// 80 records over two partitions, record 30's handler throwing at its first
+// attempt (`unit`: see PerRecord::config): it runs twice, and besides it
+// at most the records of its transaction run again (`most_again` in all:
+// 1 with a transaction per record); every record has its one effect, and
+// its partition's order is kept.
+void failing_record(std::size_t max_batch, std::size_t unit, int most_again)
+{
+    PerRecord s(2);
+    s.publish(80);
+    const EventId target = s.events[30].id;
+    Consumer c(s.config(max_batch, unit), decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+                   s.effect(tx, e, ctx); // written, then rolled back on the throw
+                   if (e.id == target && ctx.attempt() == 1)
+                       throw std::runtime_error("payment provider timed out");
+               });
+    run_until(c, [&] { return s.rows() == 80; });
+    const auto m = c.metrics().snapshot();
+    CHECK(m.handler_failures == 1);
+    CHECK(s.calls_of(target) == 2);
+    // The records of the transactions before it committed and were not run again.
+    int again = 0;
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        for (const auto& e : s.events)
+            again += s.calls[e.id] > 1 ? 1 : 0;
+    }
+    CHECK(again >= 1);
+    CHECK(again <= most_again);
+    CHECK(m.claimed == 80);
+    CHECK(s.rows() == 80);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 80);
+    CHECK(s.largest_transaction() <= static_cast<std::int64_t>(unit == 0 ? 1 : max_batch));
+    // Order within the failed record's partition is kept.
+    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
+                             "WHERE a.kafka_partition = t.kafka_partition AND a.kafka_offset > t.kafka_offset "
+                             "AND a.seq < t.seq",
+                             s.effects, target.to_string())) == 0);
+}
+
+// Another session holds the claim of record 5 of 20 (one partition) in an
+// open transaction, so the claim that the COMMIT before it carries waits:
+// the consumer (`unit`: see PerRecord::config) commits the `before` records
+// ahead of it, and once the claim is given up the rest. The COMMIT before
+// the failed claim went through; its records ran again and found their
+// claims: no handler ran twice, nothing is lost.
+void next_claim_held(std::size_t max_batch, std::size_t unit, std::int64_t before)
+{
+    PerRecord s(1);
+    s.publish(20);
+    const EventId held = s.events[5].id;
+    pqxx::connection blocker(pg());
+    pqxx::work hold(blocker);
+    hold.exec(fmt::format("INSERT INTO processed_event (event_id, consumer_group) VALUES ('{}', '{}')",
+                          held.to_string(), s.group));
+    auto cfg = s.config(max_batch, unit);
+    cfg.max_batch_wait = 2s; // one unit of all 20
+    cfg.lock_timeout = 300ms;
+    cfg.retry_backoff = 100ms;
+    Consumer c(cfg, decode, event_id_of,
+               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
+    {
+        Runner<Consumer> run(c);
+        REQUIRE(wait_until([&] { return c.metrics().snapshot().lock_timeouts >= 2; }, 60s));
+        CHECK(s.rows() == before);
+        hold.abort(); // the other session gives the claim up
+        const bool done = wait_until([&] { return s.rows() == 20; }, 60s);
+        run.join();
+        REQUIRE_FALSE(run.error());
+        REQUIRE(done);
+    }
+    CHECK(s.not_once() == 0);
+    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 20);
+    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 20);
+}
+
+// With offsets_in_database, 60 records over two partitions: what the
+// transactions before a handler's stored is never past its record, each
+// transaction holds at most `max_batch` (with `unit`) or one record, and the
+// positions end past every record.
+void positions_never_ahead(std::size_t max_batch, std::size_t unit)
+{
+    PerRecord s(2);
+    s.publish(60);
+    auto cfg = s.config(max_batch, unit);
+    cfg.offsets_in_database = true;
+    std::atomic<int> ahead{0};
+    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
+        const auto stored = detail::pg::exec_params(tx,
+                                                    "SELECT coalesce(max(next_offset), 0) FROM consumer_offset "
+                                                    "WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
+                                                    s.group, s.topic, ctx.partition())[0][0]
+                                .as<std::int64_t>();
+        if (stored > ctx.offset())
+            ++ahead;
+        s.effect(tx, e, ctx);
+    });
+    run_until(c, [&] { return s.rows() == 60; });
+    CHECK(ahead == 0);
+    CHECK(s.not_once() == 0);
+    CHECK(s.largest_transaction() <= static_cast<std::int64_t>(unit == 0 ? 1 : max_batch));
+    CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
+          60);
+}
 
 } // namespace
 
@@ -155,38 +271,13 @@ TEST_CASE("transaction_per_record: each record commits alone, after_db_commit on
         CHECK(duplicates == 30);
     }
     CHECK(m.db_commits == 150);
-    CHECK(m.claimed == 120);
-    CHECK(m.duplicates == 30);
-    CHECK(m.handler_failures == 0);
-    CHECK(m.db_failures == 0);
-    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 120);
+    s.check_clean_run(m, 120, 30);
 }
 
 TEST_CASE("transaction_per_record: a failing record holds back only its partition's tail; what committed stays",
           "[integration]")
 {
-    PerRecord s(2);
-    s.publish(80);
-    const EventId target = s.events[30].id;
-    Consumer c(s.config(40), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        s.effect(tx, e, ctx); // written, then rolled back on the throw
-        if (e.id == target && ctx.attempt() == 1)
-            throw std::runtime_error("payment provider timed out");
-    });
-    run_until(c, [&] { return s.rows() == 80; });
-    const auto m = c.metrics().snapshot();
-    CHECK(m.handler_failures == 1);
-    CHECK(s.calls_of(target) == 2);
-    // Every other record ran once: those before it in its unit committed in
-    // transactions of their own and were not run again.
-    CHECK(s.not_once(&target) == 0);
-    CHECK(m.claimed == 80);
-    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 80);
-    // Order within the failed record's partition is kept.
-    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
-                             "WHERE a.kafka_partition = t.kafka_partition AND a.kafka_offset > t.kafka_offset "
-                             "AND a.seq < t.seq",
-                             s.effects, target.to_string())) == 0);
+    failing_record(40, 0, 1); // every other record committed alone, before or after it
 }
 
 TEST_CASE("transaction_per_record: a handler's session SET stops the next claim; later records run clean, each once",
@@ -216,61 +307,13 @@ TEST_CASE("transaction_per_record: a handler's session SET stops the next claim;
 TEST_CASE("transaction_per_record: the next record's claim held by another session; nothing lost, nothing run twice",
           "[integration]")
 {
-    PerRecord s(1);
-    s.publish(20);
-    const EventId held = s.events[5].id;
-    // Another session holds the claim of record 5 in an open transaction: the
-    // claim that the COMMIT of record 4 carries waits for it.
-    pqxx::connection blocker(pg());
-    pqxx::work hold(blocker);
-    hold.exec(fmt::format("INSERT INTO processed_event (event_id, consumer_group) VALUES ('{}', '{}')",
-                          held.to_string(), s.group));
-    auto cfg = s.config(20);
-    cfg.lock_timeout = 300ms;
-    cfg.retry_backoff = 100ms;
-    Consumer c(cfg, decode, event_id_of,
-               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
-    {
-        Runner<Consumer> run(c);
-        REQUIRE(wait_until([&] { return c.metrics().snapshot().lock_timeouts >= 2; }, 60s));
-        CHECK(s.rows() == 5);
-        hold.abort(); // the other session gives the claim up
-        const bool done = wait_until([&] { return s.rows() == 20; }, 60s);
-        run.join();
-        REQUIRE_FALSE(run.error());
-        REQUIRE(done);
-    }
-    // Record 4's COMMIT went through before the claim after it failed; it
-    // ran again and found its claim: its handler was not called again.
-    CHECK(s.not_once() == 0);
-    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 20);
-    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 20);
+    next_claim_held(20, 0, 5); // records 0 to 4 committed, each alone
 }
 
 TEST_CASE("transaction_per_record with offsets_in_database: each transaction stores its own record's position",
           "[integration]")
 {
-    PerRecord s(2);
-    s.publish(60);
-    auto cfg = s.config(30);
-    cfg.offsets_in_database = true;
-    std::atomic<int> ahead{0};
-    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        // What the transactions before this one stored: never past this record.
-        const auto stored = detail::pg::exec_params(tx,
-                                                    "SELECT coalesce(max(next_offset), 0) FROM consumer_offset "
-                                                    "WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
-                                                    s.group, s.topic, ctx.partition())[0][0]
-                                .as<std::int64_t>();
-        if (stored > ctx.offset())
-            ++ahead;
-        s.effect(tx, e, ctx);
-    });
-    run_until(c, [&] { return s.rows() == 60; });
-    CHECK(ahead == 0);
-    CHECK(s.not_once() == 0);
-    CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
-          60);
+    positions_never_ahead(30, 0);
 }
 
 TEST_CASE("batches_per_unit: transactions of max_batch records, several per unit, each effect once", "[integration]")
@@ -300,47 +343,13 @@ TEST_CASE("batches_per_unit: transactions of max_batch records, several per unit
         CHECK(duplicates == 30);
         CHECK(m.db_commits == s.commits.size());
     }
-    CHECK(m.claimed == 120);
-    CHECK(m.duplicates == 30);
-    CHECK(m.handler_failures == 0);
-    CHECK(m.db_failures == 0);
-    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 120);
+    s.check_clean_run(m, 120, 30);
 }
 
 TEST_CASE("batches_per_unit: a failing record holds back its partition's tail; earlier transactions stay committed",
           "[integration]")
 {
-    PerRecord s(2);
-    s.publish(80);
-    const EventId target = s.events[30].id;
-    Consumer c(s.config(8, 5), decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        s.effect(tx, e, ctx); // written, then rolled back on the throw
-        if (e.id == target && ctx.attempt() == 1)
-            throw std::runtime_error("payment provider timed out");
-    });
-    run_until(c, [&] { return s.rows() == 80; });
-    const auto m = c.metrics().snapshot();
-    CHECK(m.handler_failures == 1);
-    CHECK(s.calls_of(target) == 2);
-    // Only the records of the failed transaction, handled before it in its
-    // attempt, ran again: those of the transactions before it did not.
-    int again = 0;
-    {
-        std::lock_guard<std::mutex> lock(s.mu);
-        for (const auto& e : s.events)
-            again += s.calls[e.id] > 1 ? 1 : 0;
-    }
-    CHECK(again >= 1);
-    CHECK(again <= 8);
-    CHECK(m.claimed == 80);
-    CHECK(s.rows() == 80);
-    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 80);
-    CHECK(s.largest_transaction() <= 8);
-    // Order within the failed record's partition is kept.
-    CHECK(scalar(fmt::format("SELECT count(*) FROM {0} a JOIN {0} t ON t.event_id = '{1}' "
-                             "WHERE a.kafka_partition = t.kafka_partition AND a.kafka_offset > t.kafka_offset "
-                             "AND a.seq < t.seq",
-                             s.effects, target.to_string())) == 0);
+    failing_record(8, 5, 8); // its transaction's records handled before it ran again
 }
 
 TEST_CASE("batches_per_unit: a handler's session SET stops the next claim; later transactions run clean, each once",
@@ -372,62 +381,11 @@ TEST_CASE("batches_per_unit: a handler's session SET stops the next claim; later
 TEST_CASE("batches_per_unit: the next transaction's claim held by another session; nothing lost, nothing run twice",
           "[integration]")
 {
-    PerRecord s(1);
-    s.publish(20);
-    const EventId held = s.events[5].id;
-    // Another session holds the claim of record 5 in an open transaction: the
-    // claim of records 4 to 7 that the COMMIT of records 0 to 3 carries waits
-    // for it.
-    pqxx::connection blocker(pg());
-    pqxx::work hold(blocker);
-    hold.exec(fmt::format("INSERT INTO processed_event (event_id, consumer_group) VALUES ('{}', '{}')",
-                          held.to_string(), s.group));
-    auto cfg = s.config(4, 5);
-    cfg.max_batch_wait = 2s; // one unit of all 20
-    cfg.lock_timeout = 300ms;
-    cfg.retry_backoff = 100ms;
-    Consumer c(cfg, decode, event_id_of,
-               [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) { s.effect(tx, e, ctx); });
-    {
-        Runner<Consumer> run(c);
-        REQUIRE(wait_until([&] { return c.metrics().snapshot().lock_timeouts >= 2; }, 60s));
-        CHECK(s.rows() == 4);
-        hold.abort(); // the other session gives the claim up
-        const bool done = wait_until([&] { return s.rows() == 20; }, 60s);
-        run.join();
-        REQUIRE_FALSE(run.error());
-        REQUIRE(done);
-    }
-    // Records 0 to 3 committed before the claim after them failed; they ran
-    // again and found their claims: their handlers were not called again.
-    CHECK(s.not_once() == 0);
-    CHECK(scalar(fmt::format("SELECT count(DISTINCT event_id) FROM {}", s.effects)) == 20);
-    CHECK(scalar(fmt::format("SELECT count(*) FROM processed_event WHERE consumer_group = '{}'", s.group)) == 20);
+    next_claim_held(4, 5, 4); // records 0 to 3 committed; the claim of 4 to 7 waits
 }
 
 TEST_CASE("batches_per_unit with offsets_in_database: each transaction stores the positions of its own records",
           "[integration]")
 {
-    PerRecord s(2);
-    s.publish(60);
-    auto cfg = s.config(6, 5);
-    cfg.offsets_in_database = true;
-    std::atomic<int> ahead{0};
-    Consumer c(cfg, decode, event_id_of, [&](pqxx::work& tx, const TestEvent& e, const Context& ctx) {
-        // What the transactions before this one stored: never past this record.
-        const auto stored = detail::pg::exec_params(tx,
-                                                    "SELECT coalesce(max(next_offset), 0) FROM consumer_offset "
-                                                    "WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
-                                                    s.group, s.topic, ctx.partition())[0][0]
-                                .as<std::int64_t>();
-        if (stored > ctx.offset())
-            ++ahead;
-        s.effect(tx, e, ctx);
-    });
-    run_until(c, [&] { return s.rows() == 60; });
-    CHECK(ahead == 0);
-    CHECK(s.not_once() == 0);
-    CHECK(s.largest_transaction() <= 6);
-    CHECK(scalar(fmt::format("SELECT sum(next_offset) FROM consumer_offset WHERE consumer_group = '{}'", s.group)) ==
-          60);
+    positions_never_ahead(6, 5);
 }
