@@ -76,7 +76,7 @@ void ClaimTransaction::not_counted(Worker& w, Batch& b, const Failure& f, Circui
     }
     for (std::size_t j : w.items) {
         const auto& other = b.items[j];
-        if (other.state == ItemState::pending && !held(w.holds, other))
+        if (to_run(w.holds, other))
             w.holds.add(other.part, other.record.offset, 0);
     }
 }

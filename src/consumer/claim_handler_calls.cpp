@@ -82,7 +82,7 @@ void ClaimTransaction::over_budget(pqxx::transaction_base& tx, Worker& w, Batch&
         given_back);
     a.active = 0;
     for (std::size_t p = a.from; p < a.end; ++p)
-        if (b.items[w.items[p]].state == ItemState::pending && !held(w.holds, b.items[w.items[p]]))
+        if (to_run(w.holds, b.items[w.items[p]]))
             ++a.active;
     w.info.records = a.active;
     a.claimed_override = handled;

@@ -61,7 +61,7 @@ std::vector<Item*> mark_reused(const BatchOutcome& w, std::vector<Item>& items,
     std::vector<Item*> reused;
     for (std::size_t k = from; k < std::min(end, w.items.size()); ++k) {
         auto& it = items[w.items[k]];
-        if (it.state != ItemState::pending || held(w.holds, it))
+        if (!to_run(w.holds, it))
             continue;
         const auto ref = reference.find(it.id);
         const std::int64_t own = ref == reference.end() ? 0 : fingerprint_of(it);

@@ -190,7 +190,7 @@ ClaimTransaction::Attempt collect(const BatchOutcome& w, const std::vector<Item>
     for (std::size_t k = from; k < w.items.size(); ++k) {
         const std::size_t i = w.items[k];
         const auto& it = items[i];
-        if (it.state != ItemState::pending || held(w.holds, it))
+        if (!to_run(w.holds, it))
             continue;
         pending.emplace_back(it.id, i);
         if (pending.size() == most) {
@@ -315,7 +315,7 @@ void ClaimTransaction::settle(Worker& w, const Batch& b, const Attempt& a)
 {
     for (std::size_t k = a.from; k < a.end; ++k) {
         auto& it = b.items[w.items[k]];
-        if (it.state == ItemState::pending && !held(w.holds, it))
+        if (to_run(w.holds, it))
             it.state = ItemState::done;
     }
     w.settled = std::max(w.settled, a.end);
@@ -327,8 +327,7 @@ void ClaimTransaction::settle(Worker& w, const Batch& b, const Attempt& a)
 // starts after them (one pass over the batch in all, whatever its size).
 bool ClaimTransaction::any_left(Worker& w, const Batch& b) const
 {
-    auto to_run = [&](std::size_t i) { return b.items[i].state == ItemState::pending && !held(w.holds, b.items[i]); };
-    while (w.settled < w.items.size() && !to_run(w.items[w.settled]))
+    while (w.settled < w.items.size() && !to_run(w.holds, b.items[w.items[w.settled]]))
         ++w.settled;
     return w.settled < w.items.size();
 }
@@ -378,7 +377,7 @@ void ClaimTransaction::give_back_rest(Worker& w, Batch& b)
 {
     std::vector<const Item*> rest;
     for (std::size_t i : w.items)
-        if (b.items[i].state == ItemState::pending && !held(w.holds, b.items[i]))
+        if (to_run(w.holds, b.items[i]))
             rest.push_back(&b.items[i]);
     for (const Item* it : rest)
         w.holds.add(it->part, it->record.offset, 0);

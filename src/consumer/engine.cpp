@@ -413,7 +413,7 @@ void Engine::Impl::start()
     crew.workers = std::vector<Worker>(cfg.workers);
     // With several workers the waiting room holds two batches: records behind
     // a slow call's lanes wait there, and the others must still find room.
-    const std::size_t full = cfg.max_batch * (cfg.transaction_per_record ? 1 : cfg.batches_per_unit);
+    const std::size_t full = cfg.max_batch * unit_batches(cfg);
     room.size_to(cfg.workers > 1 ? 2 * full : full);
     // Each worker has Stage slots of its own for its unit.
     const auto records = room.limit() + cfg.workers * dispatcher.unit_cap();

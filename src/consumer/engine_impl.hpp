@@ -67,11 +67,18 @@ inline std::size_t worker_batch(const ConsumerConfig& cfg)
     return std::max<std::size_t>(1, (cfg.max_batch + cfg.workers - 1) / cfg.workers);
 }
 
+// Batches of max_batch records in a unit of work: batches_per_unit, but 1
+// with transaction_per_record (whose unit is max_batch records).
+inline std::size_t unit_batches(const ConsumerConfig& cfg)
+{
+    return cfg.transaction_per_record ? 1 : cfg.batches_per_unit;
+}
+
 // Records of a worker's unit of work: its share of max_batch, times
-// batches_per_unit (with transaction_per_record, the share alone).
+// unit_batches().
 inline std::size_t unit_records(const ConsumerConfig& cfg)
 {
-    return worker_batch(cfg) * (cfg.transaction_per_record ? 1 : cfg.batches_per_unit);
+    return worker_batch(cfg) * unit_batches(cfg);
 }
 
 // ClaimTransaction::Setup::tx_records: 1 with transaction_per_record, the

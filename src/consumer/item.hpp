@@ -141,4 +141,10 @@ inline bool held(const Holds& holds, const Item& it)
     return holds.covers(it.part, it.record.offset, it.record.key);
 }
 
+/// True when this record is still to run: pending and not stopped by `holds`.
+inline bool to_run(const Holds& holds, const Item& it)
+{
+    return it.state == ItemState::pending && !held(holds, it);
+}
+
 } // namespace idemkafka::detail
