@@ -122,6 +122,8 @@ services and runs this; by hand, point it at your own:
                          (batches polled and processed one after the other)
   --batches-per-unit N   library modes with ConsumerConfig::batches_per_unit = N
                          (default 1, the library's default)
+  --no-optimistic-claims library modes with ConsumerConfig::optimistic_claims =
+                         false (every claim with ON CONFLICT DO NOTHING)
   --quick                smoke run: 10k records, per-record modes at 2000,
                          1 s paced runs at the first --dups share only
   --mixed                mixed workload: 1% of records (every 100th) hold their
@@ -217,6 +219,7 @@ struct Options {
     bool verbose = false;
     bool pipeline = true;
     std::size_t batches_per_unit = 1;
+    bool optimistic_claims = true;
     /// Paced runs at every --dups share; --quick: at the first only (the
     /// drains already check each mode's re-send handling).
     bool paced_every_dup = true;
@@ -311,6 +314,8 @@ Options parse_options(int argc, char** argv)
             o.consumer_props[kv.substr(0, eq)] = kv.substr(eq + 1);
         } else if (arg == "--no-pipeline") {
             o.pipeline = false;
+        } else if (arg == "--no-optimistic-claims") {
+            o.optimistic_claims = false;
         } else if (arg == "--batches-per-unit") {
             o.batches_per_unit = parse_list<std::size_t>(arg, value()).front();
             if (o.batches_per_unit < 1 || o.batches_per_unit > 64)
@@ -783,7 +788,8 @@ int run(const Options& o)
         tx.exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", ik::quote_identifier(o.schema)));
     }
     const Meter meter(backend_pid, o.services.mock_control);
-    RunEnv env{o.services, o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, o.batches_per_unit, {}, {}, {}};
+    RunEnv env{o.services,          o.schema, &meter, o.verbose, o.consumer_props, o.pipeline, o.batches_per_unit,
+               o.optimistic_claims, {},       {},     {}};
     if (!o.spring_jar.empty())
         env.spring = spring_peer(o, report);
 
@@ -823,6 +829,7 @@ int run(const Options& o)
         {"consumer_props", o.consumer_props},
         {"pipeline", o.pipeline},
         {"batches_per_unit", o.batches_per_unit},
+        {"optimistic_claims", o.optimistic_claims},
         {"cpu_postgres_measured", meter.has_postgres()},
         {"cpu_broker_measured", meter.has_broker()},
     };

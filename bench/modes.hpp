@@ -173,6 +173,8 @@ struct RunEnv {
     bool pipeline = true;
     /// ConsumerConfig::batches_per_unit of the library modes (--batches-per-unit).
     std::size_t batches_per_unit = 1;
+    /// ConsumerConfig::optimistic_claims of the library modes (--no-optimistic-claims: false).
+    bool optimistic_claims = true;
     /// --prefill: the prefilled claims table, and the lowest id a run claims in it.
     std::string prefill_table;
     EventId prefill_run_ids_from;

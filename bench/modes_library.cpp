@@ -99,6 +99,7 @@ private:
         cfg.max_batch = job.batch;
         cfg.transaction_per_record = job.per_record_tx;
         cfg.batches_per_unit = env.batches_per_unit;
+        cfg.optimistic_claims = env.optimistic_claims;
         cfg.pipeline = env.pipeline;
         auto props = common_consumer_props();
         for (const auto& [k, v] : env.consumer_props)
@@ -345,6 +346,7 @@ std::vector<std::string> child_args(const RunEnv& env, const Job& job, std::chro
                                      fmt::format("batch-handler={}", job.batch_handler ? 1 : 0),
                                      fmt::format("pipeline={}", env.pipeline ? 1 : 0),
                                      fmt::format("batches-per-unit={}", env.batches_per_unit),
+                                     fmt::format("optimistic-claims={}", env.optimistic_claims ? 1 : 0),
                                      fmt::format("verbose={}", env.verbose ? 1 : 0),
                                      fmt::format("idle-exit-ms={}", idle_exit.count())};
     for (const auto& [k, v] : env.consumer_props)
@@ -388,6 +390,8 @@ ChildSetup parse_child_args(int argc, char** argv)
             c.env.pipeline = value == "1";
         else if (key == "batches-per-unit")
             c.env.batches_per_unit = std::stoul(value);
+        else if (key == "optimistic-claims")
+            c.env.optimistic_claims = value == "1";
         else if (key == "verbose")
             c.env.verbose = value == "1";
         else if (key == "idle-exit-ms")

@@ -84,9 +84,13 @@ struct IDEMKAFKA_API MetricsSnapshot {
     std::uint64_t kafka_errors = 0;           ///< consumer error events from librdkafka
     std::uint64_t retries = 0;                ///< handler failures scheduled for another attempt
     std::uint64_t transaction_retries = 0;    ///< transactions re-run after 40001/40P01
-    std::uint64_t batch_splits = 0;           ///< batch handler failures (re-run with one call per record)
-    std::uint64_t dead_letter_failures = 0;   ///< dead-letter produces not acknowledged (record retried)
-    std::uint64_t fenced_writes = 0;          ///< position writes refused: a stale member was fenced off
+    /// Claims of ids expected new (ConsumerConfig::optimistic_claims) that met
+    /// an id claimed already: rolled back before any handler ran and made
+    /// again with ON CONFLICT DO NOTHING.
+    std::uint64_t optimistic_claim_fallbacks = 0;
+    std::uint64_t batch_splits = 0;         ///< batch handler failures (re-run with one call per record)
+    std::uint64_t dead_letter_failures = 0; ///< dead-letter produces not acknowledged (record retried)
+    std::uint64_t fenced_writes = 0;        ///< position writes refused: a stale member was fenced off
     /// offsets_in_database: assignments whose stored position was behind
     /// Kafka's committed offset (PostgreSQL lost commits, or the group was
     /// reset in Kafka); the stored position decided.
@@ -269,10 +273,11 @@ public:
     /// Counts what the MetricsSnapshot field of the same name reports.
     Counter consumed, claimed, duplicates, decode_errors, invalid_event_ids, handler_failures, db_commits, db_failures,
         db_reconnects, offset_commits, offset_commit_failures, rebalances, kafka_errors, retries, transaction_retries,
-        batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka, records_behind_kafka, positions_lost,
-        frozen_members_ended, lost_sessions_ended, db_timeouts, lock_timeouts, handler_aborted_transactions,
-        long_call_waits, stuck_calls, revoke_abandons, parked, parking_overflows, prefetch_pauses, circuit_opened,
-        circuit_gave_up, beyond_dedup_horizon, horizon_processed, key_window_closed, outbox_published, outbox_failures;
+        optimistic_claim_fallbacks, batch_splits, dead_letter_failures, fenced_writes, positions_behind_kafka,
+        records_behind_kafka, positions_lost, frozen_members_ended, lost_sessions_ended, db_timeouts, lock_timeouts,
+        handler_aborted_transactions, long_call_waits, stuck_calls, revoke_abandons, parked, parking_overflows,
+        prefetch_pauses, circuit_opened, circuit_gave_up, beyond_dedup_horizon, horizon_processed, key_window_closed,
+        outbox_published, outbox_failures;
     //@}
     /// Records dead-lettered, indexed by DeadLetterReason.
     std::array<Counter, dead_letter_reason_count> dead_lettered;

@@ -24,6 +24,10 @@
 namespace idemkafka::detail {
 
 inline constexpr const char* claim_statement = "idemkafka_claim";
+inline constexpr const char* new_claim_statement = "idemkafka_claim_new"; // optimistic_claims only
+// optimistic_claims: after a claim of ids expected new met a claimed one,
+// the claims that keep to ON CONFLICT, counted from the last that met one.
+inline constexpr std::size_t claims_before_optimism = 16;
 inline constexpr const char* fingerprints_statement = "idemkafka_stored_fingerprints"; // payload_fingerprint only
 
 // Thrown inside the transaction to abandon it on a forced stop.

@@ -60,10 +60,14 @@ void ClaimTransaction::prepare(Worker& w)
         // it first runs it, and libpqxx runs the prepared statements it knows
         // of one statement at a time.
         pqxx::nontransaction tx(db);
-        tx.exec(fmt::format("PREPARE {} ({}) AS {}", claim_statement,
-                            s_.cfg.payload_fingerprint ? "uuid[], text, bigint[]" : "uuid[], text",
-                            pg::commit_guard_cte() + (s_.cfg.payload_fingerprint ? pg::fingerprint_claim_sql(s_.store)
-                                                                                 : pg::claim_sql(s_.store))));
+        const bool fp = s_.cfg.payload_fingerprint;
+        const char* types = fp ? "uuid[], text, bigint[]" : "uuid[], text";
+        tx.exec(
+            fmt::format("PREPARE {} ({}) AS {}", claim_statement, types,
+                        pg::commit_guard_cte() + (fp ? pg::fingerprint_claim_sql(s_.store) : pg::claim_sql(s_.store))));
+        if (s_.cfg.optimistic_claims)
+            tx.exec(fmt::format("PREPARE {} ({}) AS {}", new_claim_statement, types,
+                                pg::commit_guard_cte() + pg::new_claim_sql(s_.store, fp)));
     }
     if (s_.cfg.payload_fingerprint)
         db.prepare(fingerprints_statement, pg::stored_fingerprints_sql(s_.store));
@@ -165,7 +169,9 @@ ClaimTransaction::Outcome ClaimTransaction::attempt(Worker& w, Batch& b, Failure
     w.scratch.call_slots.clear();
     w.scratch.call_contexts.clear();
     try {
-        return transact(w, b, a, failure);
+        const Outcome out = transact(w, b, a, failure);
+        // Rolled back before any handler ran: made again, with ON CONFLICT.
+        return out == Outcome::claim_again ? transact(w, b, a, failure) : out;
     } catch (...) {
         // What the transaction's end means is decided in one place, classify();
         // what is not ours to decide (a non-standard exception) goes on up.
@@ -245,8 +251,31 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
         std::string before = clean ? pg::reopen_for_writes_sql(begin)
                                    : pg::open_for_writes_sql(s_.cfg.lock_timeout, w.db->server_version(), begin);
         before += "; ";
-        a.claimed = pg::ClaimedIds(pg::claimed_ids(claim(tx, a.ids, a.fingerprints, before)));
+        const bool as_new = s_.cfg.optimistic_claims && w.claims_on_conflict == 0;
+        std::string not_all; // a claim of ids expected new that did not take them all: why
+        try {
+            const auto r = claim(tx, a.ids, a.fingerprints, before, as_new);
+            if (!as_new)
+                a.claimed = pg::ClaimedIds(pg::claimed_ids(r));
+            else if (r.affected_rows() == a.ids.size())
+                a.claimed = pg::ClaimedIds(a.ids);
+            else // a trigger of the table's skipped rows: which, the claim with ON CONFLICT tells
+                not_all = fmt::format("{} rows inserted", r.affected_rows());
+        } catch (const pqxx::unique_violation& e) {
+            if (!as_new)
+                throw;
+            not_all = e.what();
+        }
+        if (!not_all.empty()) {
+            // Rolled back (the scope) before any handler ran, and with it
+            // the settings the claim's text made.
+            w.session_dirty = !was_clean;
+            not_new(w, a, not_all);
+            return Outcome::claim_again;
+        }
     }
+    if (w.claims_on_conflict > 0)
+        w.claims_on_conflict = a.claimed.size() < a.ids.size() ? claims_before_optimism : w.claims_on_conflict - 1;
     w.watch.arm(s_.cfg.db_timeout);
     // Only where a record is not the first claim of its id: a conflict, or
     // an id twice in the batch.
@@ -399,18 +428,31 @@ void ClaimTransaction::end_chain(Worker& w)
 
 // The claim statement, after `before` (statements of their own, ending in
 // "; ") in the same text: one round trip. Its result is the claim's.
+// With `as_new`, the claim of ids expected new (optimistic_claims): it
+// returns no ids, and fails with unique_violation where one was claimed.
 pqxx::result ClaimTransaction::claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
-                                     const std::vector<std::int64_t>& fingerprints, const std::string& before)
+                                     const std::vector<std::int64_t>& fingerprints, const std::string& before,
+                                     bool as_new)
 {
-    return tx.exec(before + claim_text(tx, ids, fingerprints));
+    return tx.exec(before + claim_text(tx, ids, fingerprints, as_new));
+}
+
+// A claim of ids expected new met one claimed already: counted and logged,
+// and claims keep to ON CONFLICT for a while.
+void ClaimTransaction::not_new(Worker& w, const Attempt& a, const std::string& what)
+{
+    s_.metrics.optimistic_claim_fallbacks.add();
+    w.claims_on_conflict = claims_before_optimism;
+    say(s_.log, LogLevel::debug, error_field(what),
+        "a claim of {} ids expected new met a claimed one; claimed again with ON CONFLICT DO NOTHING", a.ids.size());
 }
 
 // The claim statement's text: EXECUTE of the prepared claim with `ids`.
 std::string ClaimTransaction::claim_text(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
-                                         const std::vector<std::int64_t>& fingerprints) const
+                                         const std::vector<std::int64_t>& fingerprints, bool as_new) const
 {
     std::string sql = "EXECUTE ";
-    sql += claim_statement;
+    sql += as_new ? new_claim_statement : claim_statement;
     sql += "('";
     sql += pg::uuid_array(ids); // hex digits, dashes, commas and braces: nothing to escape
     sql += "', ";

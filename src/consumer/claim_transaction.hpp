@@ -168,8 +168,10 @@ public:
 
     // The types of one attempt, for the claim_*.cpp files and their tests.
 
-    /// How an attempt (one transaction) ended.
-    enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned };
+    /// How an attempt (one transaction) ended. claim_again: transact() only,
+    /// a claim of ids expected new met a claimed one (optimistic_claims) and
+    /// rolled back; attempt() makes it again with ON CONFLICT.
+    enum class Outcome { committed, handler_failed, split, conflict, db_failed, abandoned, claim_again };
     /// A failure of record `index`; nobody when no record is to blame (a
     /// conflict at the claim or at COMMIT).
     struct Failure {
@@ -234,9 +236,11 @@ private:
     Outcome transact(Worker& w, Batch& b, Attempt& a, Failure& failure);
     Outcome commit(pqxx::work& tx, Worker& w, const Batch& b, const Attempt& a);
     pqxx::result claim(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
-                       const std::vector<std::int64_t>& fingerprints, const std::string& before = {});
+                       const std::vector<std::int64_t>& fingerprints, const std::string& before = {},
+                       bool as_new = false);
     std::string claim_text(pqxx::transaction_base& tx, const std::vector<EventId>& ids,
-                           const std::vector<std::int64_t>& fingerprints) const;
+                           const std::vector<std::int64_t>& fingerprints, bool as_new = false) const;
+    void not_new(Worker& w, const Attempt& a, const std::string& what);
     // Several transactions per unit (Setup::tx_records).
     bool chunked() const { return s_.tx_records != 0; }
     bool any_left(Worker& w, const Batch& b) const;

@@ -157,6 +157,10 @@ struct Worker : pg::Session, BatchOutcome {
     // committed is not known, so its records run again with a COMMIT of
     // their own, and what failed is then told apart.
     bool chain_failed = false;
+    // ConsumerConfig::optimistic_claims: claims still to make with ON
+    // CONFLICT before one is made as new again (claims_before_optimism after
+    // one met a claimed id).
+    std::size_t claims_on_conflict = 0;
     CallScratch scratch;
     CallTallies tallies;
     RunningCall call; // the handler call running now

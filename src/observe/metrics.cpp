@@ -35,6 +35,9 @@ constexpr CounterDesc counters[] = {
      &MetricsSnapshot::batch_splits},
     {"transaction_retries", "Transactions re-run after a serialization failure or deadlock.",
      &MetricsSnapshot::transaction_retries},
+    {"optimistic_claim_fallbacks",
+     "Claims of ids expected new that met a claimed id and were made again with ON CONFLICT DO NOTHING.",
+     &MetricsSnapshot::optimistic_claim_fallbacks},
     {"dead_letter_failures", "Dead-letter records the broker did not acknowledge.",
      &MetricsSnapshot::dead_letter_failures},
     {"beyond_dedup_horizon", "Events older than the dedup horizon.", &MetricsSnapshot::beyond_dedup_horizon},
@@ -264,6 +267,7 @@ void copy_counters(const Metrics& m, MetricsSnapshot& s)
     s.kafka_errors = m.kafka_errors.get();
     s.retries = m.retries.get();
     s.transaction_retries = m.transaction_retries.get();
+    s.optimistic_claim_fallbacks = m.optimistic_claim_fallbacks.get();
     s.batch_splits = m.batch_splits.get();
     s.dead_letter_failures = m.dead_letter_failures.get();
     s.fenced_writes = m.fenced_writes.get();

@@ -7,18 +7,27 @@
 
 namespace idemkafka::detail::pg {
 
+std::string new_claim_sql(const ProcessedEventStore& store, bool fingerprints)
+{
+    return fingerprints ? fmt::format("INSERT INTO {} (event_id, consumer_group, payload_fingerprint) SELECT c.id, "
+                                      "$2::text, c.fp FROM unnest($1::uuid[], $3::bigint[]) AS c(id, fp)",
+                                      store.qualified_name())
+                        : fmt::format("INSERT INTO {} (event_id, consumer_group) SELECT unnest($1::uuid[]), $2::text",
+                                      store.qualified_name());
+}
+
+namespace {
+constexpr std::string_view skip_claimed = " ON CONFLICT DO NOTHING RETURNING event_id";
+}
+
 std::string claim_sql(const ProcessedEventStore& store)
 {
-    return fmt::format("INSERT INTO {} (event_id, consumer_group) SELECT unnest($1::uuid[]), $2::text "
-                       "ON CONFLICT DO NOTHING RETURNING event_id",
-                       store.qualified_name());
+    return new_claim_sql(store, false).append(skip_claimed);
 }
 
 std::string fingerprint_claim_sql(const ProcessedEventStore& store)
 {
-    return fmt::format("INSERT INTO {} (event_id, consumer_group, payload_fingerprint) SELECT c.id, $2::text, c.fp "
-                       "FROM unnest($1::uuid[], $3::bigint[]) AS c(id, fp) ON CONFLICT DO NOTHING RETURNING event_id",
-                       store.qualified_name());
+    return new_claim_sql(store, true).append(skip_claimed);
 }
 
 std::string stored_fingerprints_sql(const ProcessedEventStore& store)

@@ -23,6 +23,15 @@ std::string claim_sql(const ProcessedEventStore& store);
 /// fingerprints in the order of `$1`.
 std::string fingerprint_claim_sql(const ProcessedEventStore& store);
 
+/// The claim of ids expected new (ConsumerConfig::optimistic_claims):
+/// claim_sql()'s rows (fingerprint_claim_sql()'s with `fingerprints`) in a
+/// plain INSERT, without ON CONFLICT or RETURNING. It fails with
+/// unique_violation where an id is claimed already; else it claimed every
+/// id. PostgreSQL makes an ON CONFLICT insert look each key up before it
+/// inserts the row (a second descent of the primary key, and a speculative
+/// insertion lock per row): this one does neither.
+std::string new_claim_sql(const ProcessedEventStore& store, bool fingerprints);
+
 /// The stored fingerprints of `$2` (a uuid[] literal) claimed by group `$1`:
 /// rows (event_id, payload_fingerprint), claims without one left out.
 std::string stored_fingerprints_sql(const ProcessedEventStore& store);

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include <idemkafka/store.hpp>
 
 #include "catch_compat.hpp"
+#include "consumer/claim_parts.hpp"
 #include "consumer/claim_transaction.hpp"
 #include "pg/exec.hpp"
 #include "pg/tx_guard.hpp"
@@ -126,7 +129,7 @@ struct Fixture {
                                                     cfg.log, [] { return false; }, false}};
     Worker worker;
     PartitionState& part = ledger.assign({"orders", 0});
-    std::vector<std::string> payloads;
+    std::deque<std::string> payloads; // the records' views point into them: never moved
     std::vector<Item> items;
 
     explicit Fixture(bool offsets_in_database = false) : cfg(config_of(offsets_in_database))
@@ -137,13 +140,15 @@ struct Fixture {
         worker.connect(cfg.postgres);
         claims.settle_schema(*worker.db);
         claims.prepare(worker);
-        payloads.reserve(16); // the records' views point into them
     }
 
-    // Records at offsets 0..n-1 of orders/0, each its own event id and slot.
+    // n more records of orders/0, each its own event id and slot; those
+    // before them are done.
     void records(std::size_t n)
     {
-        for (std::size_t i = 0; i < n; ++i) {
+        for (auto& it : items)
+            it.state = ItemState::done;
+        for (std::size_t i = items.size(), end = i + n; i < end; ++i) {
             payloads.push_back(fmt::format("payload-{}", i));
             Item it;
             it.record.topic = "orders";
@@ -359,10 +364,10 @@ TEST_CASE("claim transaction: a handler that ends the transaction fails its reco
 
 namespace {
 
-// The round trips of `conn` while `run` runs, from libpq's trace of what the
-// client sent: each simple query, and each Sync that ends an extended-protocol
-// exchange, waits for the server's answer.
-std::size_t round_trips(pqxx::connection& conn, const std::function<void()>& run)
+// What `conn` sent while `run` ran, from libpq's trace: each simple query,
+// and each Sync that ends an extended-protocol exchange, a line; each waits
+// for the server's answer (a round trip).
+std::vector<std::string> sent(pqxx::connection& conn, const std::function<void()>& run)
 {
     std::FILE* trace = std::tmpfile();
     REQUIRE(trace != nullptr);
@@ -371,16 +376,48 @@ std::size_t round_trips(pqxx::connection& conn, const std::function<void()>& run
     conn.trace(nullptr);
     std::fflush(trace);
     std::rewind(trace);
-    std::size_t n = 0;
-    char line[4096];
-    while (std::fgets(line, sizeof line, trace)) {
-        const std::string text(line);
+    std::vector<std::string> out;
+    std::string text;
+    char chunk[4096];
+    while (std::fgets(chunk, sizeof chunk, trace)) {
+        text += chunk;
+        if (text.back() != '\n' && !std::feof(trace))
+            continue; // a line longer than the chunk: read on
         if (text.find("\tF\t") != std::string::npos &&
             (text.find("\tQuery\t") != std::string::npos || text.find("\tSync") != std::string::npos))
-            ++n;
+            out.push_back(text);
+        text.clear();
     }
     std::fclose(trace);
-    return n;
+    return out;
+}
+
+std::size_t round_trips(pqxx::connection& conn, const std::function<void()>& run)
+{
+    return sent(conn, run).size();
+}
+
+// Which claim statements `lines` (sent()'s) ran, in order: "new" for the
+// claim of ids expected new, "on conflict" for the one with ON CONFLICT.
+std::vector<std::string> claims_made(const std::vector<std::string>& lines)
+{
+    std::vector<std::string> out;
+    for (const auto& line : lines) {
+        if (line.find("EXECUTE idemkafka_claim_new(") != std::string::npos)
+            out.emplace_back("new");
+        else if (line.find("EXECUTE idemkafka_claim(") != std::string::npos)
+            out.emplace_back("on conflict");
+    }
+    return out;
+}
+
+// Claims `id` for `group` in a transaction of its own, committed.
+void claim_elsewhere(const Fixture& f, const EventId& id)
+{
+    pqxx::connection c(idemkafka::test::pg());
+    pqxx::work tx(c);
+    REQUIRE(f.store.claim(tx, f.cfg.group_id, {id}).size() == 1);
+    tx.commit();
 }
 
 } // namespace
@@ -407,6 +444,120 @@ TEST_CASE("claim transaction: a transaction of one record is three round trips",
     CHECK(f.effects_total() == 4);
     // The server's transactions ended: nothing idles in a transaction between them.
     CHECK(pg::state_of(f.worker.kept.on(*f.worker.db)) == pg::TxState::ended);
+}
+
+TEST_CASE("claim transaction: ids are claimed as new; one claimed already rolls the claim back, made with ON CONFLICT",
+          "[claim_transaction]")
+{
+    Fixture f;
+    REQUIRE(f.cfg.optimistic_claims); // the default
+    f.records(4);
+    claim_elsewhere(f, f.items[2].id);
+    ClaimTransaction::Failure failure;
+    Outcome outcome{};
+    auto lines = sent(*f.worker.db, [&] { outcome = f.attempt(failure); });
+    REQUIRE(outcome == Outcome::committed);
+    // As new first (it failed on record 2's id), then with ON CONFLICT, in one attempt.
+    CHECK(claims_made(lines) == std::vector<std::string>{"new", "on conflict"});
+    CHECK(f.metrics.snapshot().optimistic_claim_fallbacks == 1);
+    CHECK(f.worker.info.claimed == 3);
+    CHECK(f.worker.info.duplicates == 1);
+    CHECK(f.stage.calls == std::vector<std::size_t>{0, 1, 3}); // no handler ran in the rolled-back one
+    CHECK(f.claims_total() == 4);
+    CHECK(f.effects_total() == 3);
+    CHECK(f.effects_of(2) == 0);
+
+    // The next claims keep to ON CONFLICT: claims_before_optimism of them
+    // after the last that met a claimed id (this one meets one: counted from it).
+    f.records(1);
+    claim_elsewhere(f, f.items.back().id);
+    lines = sent(*f.worker.db, [&] { outcome = f.attempt(failure); });
+    REQUIRE(outcome == Outcome::committed);
+    CHECK(claims_made(lines) == std::vector<std::string>{"on conflict"});
+    CHECK(f.worker.info.duplicates == 1);
+    for (std::size_t i = 0; i < claims_before_optimism; ++i) {
+        f.records(1);
+        lines = sent(*f.worker.db, [&] { outcome = f.attempt(failure); });
+        REQUIRE(outcome == Outcome::committed);
+        CHECK(claims_made(lines) == std::vector<std::string>{"on conflict"});
+        CHECK(f.worker.info.claimed == 1);
+    }
+    // Then as new again: no round trip more than with ON CONFLICT.
+    f.records(2);
+    lines = sent(*f.worker.db, [&] { outcome = f.attempt(failure); });
+    REQUIRE(outcome == Outcome::committed);
+    CHECK(claims_made(lines) == std::vector<std::string>{"new"});
+    CHECK(lines.size() == 4); // the claim, two handler statements, the end
+    CHECK(f.worker.info.claimed == 2);
+    CHECK(f.metrics.snapshot().optimistic_claim_fallbacks == 1);
+    const auto records = static_cast<std::int64_t>(f.items.size());
+    CHECK(f.claims_total() == records);
+    CHECK(f.effects_total() == records - 2); // the two claimed elsewhere
+    CHECK(f.stage.calls.size() == f.items.size() - 2);
+}
+
+TEST_CASE("claim transaction: a claim as new waits for another session's claim of an id, then counts it once",
+          "[claim_transaction]")
+{
+    // The other session's INSERT of the id is not committed yet: the claim
+    // as new waits for its end, as ON CONFLICT does. Committed, the id is a
+    // duplicate; rolled back, it is this transaction's.
+    for (const bool commits : {true, false}) {
+        DYNAMIC_SECTION((commits ? "the other commits" : "the other rolls back"))
+        {
+            Fixture f;
+            f.records(3);
+            pqxx::connection other(idemkafka::test::pg());
+            pqxx::work otx(other);
+            REQUIRE(f.store.claim(otx, f.cfg.group_id, {f.items[1].id}).size() == 1);
+            const int pid = f.worker.db->backendpid();
+            ClaimTransaction::Failure failure;
+            std::optional<Outcome> outcome;
+            std::thread attempt([&] { outcome = f.attempt(failure); });
+            const bool waited = wait_until(
+                [&] {
+                    return scalar(fmt::format("SELECT count(*) FROM pg_stat_activity WHERE pid = {} AND "
+                                              "wait_event_type = 'Lock'",
+                                              pid)) == 1;
+                },
+                std::chrono::seconds(20));
+            if (commits)
+                otx.commit();
+            else
+                otx.abort();
+            attempt.join();
+            REQUIRE(waited);
+            REQUIRE(outcome == Outcome::committed);
+            CHECK(f.metrics.snapshot().optimistic_claim_fallbacks == (commits ? 1u : 0u));
+            CHECK(f.worker.info.claimed == (commits ? 2u : 3u));
+            CHECK(f.worker.info.duplicates == (commits ? 1u : 0u));
+            CHECK(f.claims_total() == 3);
+            CHECK(f.effects_of(1) == (commits ? 0 : 1));
+            CHECK(f.effects_total() == (commits ? 2 : 3));
+        }
+    }
+}
+
+TEST_CASE("claim transaction: optimistic_claims off, every claim is made with ON CONFLICT", "[claim_transaction]")
+{
+    Fixture f;
+    f.cfg.optimistic_claims = false; // the claims' setup reads it from here
+    f.worker.disconnect();
+    f.worker.connect(f.cfg.postgres);
+    f.claims.prepare(f.worker);
+    f.records(3);
+    claim_elsewhere(f, f.items[0].id);
+    ClaimTransaction::Failure failure;
+    Outcome outcome{};
+    for (int round = 0; round < 2; ++round) {
+        const auto lines = sent(*f.worker.db, [&] { outcome = f.attempt(failure); });
+        REQUIRE(outcome == Outcome::committed);
+        CHECK(claims_made(lines) == std::vector<std::string>{"on conflict"});
+        f.records(1);
+    }
+    CHECK(f.metrics.snapshot().optimistic_claim_fallbacks == 0);
+    CHECK(f.claims_total() == 4);
+    CHECK(f.effects_total() == 3);
 }
 
 TEST_CASE("claim transaction: positions commit with the claims; a stale epoch is fenced, nothing commits",
