@@ -257,7 +257,7 @@ ClaimTransaction::Outcome ClaimTransaction::transact(Worker& w, Batch& b, Attemp
             const auto r = claim(tx, a.ids, a.fingerprints, before, as_new);
             if (!as_new)
                 a.claimed = pg::ClaimedIds(pg::claimed_ids(r));
-            else if (r.affected_rows() == a.ids.size())
+            else if (static_cast<std::size_t>(r.affected_rows()) == a.ids.size())
                 a.claimed = pg::ClaimedIds(a.ids);
             else // a trigger of the table's skipped rows: which, the claim with ON CONFLICT tells
                 not_all = fmt::format("{} rows inserted", r.affected_rows());
