@@ -401,11 +401,13 @@ std::size_t round_trips(pqxx::connection& conn, const std::function<void()>& run
 // claim of ids expected new, "on conflict" for the one with ON CONFLICT.
 std::vector<std::string> claims_made(const std::vector<std::string>& lines)
 {
+    const std::string as_new = std::string("EXECUTE ") + new_claim_statement + "(";
+    const std::string on_conflict = std::string("EXECUTE ") + claim_statement + "(";
     std::vector<std::string> out;
     for (const auto& line : lines) {
-        if (line.find("EXECUTE idemkafka_claim_new(") != std::string::npos)
+        if (line.find(as_new) != std::string::npos)
             out.emplace_back("new");
-        else if (line.find("EXECUTE idemkafka_claim(") != std::string::npos)
+        else if (line.find(on_conflict) != std::string::npos)
             out.emplace_back("on conflict");
     }
     return out;
